@@ -1,0 +1,3 @@
+from skh.cli import main
+
+raise SystemExit(main())
