@@ -1,0 +1,41 @@
+"""The three layers import only downward (DESIGN §10): csrc/ knows nothing of Python,
+skh/analysis/ knows neither the engine nor the orchestrator."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_analysis_imports_neither_engine_nor_orchestrator():
+    files = sorted((ROOT / "skh" / "analysis").rglob("*.py"))
+    assert files, "skh/analysis is empty"
+    forbidden = ("skh.probe", "skh._fastprobe", "skh.orchestrator", "skh.cli", "skh.testbed", "zmq")
+    offenders = {
+        str(f.relative_to(ROOT)): sorted(n for n in _imports(f) if n.startswith(forbidden))
+        for f in files
+    }
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_csrc_is_plain_c():
+    for f in sorted((ROOT / "csrc").glob("*.[ch]")):
+        assert "Python.h" not in f.read_text(), f"{f.name} includes Python.h"
+
+
+def test_shared_modules_stay_neutral():
+    for name in ("model.py", "records.py", "errors.py"):
+        bad = [n for n in _imports(ROOT / "skh" / name) if n.startswith(("skh.orchestrator", "skh.probe", "skh._fastprobe"))]
+        assert not bad, (name, bad)

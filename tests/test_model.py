@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+
+from skh.errors import TopologyError
+from skh.model import Cluster, Container, Fabric, Job, JobShape, same_rail_pairs
+
+
+def test_rail_optimized_clos_paths():
+    f = Fabric.from_params(hosts=64, rnics_per_host=8, hosts_per_segment=16, spines=4)
+    assert len(f.hosts) == 64 and f.rails == 8
+    assert sum(s.tier == "tor" for s in f.switches.values()) == 4 * 8
+    a, b, c = f.rnic("host0", 3), f.rnic("host1", 3), f.rnic("host40", 3)
+    # same ToR: one path, no spine
+    assert f.ecmp_paths(a, b) == [("host0:rnic3", "tor0r3", "host1:rnic3")]
+    # across segments: one equal-cost path per spine
+    paths = f.ecmp_paths(a, c)
+    assert len(paths) == 4
+    assert {p[2] for p in paths} == {f"spine{i}" for i in range(4)}
+    for p in paths:
+        assert all(link in f.links for link in Fabric.path_links(p))
+
+
+def test_three_tier_paths_go_through_core():
+    data = {
+        "switch": [
+            {"name": "core0", "tier": "core"},
+            {"name": "s0", "tier": "spine", "uplinks": ["core0"]},
+            {"name": "s1", "tier": "spine", "uplinks": ["core0"]},
+            {"name": "t0", "tier": "tor", "rail": 0, "segment": 0, "uplinks": ["s0"]},
+            {"name": "t1", "tier": "tor", "rail": 0, "segment": 1, "uplinks": ["s1"]},
+        ],
+        "host": [
+            {"name": "a", "segment": 0, "rnics": [{"rail": 0, "tor": "t0"}]},
+            {"name": "b", "segment": 1, "rnics": [{"rail": 0, "tor": "t1"}]},
+        ],
+    }
+    f = Fabric.from_mapping(data)
+    assert f.ecmp_paths(f.rnic("a", 0), f.rnic("b", 0)) == [("a:rnic0", "t0", "s0", "core0", "s1", "t1", "b:rnic0")]
+
+
+def test_toml_round_trip(tmp_path):
+    f = Fabric.from_params(hosts=5, rnics_per_host=2, hosts_per_segment=2, spines=2)
+    lines = []
+    for s in f.to_mapping()["switch"]:
+        lines += ["[[switch]]", f'name = "{s["name"]}"', f'tier = "{s["tier"]}"',
+                  f"uplinks = {s['uplinks']!r}".replace("'", '"'), f"rail = {s['rail']}", f"segment = {s['segment']}"]
+    for h in f.to_mapping()["host"]:
+        rn = ", ".join(f'{{rail = {r["rail"]}, tor = "{r["tor"]}"}}' for r in h["rnics"])
+        lines += ["[[host]]", f'name = "{h["name"]}"', f"segment = {h['segment']}", f"rnics = [{rn}]"]
+    p = tmp_path / "fabric.toml"
+    p.write_text("\n".join(lines) + "\n")
+    g = Fabric.from_toml(p)
+    assert g.links == f.links and set(g.hosts) == set(f.hosts)
+
+
+@pytest.mark.parametrize(
+    "data, msg",
+    [
+        ({"switch": [{"name": "t", "tier": "leaf"}]}, "unknown tier"),
+        ({"switch": [{"name": "t", "tier": "tor", "uplinks": ["x"]}]}, "not a switch"),
+        ({"host": [{"name": "a", "rnics": [{"rail": 0, "tor": "nope"}]}]}, "not a ToR"),
+        ({"host": [{"name": "a", "rnics": [{"tor": "t"}]}]}, "malformed"),
+    ],
+)
+def test_bad_fabric_is_a_clear_error(data, msg):
+    with pytest.raises(TopologyError, match=msg):
+        Fabric.from_mapping(data)
+
+
+def test_bad_toml_file(tmp_path):
+    p = tmp_path / "f.toml"
+    p.write_text("[[host]\n")
+    with pytest.raises(TopologyError, match="cannot read"):
+        Fabric.from_toml(p)
+
+
+def test_same_rail_pairs_never_same_host():
+    f = Fabric.from_params(hosts=4, rnics_per_host=2, hosts_per_segment=4, spines=1)
+    cl = Cluster(f)
+    job = Job("j", JobShape(tp=2, dp=4), tuple(Container(f"c{h}", "j", f"host{h}", (0, 1)) for h in range(4)))
+    eps = cl.add_job(job)
+    cols = cl.endpoint_arrays(eps)
+    pairs = same_rail_pairs(cols["ep_id"], cols["rail"], cols["host"])
+    # 2 rails × 4 hosts × 3 peers
+    assert pairs.shape == (24, 2)
+    by_id = {e.ep_id: e for e in eps}
+    for s, d in pairs:
+        assert by_id[s].rail == by_id[d].rail and by_id[s].host != by_id[d].host
+    assert np.all(np.diff(pairs[:, 0].astype(int)) >= 0)
+    with pytest.raises(TopologyError):
+        cl.add_job(job)
+
+
+def test_job_shape_validation():
+    assert JobShape(tp=8, pp=8, dp=8).gpus == 512
+    with pytest.raises(TopologyError, match="'dp' parameter"):
+        JobShape(dp=0)
