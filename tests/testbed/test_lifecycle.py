@@ -1,0 +1,169 @@
+"""Spec validation, naming, and the testbed's life: up, idempotent re-up, crash leftovers,
+down leaving nothing, and the ``skh testbed`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from skh.errors import ConfigError, TestbedError
+from skh.model import JobShape
+from skh.testbed import JobSpec, Layout, Testbed, TestbedSpec
+from skh.testbed.testbed import cleanup_stale
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_spec_is_checked_once_with_clear_messages():
+    with pytest.raises(ConfigError, match="'hosts' parameter of TestbedSpec"):
+        TestbedSpec(hosts=0)
+    with pytest.raises(ConfigError, match="needs 5 containers"):
+        TestbedSpec(
+            hosts=2, containers_per_host=2, jobs=(JobSpec("a", JobShape(tp=1, pp=1, dp=5)),)
+        )
+    with pytest.raises(ConfigError, match="duplicate"):
+        TestbedSpec(jobs=(JobSpec("a"), JobSpec("a")))
+    with pytest.raises(ConfigError, match="prefix"):
+        Layout(TestbedSpec(), prefix="Bad-Prefix")
+    assert TestbedSpec.from_dict(TestbedSpec(jobs=(JobSpec("a"),)).to_dict()) == TestbedSpec(
+        jobs=(JobSpec("a"),)
+    )
+
+
+def test_every_name_carries_the_prefix_and_jobs_fill_slots_host_first(tbh):
+    lay = Layout(tbh.SMALL, prefix="skht")
+    assert all(n.startswith("skht") for n in lay.all_namespaces())
+    assert lay.mgmt_root_dev.startswith("skht")
+    assert len(lay.all_namespaces()) == 1 + 2 + 4 + 4 + 8
+    assert [(c.name, c.job, c.index) for c in lay.placements[:5]] == [
+        ("c0x0", "job0", 0),
+        ("c1x0", "job0", 1),
+        ("c2x0", "job0", 2),
+        ("c3x0", "job0", 3),
+        ("c0x1", "job1", 0),
+    ]
+    # default: one DP job over every slot
+    lay = Layout(TestbedSpec(hosts=3, containers_per_host=2))
+    assert {c.job for c in lay.placements} == {"job0"} and len(lay.placements) == 6
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_up_down_leaves_nothing_and_up_is_idempotent(tbh):
+    spec = TestbedSpec(
+        hosts=4, rnics_per_host=4, hosts_per_segment=2, spines=2, containers_per_host=1
+    )
+    tb = Testbed(spec, prefix=tbh.PREFIX)
+    try:
+        timings = tb.up()
+        assert timings["build_s"] < 30  # sanity only; the real figure is ~0.3 s
+        first = set(os.listdir("/run/netns"))
+        tb.up()  # again: removes the first one, builds anew
+        assert {n for n in os.listdir("/run/netns") if n.startswith(tbh.PREFIX)} == {
+            n for n in first if n.startswith(tbh.PREFIX)
+        }
+        assert len(tb.cluster().endpoints) == 16
+    finally:
+        tb.down()
+    tbh.assert_clean()
+    with pytest.raises(TestbedError):
+        Testbed.load(tbh.PREFIX)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_up_removes_leftovers_of_a_crashed_run(tbh):
+    spec = TestbedSpec(
+        hosts=2, rnics_per_host=1, hosts_per_segment=2, spines=1, containers_per_host=1
+    )
+    tb = Testbed(spec, prefix=tbh.PREFIX)
+    stray = []
+    try:
+        tb.up()
+        # a process the state file knows, one it does not (started behind its back), a stray
+        # root link and a root nft table: then the state file is lost, as in a crash
+        stray.append(tb.spawn(["sleep", "600"], ns=tb.container_ns("c0x0"), role="agent").pid)
+        p = subprocess.Popen(["ip", "netns", "exec", tb.layout.host_ns(1), "sleep", "600"])
+        stray.append(p.pid)
+        subprocess.run(
+            [
+                "ip",
+                "link",
+                "add",
+                f"{tbh.PREFIX}stray0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"{tbh.PREFIX}stray1",
+            ],
+            check=True,
+        )
+        subprocess.run(["nft", "add", "table", "inet", f"{tbh.PREFIX}_stray"], check=True)
+        time.sleep(0.1)
+        tb.state_path.unlink()
+        removed = cleanup_stale(tbh.PREFIX)
+        assert removed["processes"] == 2 and removed["namespaces"] == 7
+        assert removed["links"] >= 1 and removed["nft_tables"] == 1
+        p.wait(timeout=5)
+        tbh.assert_clean()
+        assert all(
+            not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+            for pid in stray
+        )
+    finally:
+        cleanup_stale(tbh.PREFIX)
+
+
+PREFIX = os.environ.get("SKH_TESTBED_PREFIX", "skht")  # as in conftest
+
+
+def _skh(*args: str) -> dict | list:
+    res = subprocess.run(
+        [sys.executable, "-m", "skh", "testbed", "--prefix", PREFIX, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_cli_up_fault_status_down(tbh):
+    try:
+        up = _skh(
+            "up",
+            "--hosts",
+            "2",
+            "--rnics",
+            "2",
+            "--spines",
+            "1",
+            "--containers-per-host",
+            "1",
+            "--job",
+            "j:1x2",
+        )
+        assert up["up"]
+        truth = _skh("fault", "inject", "link-down", "--link", "tor0r1,host1:rnic1")
+        assert truth["component"] == ["host1:rnic1", "tor0r1"] and truth["layer"] == "underlay"
+        loss = _skh("fault", "inject", "loss", "--link", "tor0r0,host0:rnic0", "--percent", "20")
+        assert [f["id"] for f in _skh("fault", "list")] == [truth["id"], loss["id"]]
+        status = _skh("status")
+        assert status["namespaces_missing"] == [] and len(status["faults"]) == 2
+        _skh("fault", "clear", str(truth["id"]))
+        assert [f["id"] for f in _skh("fault", "list")] == [loss["id"]]
+        # down with a fault still active: everything goes anyway
+        assert _skh("down")["down"]
+    finally:
+        cleanup_stale(tbh.PREFIX)
+    tbh.assert_clean()
