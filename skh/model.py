@@ -12,6 +12,7 @@ with a dense ``ep_id`` (``uint32``) so bulk data can be columnar.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -143,6 +144,73 @@ class Fabric:
                     switches[tor] = Switch(tor, "tor", spine_names, rail=r, segment=seg)
                 rnics.append(Rnic(f"host{h}", r, tor, name=f"mlx5_{r}", netdev=f"eth{r}"))
             host_map[f"host{h}"] = Host(f"host{h}", seg, tuple(rnics))
+        return cls(host_map, switches)
+
+    @classmethod
+    def from_lingjun(
+        cls,
+        csv_path: str | Path,
+        *,
+        scale_to_hosts: int | None = None,
+        rnics_per_host: int = 8,
+    ) -> Fabric:
+        """Build the fabric of the Alibaba Lingjun 2023 topology (``topo.csv``: ``ip,DSW,PSW,ASW``).
+
+        Each ASW is read as one host *segment* (a ToR group): the host's RNIC *r* is cabled to
+        rail ToR ``<ASW>r<r>`` of its segment. Every rail ToR of a segment goes up to each PSW
+        (spine tier) that the segment's rows name, and every PSW up to the DSW (core tier). So
+        the real file gives 847 hosts, 48 segments (× ``rnics_per_host`` rail ToRs), 3 spines and
+        1 core.
+
+        ``scale_to_hosts`` replicates the whole pod (ToRs and PSWs, renamed ``p<k>-...``) under the
+        one shared DSW until there are that many hosts, then keeps exactly that many; copy 0
+        keeps the file's names. Host names are ``p<k>-<first 12 hex of the hashed ip>``.
+        """
+        if not isinstance(rnics_per_host, int) or rnics_per_host < 1:
+            raise TopologyError(
+                f"The 'rnics_per_host' parameter of Fabric.from_lingjun must be an int >= 1. Got {rnics_per_host!r}."
+            )
+        if scale_to_hosts is not None and (not isinstance(scale_to_hosts, int) or scale_to_hosts < 1):
+            raise TopologyError(
+                f"The 'scale_to_hosts' parameter of Fabric.from_lingjun must be None or an int >= 1. Got {scale_to_hosts!r}."
+            )
+        try:
+            with open(csv_path, newline="") as fh:
+                rows = [(r["ip"], r["DSW"], r["PSW"], r["ASW"]) for r in csv.DictReader(fh)]
+        except (OSError, KeyError, csv.Error) as exc:
+            raise TopologyError(f"cannot read Lingjun topology {csv_path}: {exc!r}") from exc
+        if not rows:
+            raise TopologyError(f"Lingjun topology {csv_path} has no hosts")
+        asws = sorted({r[3] for r in rows}, key=lambda a: (len(a), a))
+        seg_of = {a: i for i, a in enumerate(asws)}
+        psws_of: dict[str, set[str]] = {}
+        dsws_of: dict[str, set[str]] = {}
+        for _, dsw, psw, asw in rows:
+            psws_of.setdefault(asw, set()).add(psw)
+            dsws_of.setdefault(psw, set()).add(dsw)
+        target = len(rows) if scale_to_hosts is None else scale_to_hosts
+        copies = -(-target // len(rows))
+        switches: dict[str, Switch] = {d: Switch(d, "core") for ds in dsws_of.values() for d in ds}
+        host_map: dict[str, Host] = {}
+        for k in range(copies):
+            pre = "" if k == 0 else f"p{k}-"
+            for psw, dsws in dsws_of.items():
+                switches[pre + psw] = Switch(pre + psw, "spine", tuple(sorted(dsws)))
+            for ip, _, _, asw in rows:
+                if len(host_map) == target:
+                    break
+                seg = k * len(asws) + seg_of[asw]
+                ups = tuple(pre + p for p in sorted(psws_of[asw]))
+                name = f"p{k}-{ip[:12]}"
+                if name in host_map:
+                    raise TopologyError(f"Lingjun topology {csv_path}: duplicate host ip prefix {ip[:12]!r}")
+                rnics = []
+                for r in range(rnics_per_host):
+                    tor = f"{pre}{asw}r{r}"
+                    if tor not in switches:
+                        switches[tor] = Switch(tor, "tor", ups, rail=r, segment=seg)
+                    rnics.append(Rnic(name, r, tor, name=f"mlx5_{r}", netdev=f"eth{r}"))
+                host_map[name] = Host(name, seg, tuple(rnics))
         return cls(host_map, switches)
 
     @classmethod

@@ -1,0 +1,562 @@
+"""The paper's 19 failure types (Table 1, ``shared/notes/paper.md`` §7), plus agent crash, late
+(slow) agent and a vswitch forwarding loop, as symptom models over probe batches.
+
+Each :class:`FaultSpec` names the component kind a fault sits on, its layer, its symptom and
+default magnitudes:
+
+==  ============================  =========  ========  ==========================================
+#   type                          target     layer     symptom (defaults)
+==  ============================  =========  ========  ==========================================
+1   CRC error                     link       underlay  loss 2% on paths over the link
+2   switch port down              link       underlay  unreachable on paths over the link
+3   switch port flapping          link       underlay  unreachable 4 s of every 20 s
+4   switch offline                switch     underlay  unreachable on paths through the switch
+5   RNIC hardware failure         rnic       rnic      unreachable, both ways
+6   RNIC firmware not responding  rnic       rnic      +40 µs on 30% of the RNIC's flows
+7   RNIC port down                rnic       rnic      unreachable, both ways
+8   RNIC port flapping            rnic       rnic      unreachable 5 s of every 30 s
+9   offloading failure            rnic       rnic      +104 µs (16 → 120 µs: slow path)
+10  bond error                    rnic       rnic      unreachable, both ways
+11  RNIC GID change               rnic       rnic      unreachable as destination (stale GID)
+12  PCIe–NIC error                host       host      +30 µs on every RNIC of the host
+13  GPUDirect RDMA error          host       host      +10 µs on every RNIC of the host
+14  not using RDMA                container  overlay   +60 µs (TCP/UDP fallback)
+15  repetitive flow offloading    rnic       overlay   +104 µs 8 s of every 20 s (re-offload)
+16  suboptimal flow offloading    rnic       overlay   +25 µs on 40% of the RNIC's flows
+17  container crash               container  overlay   unreachable, both ways
+18  hugepage misconfiguration     host       config    +20 µs on every RNIC of the host
+19  congestion-control issue      switch     config    +30 µs on paths through the switch
+20  agent crash                   container  agent     no probes from it; probes to it lost
+21  late agent                    container  agent     +2 ms prober delay, 10% of probes to it lost
+22  vswitch forwarding loop       rnic       overlay   UNREACHABLE (TTL exceeded)
+==  ============================  =========  ========  ==========================================
+
+A component is named as the model names it: a link ``"a|b"`` (sorted node names, see
+:func:`link_component`; an RNIC's access link has its ``host:rnicN`` key as one end), a switch
+name, an RNIC key ``host:rnicN``, a host name, a container name.
+
+Latency faults take ``profile="ramp"`` to grow linearly over ``ramp_s`` (the long-term drift).
+Randomness comes from the caller's generator, so a seeded simulation replays exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Literal
+
+import numpy as np
+
+from skh.errors import ConfigError, TopologyError
+from skh.records import ProbeStatus
+from skh.sim.probes import Effects
+from skh.sim.topology import EndpointTable, FabricIndex, Route, mix_hash
+
+__all__ = [
+    "FaultType",
+    "FaultSpec",
+    "FAULT_SPECS",
+    "Fault",
+    "FaultRecord",
+    "FaultEngine",
+    "RowSet",
+    "link_component",
+    "Layer",
+    "TargetKind",
+    "Symptom",
+]
+
+Layer = Literal["underlay", "rnic", "host", "overlay", "config", "agent"]
+TargetKind = Literal["link", "switch", "rnic", "host", "container"]
+Symptom = Literal["unreachable", "loss", "flapping", "latency", "agent_down", "agent_slow"]
+
+
+class FaultType(IntEnum):
+    CRC_ERROR = 1
+    SWITCH_PORT_DOWN = 2
+    SWITCH_PORT_FLAPPING = 3
+    SWITCH_OFFLINE = 4
+    RNIC_HW_FAILURE = 5
+    RNIC_FIRMWARE_NOT_RESPONDING = 6
+    RNIC_PORT_DOWN = 7
+    RNIC_PORT_FLAPPING = 8
+    OFFLOADING_FAILURE = 9
+    BOND_ERROR = 10
+    RNIC_GID_CHANGE = 11
+    PCIE_NIC_ERROR = 12
+    GPUDIRECT_RDMA_ERROR = 13
+    NOT_USING_RDMA = 14
+    REPETITIVE_FLOW_OFFLOADING = 15
+    SUBOPTIMAL_FLOW_OFFLOADING = 16
+    CONTAINER_CRASH = 17
+    HUGEPAGE_MISCONFIG = 18
+    CC_ISSUE = 19
+    AGENT_CRASH = 20
+    LATE_AGENT = 21
+    VSWITCH_LOOP = 22
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    type: FaultType
+    name: str
+    paper_component: str  # Table 1's component column
+    target: TargetKind
+    layer: Layer
+    symptom: Symptom
+    loss_rate: float = 0.0
+    extra_ns: float = 0.0
+    flap_period_s: float = 0.0  # > 0: the symptom is on only ``flap_on_s`` of every period
+    flap_on_s: float = 0.0
+    flow_share: float = 1.0  # share of the component's flows (pairs) that suffer
+    to_only: bool = False  # only probes towards the component suffer
+    status: int = ProbeStatus.LOST  # status of an unreachable probe
+    in_paper: bool = True
+
+
+def _s(t, name, comp, target, layer, symptom, **kw) -> FaultSpec:
+    return FaultSpec(t, name, comp, target, layer, symptom, **kw)
+
+
+_T = FaultType
+#: every fault type's model (see the module table)
+FAULT_SPECS: dict[FaultType, FaultSpec] = {
+    s.type: s
+    for s in (
+        _s(
+            _T.CRC_ERROR,
+            "CRC error",
+            "inter-host network",
+            "link",
+            "underlay",
+            "loss",
+            loss_rate=0.02,
+        ),
+        _s(
+            _T.SWITCH_PORT_DOWN,
+            "switch port down",
+            "inter-host network",
+            "link",
+            "underlay",
+            "unreachable",
+        ),
+        _s(
+            _T.SWITCH_PORT_FLAPPING,
+            "switch port flapping",
+            "inter-host network",
+            "link",
+            "underlay",
+            "flapping",
+            flap_period_s=20.0,
+            flap_on_s=4.0,
+        ),
+        _s(
+            _T.SWITCH_OFFLINE,
+            "switch offline",
+            "inter-host network",
+            "switch",
+            "underlay",
+            "unreachable",
+        ),
+        _s(_T.RNIC_HW_FAILURE, "RNIC hardware failure", "RNIC", "rnic", "rnic", "unreachable"),
+        _s(
+            _T.RNIC_FIRMWARE_NOT_RESPONDING,
+            "RNIC firmware not responding",
+            "RNIC",
+            "rnic",
+            "rnic",
+            "latency",
+            extra_ns=40_000.0,
+            flow_share=0.3,
+        ),
+        _s(_T.RNIC_PORT_DOWN, "RNIC port down", "RNIC", "rnic", "rnic", "unreachable"),
+        _s(
+            _T.RNIC_PORT_FLAPPING,
+            "RNIC port flapping",
+            "RNIC",
+            "rnic",
+            "rnic",
+            "flapping",
+            flap_period_s=30.0,
+            flap_on_s=5.0,
+        ),
+        _s(
+            _T.OFFLOADING_FAILURE,
+            "offloading failure",
+            "RNIC",
+            "rnic",
+            "rnic",
+            "latency",
+            extra_ns=104_000.0,
+        ),
+        _s(_T.BOND_ERROR, "bond error", "kernel / RNIC", "rnic", "rnic", "unreachable"),
+        _s(
+            _T.RNIC_GID_CHANGE,
+            "RNIC GID change",
+            "kernel",
+            "rnic",
+            "rnic",
+            "unreachable",
+            to_only=True,
+        ),
+        _s(
+            _T.PCIE_NIC_ERROR,
+            "PCIe-NIC error",
+            "host board",
+            "host",
+            "host",
+            "latency",
+            extra_ns=30_000.0,
+        ),
+        _s(
+            _T.GPUDIRECT_RDMA_ERROR,
+            "GPUDirect RDMA error",
+            "host board",
+            "host",
+            "host",
+            "latency",
+            extra_ns=10_000.0,
+        ),
+        _s(
+            _T.NOT_USING_RDMA,
+            "not using RDMA",
+            "virtual switch",
+            "container",
+            "overlay",
+            "latency",
+            extra_ns=60_000.0,
+        ),
+        _s(
+            _T.REPETITIVE_FLOW_OFFLOADING,
+            "repetitive flow offloading",
+            "virtual switch",
+            "rnic",
+            "overlay",
+            "latency",
+            extra_ns=104_000.0,
+            flap_period_s=20.0,
+            flap_on_s=8.0,
+        ),
+        _s(
+            _T.SUBOPTIMAL_FLOW_OFFLOADING,
+            "suboptimal flow offloading",
+            "virtual switch",
+            "rnic",
+            "overlay",
+            "latency",
+            extra_ns=25_000.0,
+            flow_share=0.4,
+        ),
+        _s(
+            _T.CONTAINER_CRASH,
+            "container crash",
+            "container runtime",
+            "container",
+            "overlay",
+            "unreachable",
+        ),
+        _s(
+            _T.HUGEPAGE_MISCONFIG,
+            "hugepage misconfiguration",
+            "configuration",
+            "host",
+            "config",
+            "latency",
+            extra_ns=20_000.0,
+        ),
+        _s(
+            _T.CC_ISSUE,
+            "congestion-control issue",
+            "configuration",
+            "switch",
+            "config",
+            "latency",
+            extra_ns=30_000.0,
+        ),
+        _s(
+            _T.AGENT_CRASH,
+            "agent crash",
+            "skh agent",
+            "container",
+            "agent",
+            "agent_down",
+            in_paper=False,
+        ),
+        _s(
+            _T.LATE_AGENT,
+            "late agent",
+            "skh agent",
+            "container",
+            "agent",
+            "agent_slow",
+            loss_rate=0.1,
+            extra_ns=2_000_000.0,
+            in_paper=False,
+        ),
+        _s(
+            _T.VSWITCH_LOOP,
+            "vswitch forwarding loop",
+            "virtual switch",
+            "rnic",
+            "overlay",
+            "unreachable",
+            status=ProbeStatus.UNREACHABLE,
+            in_paper=False,
+        ),
+    )
+}
+
+
+def link_component(a: str, b: str) -> str:
+    """The component name of the link between nodes ``a`` and ``b``: ``"lo|hi"``."""
+    lo, hi = (a, b) if a <= b else (b, a)
+    return f"{lo}|{hi}"
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One injected fault. ``None`` magnitudes take the type's :data:`FAULT_SPECS` defaults."""
+
+    type: FaultType
+    component: str
+    start_s: float
+    end_s: float = math.inf
+    loss_rate: float | None = None
+    extra_ns: float | None = None
+    flap_period_s: float | None = None
+    flap_on_s: float | None = None
+    flow_share: float | None = None
+    profile: Literal["step", "ramp"] = "step"
+    ramp_s: float = 3600.0
+    fault_id: int = -1  # set by the simulation on injection
+    group: int = -1  # faults injected together (e.g. both layers at once) share a group
+
+    @property
+    def spec(self) -> FaultSpec:
+        return FAULT_SPECS[self.type]
+
+    def eff(self, name: str) -> float:
+        v = getattr(self, name)
+        return getattr(self.spec, name) if v is None else v
+
+    def active(self, t_s: float) -> bool:
+        return self.start_s <= t_s < self.end_s
+
+    def with_id(self, fault_id: int, group: int | None = None) -> Fault:
+        return replace(self, fault_id=fault_id, group=self.group if group is None else group)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FaultRecord:
+    """Ground truth of one fault, as the evaluation harness scores against it."""
+
+    fault_id: int
+    type: FaultType
+    name: str
+    layer: Layer
+    target: TargetKind
+    component: str
+    start_s: float
+    end_s: float
+    start_ns: int
+    end_ns: int  # -1 while open-ended
+    affected_pairs: np.ndarray  # (m, 2) uint32 ping pairs the fault touches (on any path id)
+    jobs: tuple[str, ...]
+    group: int = -1
+    params: dict = field(default_factory=dict)
+
+
+class RowSet:
+    """The probes of one batch; per-row RNICs and the route are derived lazily."""
+
+    def __init__(
+        self,
+        index: FabricIndex,
+        eps: EndpointTable,
+        src_ep: np.ndarray,
+        dst_ep: np.ndarray,
+        path_id: np.ndarray,
+        t_s: np.ndarray,
+    ) -> None:
+        self.index, self.eps = index, eps
+        self.src_ep = np.asarray(src_ep, np.int64)
+        self.dst_ep = np.asarray(dst_ep, np.int64)
+        self.path_id = np.asarray(path_id, np.int64)
+        self.t_s = np.asarray(t_s, np.float64)
+        self._route: Route | None = None
+
+    def __len__(self) -> int:
+        return self.src_ep.size
+
+    @property
+    def src_rnic(self) -> np.ndarray:
+        return self.eps.rnic[self.src_ep]
+
+    @property
+    def dst_rnic(self) -> np.ndarray:
+        return self.eps.rnic[self.dst_ep]
+
+    @property
+    def route(self) -> Route:
+        if self._route is None:
+            self._route = self.index.route(self.src_rnic, self.dst_rnic, self.path_id)
+        return self._route
+
+
+class FaultEngine:
+    """Resolves fault components to ids and turns active faults into per-row probe effects."""
+
+    def __init__(self, index: FabricIndex, eps: EndpointTable) -> None:
+        self.index = index
+        self.eps = eps
+
+    # -- components --------------------------------------------------------------------------------
+    def check(self, fault: Fault) -> None:
+        """Raise ConfigError/TopologyError unless ``fault`` names a component of its kind."""
+        if not isinstance(fault.type, FaultType):
+            raise ConfigError(
+                f"The 'type' of Fault must be a FaultType. Got {fault.type!r} instead."
+            )
+        if not fault.end_s > fault.start_s:
+            raise ConfigError(f"Fault {fault.type.name}: end_s must be after start_s.")
+        for nm in ("loss_rate", "flow_share"):
+            v = fault.eff(nm)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"The '{nm}' of Fault must be in [0, 1]. Got {v!r} instead.")
+        self._resolve(fault)
+
+    def _resolve(self, fault: Fault) -> tuple[str, int, int]:
+        """(kind, id, other id): kind is ``access`` (RNIC id), ``link`` (switch ids), ``switch``,
+        ``rnic``, ``host`` or ``container``."""
+        t = fault.spec.target
+        c = fault.component
+        ix = self.index
+        if t == "link":
+            a, sep, b = c.partition("|")
+            if not sep:
+                raise TopologyError(
+                    f"fault {fault.type.name}: link component must be 'a|b'. Got {c!r}."
+                )
+            for end, other in ((a, b), (b, a)):
+                if ":rnic" in end:
+                    r = self._rnic(end)
+                    if ix.switch_names[ix.rnic_tor[r]] != other:
+                        raise TopologyError(
+                            f"fault {fault.type.name}: {end} is not cabled to {other}"
+                        )
+                    return "access", r, -1
+            ia, ib = ix.switch_id.get(a), ix.switch_id.get(b)
+            if ia is None or ib is None or (min(a, b), max(a, b)) not in ix.fabric.links:
+                raise TopologyError(f"fault {fault.type.name}: no link {c!r} in the fabric")
+            return "link", ia, ib
+        if t == "switch":
+            if c not in ix.switch_id:
+                raise TopologyError(f"fault {fault.type.name}: unknown switch {c!r}")
+            return "switch", ix.switch_id[c], -1
+        if t == "rnic":
+            return "rnic", self._rnic(c), -1
+        if t == "host":
+            if c not in ix.host_id:
+                raise TopologyError(f"fault {fault.type.name}: unknown host {c!r}")
+            return "host", ix.host_id[c], -1
+        return "container", self.eps.container_id(c), -1
+
+    def _rnic(self, key: str) -> int:
+        host, _, rail = key.rpartition(":rnic")
+        if host not in self.index.host_id or not rail.isdigit() or int(rail) >= self.index.rails:
+            raise TopologyError(f"unknown RNIC {key!r} (expected host:rnicN)")
+        return self.index.rnic_id(host, int(rail))
+
+    # -- symptoms ----------------------------------------------------------------------------------
+    def touches(self, fault: Fault, rows: RowSet) -> np.ndarray:
+        """Rows the fault's component is on (before time windows and flow share)."""
+        kind, i, j = self._resolve(fault)
+        to_only = fault.spec.to_only
+        if kind == "access" or kind == "rnic":
+            m = rows.dst_rnic == i
+            return m if to_only else m | (rows.src_rnic == i)
+        if kind == "link":
+            nd = rows.route.nodes
+            m = np.zeros(len(rows), bool)
+            for x, y in ((0, 1), (1, 2), (2, 3), (3, 4)):
+                m |= ((nd[:, x] == i) & (nd[:, y] == j)) | ((nd[:, x] == j) & (nd[:, y] == i))
+            return m
+        if kind == "switch":
+            return (rows.route.nodes == i).any(axis=1)
+        if kind == "host":
+            return (self.eps.host[rows.dst_ep] == i) | (self.eps.host[rows.src_ep] == i)
+        cont = self.eps.container
+        return (cont[rows.dst_ep] == i) | (cont[rows.src_ep] == i)
+
+    def affected(self, fault: Fault, rows: RowSet) -> np.ndarray:
+        """Rows whose probes suffer from the fault at some time (component and flow share)."""
+        m = self.touches(fault, rows)
+        share = fault.eff("flow_share")
+        if share < 1.0 and m.any():
+            lo = np.minimum(rows.src_ep, rows.dst_ep)
+            hi = np.maximum(rows.src_ep, rows.dst_ep)
+            u = mix_hash(
+                lo, hi, np.uint64(fault.type), np.uint64(zlib.crc32(fault.component.encode()))
+            )
+            m &= u.astype(np.float64) / 2**64 < share
+        return m
+
+    def on_now(self, fault: Fault, t_s: np.ndarray) -> np.ndarray:
+        """Per row: is the fault active, and inside the symptom's on-window when it flaps."""
+        on = (t_s >= fault.start_s) & (t_s < fault.end_s)
+        period = fault.eff("flap_period_s")
+        if period > 0:
+            on &= np.mod(t_s - fault.start_s, period) < fault.eff("flap_on_s")
+        return on
+
+    def scale(self, fault: Fault, t_s: np.ndarray) -> np.ndarray:
+        """Magnitude factor over time: 1, or a linear ramp over ``ramp_s`` for drift."""
+        if fault.profile == "ramp":
+            return np.clip((t_s - fault.start_s) / max(fault.ramp_s, 1e-9), 0.0, 1.0)
+        return np.ones_like(t_s)
+
+    def effects(
+        self,
+        faults: list[Fault],
+        rows: RowSet,
+        rng: np.random.Generator,
+        masks: list[np.ndarray] | None = None,
+    ) -> Effects | None:
+        """The combined effect of ``faults`` on a batch; None when no row is touched.
+        ``masks`` may give each fault's :meth:`affected` rows when the caller caches them."""
+        n = len(rows)
+        eff: Effects | None = None
+        for i, f in enumerate(faults):
+            idx = np.flatnonzero(self.affected(f, rows) if masks is None else masks[i])
+            if idx.size == 0:
+                continue
+            idx = idx[self.on_now(f, rows.t_s[idx])]
+            if idx.size == 0:
+                continue
+            eff = eff or Effects.none(n)
+            spec = f.spec
+            sym = spec.symptom
+            if sym in ("unreachable", "flapping"):
+                eff.status[idx] = spec.status
+            elif sym == "loss":
+                p = f.eff("loss_rate")
+                eff.loss_p[idx] = 1.0 - (1.0 - eff.loss_p[idx]) * (1.0 - p)
+            elif sym == "latency":
+                extra = f.eff("extra_ns") * self.scale(f, rows.t_s[idx])
+                eff.extra_ns[idx] += extra * rng.lognormal(0.0, 0.15, idx.size)
+            else:
+                _, c, _ = self._resolve(f)
+                dst = idx[self.eps.container[rows.dst_ep[idx]] == c]
+                src = idx[self.eps.container[rows.src_ep[idx]] == c]
+                if sym == "agent_down":
+                    eff.status[dst] = ProbeStatus.LOST
+                    eff.emit[src] = False
+                else:  # agent_slow: its prober and responder lag; late replies time out
+                    k = f.eff("extra_ns")
+                    eff.prober_extra_ns[src] += k * self.scale(f, rows.t_s[src])
+                    eff.responder_extra_ns[dst] += k * self.scale(f, rows.t_s[dst])
+                    p = f.eff("loss_rate")
+                    eff.loss_p[dst] = 1.0 - (1.0 - eff.loss_p[dst]) * (1.0 - p)
+        return eff
