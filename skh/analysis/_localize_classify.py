@@ -1,0 +1,94 @@
+"""Failure-type classifier: evidence + symptom → one of the paper's 19 types (or ours beyond them).
+
+A table of rules, first match wins. The evidence a localization step found decides first
+(a flow-table diff, a host report, an overlay break); the symptom refines what is left
+(unreachable / loss / latency). Each rule is one line so the mapping can be read and audited.
+"""
+
+from __future__ import annotations
+
+from skh.analysis._localize_types import FailureType as F
+from skh.analysis._localize_types import FlowDiff, HostReport, Symptom
+
+__all__ = [
+    "classify_underlay",
+    "classify_rnic_report",
+    "classify_host_report",
+    "classify_flow_diff",
+]
+
+#: host-report RNIC states → type (the RNIC layer of Table 1)
+_RNIC_STATE = {
+    "down": F.RNIC_PORT_DOWN,
+    "flapping": F.RNIC_PORT_FLAPPING,
+    "hw_error": F.RNIC_HARDWARE,
+    "fw_unresponsive": F.RNIC_FIRMWARE,
+}
+
+
+def classify_underlay(
+    kind: str, symptom: Symptom, *, flapping: bool = False, partial: bool = False
+) -> F:
+    """A link or switch of the fabric: ``kind`` is "link" or "node" (a switch)."""
+    if symptom == "latency":
+        # a queue without congestion control (ECN/PFC) on some switch port: only latency grows
+        return F.CONGESTION_CONTROL
+    if kind == "node":
+        return (
+            F.SWITCH_OFFLINE
+            if symptom == "unreachable"
+            else (F.SWITCH_PORT_FLAPPING if flapping else F.CRC_ERROR)
+        )
+    if flapping:
+        return F.SWITCH_PORT_FLAPPING
+    if symptom == "unreachable" and not partial:
+        return F.SWITCH_PORT_DOWN
+    return F.CRC_ERROR
+
+
+def classify_rnic_report(report: HostReport | None, rail: int) -> F | None:
+    """What the host says about its RNIC on ``rail`` (None: nothing wrong reported)."""
+    if report is None:
+        return None
+    state = report.rnic_state.get(rail, "up")
+    return _RNIC_STATE.get(state)
+
+
+def classify_host_report(report: HostReport | None, rail: int) -> F | None:
+    """Host- and kernel-side faults of Table 1 that no trace or flow table shows."""
+    if report is None:
+        return None
+    for rails, ftype in (
+        (report.gid_changed, F.GID_CHANGE),
+        (report.bond_degraded, F.BOND_ERROR),
+        (report.pcie_errors, F.PCIE_NIC_ERROR),
+        (report.gpudirect_broken, F.GPUDIRECT_ERROR),
+    ):
+        if rail in rails:
+            return ftype
+    if report.hugepage_mismatch:
+        return F.HUGEPAGE_MISCONFIG
+    return None
+
+
+_TUNNEL_ACTIONS = ("tnl_push", "tnl_pop", "set_tunnel", "vxlan", "encap", "decap")
+
+
+def classify_flow_diff(diff: FlowDiff, *, churn: bool = False) -> F:
+    """A diff of offloaded vs OVS flow tables (empty only when ``churn`` is seen)."""
+    if diff.misordered or (diff.duplicated and not (diff.missing or diff.stale)):
+        return F.SUBOPTIMAL_OFFLOAD
+    if churn:
+        # the same rules evicted and re-installed over and over: between two evictions the
+        # tables may even agree
+        return F.REPETITIVE_OFFLOAD
+    tunnel = [
+        r
+        for r in (*diff.missing, *diff.not_in_hw)
+        if any(a.startswith(_TUNNEL_ACTIONS) for a in r.actions)
+    ]
+    if diff.not_in_hw or (tunnel and len(tunnel) == len(diff.missing)):
+        # encap/decap rules that never made it into the eswitch
+        return F.OFFLOAD_FAILURE
+    # offloaded flows invalidated (counters not refreshed, judged idle, evicted): the Fig. 18 case
+    return F.REPETITIVE_OFFLOAD

@@ -1,0 +1,524 @@
+"""Localization on a small hand-built world: every step, every layer, both layers at once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from skh.analysis.localize import (
+    AlertTracker,
+    FailureType,
+    FlowRule,
+    FlowTables,
+    HostReport,
+    Localizer,
+    OverlayTables,
+    Suspect,
+    Trace,
+    diff_flow_tables,
+    failing_path_ids,
+    link_name,
+    vote,
+    walk_overlay,
+)
+from skh.errors import ConfigError
+from skh.model import Cluster, Container, Fabric, Job, JobShape, same_rail_pairs
+from skh.records import empty_probes
+
+F = FailureType
+
+
+class World:
+    """12 hosts × 2 rails, 3 segments, 2 spines; one job with one container per host.
+
+    Implements the StateSource protocol and computes which pairs fail for injected faults.
+    """
+
+    def __init__(self) -> None:
+        self.fabric = Fabric.from_params(
+            hosts=12, rnics_per_host=2, hosts_per_segment=4, spines=2, cores=0
+        )
+        self.cluster = Cluster(self.fabric)
+        self.cluster.add_job(
+            Job(
+                "j",
+                JobShape(tp=2, dp=12),
+                tuple(Container(f"c{h}", "j", f"host{h}", (0, 1)) for h in range(12)),
+            )
+        )
+        arr = self.cluster.endpoint_arrays()
+        self.pairs = [
+            tuple(map(int, p)) for p in same_rail_pairs(arr["ep_id"], arr["rail"], arr["host"])
+        ]
+        self.down: set[str] = set()  # link names or node names that drop everything
+        self.lossy: set[str] = set()  # elements that lose some packets (traces still complete)
+        self.overlay_drop: dict[str, set[str]] = {}  # overlay node -> dst keys with no entry
+        self.overlay_loop: tuple[str, str, str] | None = None  # (node, key, wrong next)
+        self.overlay_down: set[str] = set()
+        self.reports: dict[str, HostReport] = {}
+        self.tables: dict[tuple[str, int], FlowTables] = {}
+        self.dumps = 0
+
+    # -- model helpers ----------------------------------------------------------------------
+    def ep(self, i):
+        return self.cluster.endpoints[i]
+
+    def path(self, pair):
+        a, b = self.ep(pair[0]), self.ep(pair[1])
+        ra, rb = self.fabric.rnic(a.host, a.rail), self.fabric.rnic(b.host, b.rail)
+        paths = self.fabric.ecmp_paths(ra, rb)
+        return paths[hash((min(pair), max(pair))) % len(paths)]
+
+    @staticmethod
+    def elements(path):
+        return [*path, *(link_name(x, y) for x, y in zip(path, path[1:], strict=False))]
+
+    def vf(self, ep):
+        return f"{ep.host}/vf:{ep.container}.{ep.rail}"
+
+    # -- StateSource ---------------------------------------------------------------------------
+    def traceroute(self, pair, path_id=0):
+        p = self.path(pair)
+        nodes = [p[0]]
+        for x, y in zip(p, p[1:], strict=False):
+            if link_name(x, y) in self.down or y in self.down or x in self.down:
+                return Trace(pair, tuple(nodes), False)
+            nodes.append(y)
+        return Trace(pair, tuple(nodes), True)
+
+    def overlay_tables(self, host):
+        nh: dict[str, dict[str, str]] = {}
+        for ep in self.cluster.endpoints:
+            if ep.host == host:
+                vf, rep = self.vf(ep), f"{host}/rep:{ep.container}.{ep.rail}"
+                nh[vf] = {"*": rep}
+                nh[rep] = {"*": f"{host}/ovs", ep.name: vf}
+        ovs: dict[str, str] = {}
+        for ep in self.cluster.endpoints:
+            if ep.host == host:
+                ovs[ep.name] = f"{host}/rep:{ep.container}.{ep.rail}"
+            else:
+                ovs[ep.name] = f"{host}/vtep{ep.rail}"
+        nh[f"{host}/ovs"] = ovs
+        for r in (0, 1):
+            nh[f"{host}/vtep{r}"] = {
+                ep.name: f"{ep.host}/vtep{r}" for ep in self.cluster.endpoints if ep.host != host
+            }
+            nh[f"{host}/vtep{r}"]["*"] = f"{host}/ovs"  # decapsulated traffic goes to the switch
+        for node, keys in self.overlay_drop.items():
+            if node in nh:
+                for k in keys:
+                    nh[node].pop(k, None)
+                nh[node].pop("*", None) if keys == {"*"} else None
+        if self.overlay_loop and self.overlay_loop[0] in nh:
+            node, key, nxt = self.overlay_loop
+            nh[node][key] = nxt
+        return OverlayTables(
+            host, nh, frozenset(n for n in self.overlay_down if n.startswith(host + "/"))
+        )
+
+    def flow_tables(self, host, rail):
+        self.dumps += 1
+        return self.tables.get((host, rail))
+
+    def host_report(self, host):
+        return self.reports.get(host)
+
+    # -- ground truth of symptoms --------------------------------------------------------------
+    def failing(self):
+        out = []
+        for p in self.pairs:
+            els = set(self.elements(self.path(p)))
+            if els & (self.down | self.lossy):
+                out.append(p)
+                continue
+            a, b = self.ep(p[0]), self.ep(p[1])
+            walk = walk_overlay(p, self.vf(a), b.name, self.vf(b), self.overlay_tables)
+            if walk.status != "ok":
+                out.append(p)
+        return out
+
+    def healthy(self, failing):
+        f = set(failing)
+        return np.array([p for p in self.pairs if p not in f], np.int64).reshape(-1, 2)
+
+    def run(self, symptom="unreachable", *, extra=(), refused=(), flapping=False, loc=None):
+        failing = sorted(set(self.failing()) | set(extra))
+        assert failing, "the fault touched no pair"
+        loc = loc or Localizer(self.cluster)
+        s = Suspect(tuple(failing), symptom, 1_000, frozenset(refused), flapping)
+        return loc.localize([s], self, healthy_pairs=self.healthy(failing), now_ns=2_000)
+
+
+def only(verdicts):
+    assert len(verdicts) == 1, [
+        (v.layer, v.component, v.failure_type.name, len(v.pairs)) for v in verdicts
+    ]
+    return verdicts[0]
+
+
+# -- underlay ----------------------------------------------------------------------------------
+def test_switch_port_down_is_the_link():
+    w = World()
+    w.down.add("spine1|tor0r0")
+    v = only(w.run())
+    assert (v.layer, v.component, v.failure_type) == (
+        "underlay",
+        "spine1|tor0r0",
+        F.SWITCH_PORT_DOWN,
+    )
+    assert v.certain and v.severity == 3 and v.first_seen_ns == 1_000 and v.detected_at_ns == 2_000
+    assert v.job == "j" and len(v.pairs) == len(w.failing())
+
+
+def test_switch_offline_is_the_switch():
+    w = World()
+    w.down.add("spine0")
+    v = only(w.run())
+    assert (v.layer, v.component, v.failure_type) == ("underlay", "spine0", F.SWITCH_OFFLINE)
+
+
+def test_crc_and_flapping_and_congestion_on_a_link():
+    for symptom, flapping, ftype in (
+        ("loss", False, F.CRC_ERROR),
+        ("loss", True, F.SWITCH_PORT_FLAPPING),
+        ("latency", False, F.CONGESTION_CONTROL),
+    ):
+        w = World()
+        w.lossy.add("spine1|tor1r1")
+        v = only(w.run(symptom, flapping=flapping))
+        assert (v.layer, v.component, v.failure_type) == ("underlay", "spine1|tor1r1", ftype)
+
+
+def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
+    w = World()
+    w.down.add("host2:rnic0|tor0r0")
+    v = only(w.run())
+    assert (v.layer, v.component, v.failure_type) == (
+        "underlay",
+        "host2:rnic0|tor0r0",
+        F.SWITCH_PORT_DOWN,
+    )
+    for state, ftype in (
+        ("down", F.RNIC_PORT_DOWN),
+        ("hw_error", F.RNIC_HARDWARE),
+        ("flapping", F.RNIC_PORT_FLAPPING),
+    ):
+        w.reports["host2"] = HostReport("host2", rnic_state={0: state})
+        v = only(w.run())
+        assert (v.layer, v.component, v.failure_type) == ("rnic", "host2:rnic0", ftype)
+
+
+@pytest.mark.parametrize(
+    "field,value,layer,comp,ftype",
+    [
+        ("gid_changed", frozenset({1}), "rnic", "host5:rnic1", F.GID_CHANGE),
+        ("bond_degraded", frozenset({1}), "rnic", "host5:rnic1", F.BOND_ERROR),
+        ("pcie_errors", frozenset({1}), "host", "host5", F.PCIE_NIC_ERROR),
+        ("gpudirect_broken", frozenset({1}), "host", "host5", F.GPUDIRECT_ERROR),
+        ("rdma_fallback", frozenset({"c5"}), "overlay", "j/c5", F.NOT_USING_RDMA),
+        ("hugepage_mismatch", True, "host", "host5", F.HUGEPAGE_MISCONFIG),
+        ("offload_churn", frozenset({1}), "rnic", "host5:rnic1", F.REPETITIVE_OFFLOAD),
+    ],
+)
+def test_endpoint_side_faults_come_from_the_host_report(field, value, layer, comp, ftype):
+    w = World()
+    ep_ids = [e.ep_id for e in w.cluster.endpoints if e.host == "host5" and e.rail == 1]
+    extra = [p for p in w.pairs if set(p) & set(ep_ids)]
+    w.reports["host5"] = HostReport("host5", **{field: value})
+    v = only(w.run("latency", extra=extra))
+    assert (v.layer, v.component, v.failure_type) == (layer, comp, ftype)
+
+
+def test_a_host_fault_on_every_rnic_is_one_verdict():
+    w = World()
+    ep_ids = {e.ep_id for e in w.cluster.endpoints if e.host == "host5"}
+    extra = [p for p in w.pairs if set(p) & ep_ids]
+    w.reports["host5"] = HostReport("host5", pcie_errors=frozenset({0, 1}))
+    v = only(w.run("latency", extra=extra))
+    assert (v.layer, v.component, v.failure_type) == ("host", "host5", F.PCIE_NIC_ERROR)
+    assert len(v.pairs) == len(extra)
+
+
+# -- overlay -------------------------------------------------------------------------------------
+def test_overlay_break_names_the_hop():
+    w = World()
+    dst = w.cluster.endpoint("j/c6/0")
+    w.overlay_drop["host1/ovs"] = {dst.name}
+    v = only(w.run())
+    assert (v.layer, v.component, v.failure_type) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
+    assert v.evidence["chain"][-1] == "host1/ovs"
+
+
+def test_overlay_loop_names_where_it_closes():
+    w = World()
+    dst = w.cluster.endpoint("j/c6/0")
+    # host1's VTEP sends c6's traffic to host2, whose switch sends it back to host1
+    w.overlay_loop = ("host1/vtep0", dst.name, "host2/vtep0")
+    w2_tables = w.overlay_tables
+
+    def tables(host):
+        t = w2_tables(host)
+        if host == "host2":
+            nh = {k: dict(v) for k, v in t.next_hop.items()}
+            nh["host2/vtep0"][dst.name] = "host1/vtep0"
+            nh["host2/vtep0"]["*"] = "host2/ovs"
+            return dataclasses.replace(t, next_hop=nh)
+        return t
+
+    w.overlay_tables = tables
+    vs = w.run()
+    loops = [v for v in vs if v.failure_type == F.OVERLAY_LOOP]
+    assert loops and loops[0].layer == "overlay"
+    assert loops[0].component in ("host1/vtep0", "host2/vtep0")
+
+
+def test_container_crash_vs_agent_crash():
+    w = World()
+    w.overlay_down |= {"host3/vf:c3.0", "host3/vf:c3.1"}
+    vs = w.run()
+    assert {(v.layer, v.component, v.failure_type) for v in vs} == {
+        ("overlay", "j/c3", F.CONTAINER_CRASH)
+    }
+
+    w = World()
+    dead = {e.ep_id for e in w.cluster.endpoints if e.container == "c3"}
+    extra = [p for p in w.pairs if p[1] in dead]
+    v = only(w.run(extra=extra, refused=extra))
+    assert (v.layer, v.component, v.failure_type) == ("agent", "j/c3", F.AGENT_CRASH)
+    # a late agent, known from heartbeats, is kept apart too
+    w.reports["host3"] = HostReport("host3", agents_late=frozenset({"c3"}))
+    v = only(w.run("latency", extra=extra))
+    assert (v.layer, v.component, v.failure_type) == ("agent", "j/c3", F.AGENT_LATE)
+
+
+def test_agent_events_from_detection():
+    w = World()
+    c3 = [e.ep_id for e in w.cluster.endpoints if e.container == "c3"]
+    loc = Localizer(w.cluster)
+    # missed heartbeats, VF still there: the agent died, not the container
+    s = Suspect((), "unreachable", 5, agents={c3[0]: 1, c3[1]: 1})
+    v = only(loc.localize([s], w, now_ns=9))
+    assert (v.layer, v.component, v.failure_type) == ("agent", "j/c3", F.AGENT_CRASH)
+    assert v.evidence["endpoints"] == c3 and v.first_seen_ns == 5
+    s = Suspect((), "latency", 5, agents={c3[0]: 8})
+    assert only(loc.localize([s], w, now_ns=9)).failure_type == F.AGENT_LATE
+    # missed heartbeats and the VF is gone: the container crashed
+    w.overlay_down |= {"host3/vf:c3.0", "host3/vf:c3.1"}
+    s = Suspect((), "unreachable", 5, agents={c3[0]: 1})
+    v = only(loc.localize([s], w, now_ns=9))
+    assert (v.layer, v.component, v.failure_type) == ("overlay", "j/c3", F.CONTAINER_CRASH)
+
+
+def test_suspect_from_detection_event():
+    @dataclasses.dataclass
+    class Ev:
+        kind: str
+        pairs: tuple
+        scores: tuple
+        first_seen_ns: int
+        endpoints: tuple = ()
+
+    s = Suspect.from_event(Ev("latency-long", ((1, 2), (3, 4)), (3.0, 4.0), 7))
+    assert (s.symptom, s.pairs, s.first_seen_ns) == ("latency", ((1, 2), (3, 4)), 7)
+    s = Suspect.from_event(Ev("agent", (), (1, 8), 7, (5, 6)))
+    assert s.agents == {5: 1, 6: 8} and s.symptom == "unreachable"
+    with pytest.raises(ConfigError):
+        Suspect.from_event(Ev("weird", (), (), 0))
+
+
+def test_both_layers_at_once():
+    w = World()
+    w.down.add("spine1|tor0r0")
+    dst = w.cluster.endpoint("j/c7/1")
+    w.overlay_drop["host5/ovs"] = {dst.name}
+    vs = w.run()
+    got = {(v.layer, v.component, v.failure_type) for v in vs}
+    assert got == {
+        ("underlay", "spine1|tor0r0", F.SWITCH_PORT_DOWN),
+        ("overlay", "host5/ovs", F.OVERLAY_BLACKHOLE),
+    }
+    assert sum(len(v.pairs) for v in vs) == len(w.failing())
+
+
+def test_two_underlay_faults_at_once():
+    w = World()
+    w.down |= {"spine1|tor0r0", "spine0|tor1r1"}
+    got = {(v.component, v.failure_type) for v in w.run()}
+    assert got == {("spine1|tor0r0", F.SWITCH_PORT_DOWN), ("spine0|tor1r1", F.SWITCH_PORT_DOWN)}
+
+
+# -- RNIC ----------------------------------------------------------------------------------------
+def _rules():
+    enc = FlowRule((("in_port", "rep0"), ("nw_dst", "10.0.0.2")), ("tnl_push:vx0",), priority=100)
+    dec = FlowRule((("in_port", "vx0"), ("nw_dst", "10.0.0.1")), ("output:rep0",), priority=100)
+    drop = FlowRule((("nw_dst", "10.0.0.0/24"),), ("drop",), priority=10)
+    return enc, dec, drop
+
+
+def test_rnic_check_when_both_layers_are_clear():
+    enc, dec, drop = _rules()
+    for offloaded, ftype in (
+        ((dec, drop), F.OFFLOAD_FAILURE),  # the encap rule never made it: encap/decap not offloaded
+        ((enc, drop), F.REPETITIVE_OFFLOAD),  # a plain rule evicted: the Fig. 18 slow path
+        ((drop, enc, dec), F.SUBOPTIMAL_OFFLOAD),  # the broad drop rule ahead of the specific ones
+    ):
+        w = World()
+        exp = (enc, dec, drop)
+        if ftype == F.REPETITIVE_OFFLOAD:
+            exp = (enc, dataclasses.replace(dec, actions=("output:rep0",)), drop)
+            offloaded = (enc, drop)
+        if ftype == F.SUBOPTIMAL_OFFLOAD:
+            offloaded = tuple(dataclasses.replace(r, priority=0) for r in offloaded)
+        w.tables[("host4", 1)] = FlowTables(exp, offloaded)
+        ep = w.cluster.endpoint("j/c4/1")
+        extra = [p for p in w.pairs if ep.ep_id in p][:3]
+        v = only(w.run("latency", extra=extra))
+        assert (v.layer, v.component, v.failure_type) == ("rnic", "host4:rnic1", ftype), offloaded
+        assert "diff" in v.evidence
+
+
+def test_rnic_dump_is_rate_limited():
+    enc, dec, drop = _rules()
+    w = World()
+    w.tables[("host4", 1)] = FlowTables((enc, dec, drop), (dec, drop))
+    ep = w.cluster.endpoint("j/c4/1")
+    extra = [p for p in w.pairs if ep.ep_id in p][:2]
+    loc = Localizer(w.cluster, rnic_dump_interval_s=60)
+    for _ in range(3):
+        only(w.run("latency", extra=extra, loc=loc))
+    assert w.dumps == 1
+
+
+def test_nothing_found_is_unexplained_not_forced():
+    w = World()
+    extra = w.pairs[:2]
+    v = only(w.run("latency", extra=extra))
+    assert v.layer == "unexplained" and v.failure_type == F.UNKNOWN and not v.certain
+
+
+def test_a_tie_is_reported_with_candidates():
+    w = World()
+    w.lossy.add("spine1|tor0r0")
+    failing = w.failing()[:1]
+    # no exoneration at all: every element of the single path ties
+    loc = Localizer(w.cluster, max_exoneration_traces=0)
+    s = Suspect(tuple(failing), "loss", 0)
+    vs = loc.localize([s], w, now_ns=1)
+    v = only(vs)
+    assert v.layer == "underlay" and not v.certain and len(v.candidates) >= 2
+
+
+# -- pieces --------------------------------------------------------------------------------------
+def test_vote_exonerates_and_explains_greedily():
+    fail = [
+        Trace((0, 1), ("a", "t0", "s0", "t1", "b"), True),
+        Trace((2, 3), ("c", "t0", "s0", "t1", "d"), True),
+    ]
+    ok = [
+        Trace((4, 5), ("a", "t0", "s1", "t1", "b"), True),
+        Trace((6, 7), ("c", "t0", "s1", "t1", "d"), True),
+        Trace((10, 11), ("a", "t0", "s0", "t2", "e"), True),
+    ]
+    res = vote(fail, ok)
+    assert [c.component for c in res.culprits] == ["s0|t1"]
+    assert res.culprits[0].explains == {0, 1} and not res.culprits[0].ambiguous
+    assert res.cleared["s0|t0"] == 1 and "s0|t1" not in res.cleared
+
+
+def test_walk_overlay_statuses():
+    t = OverlayTables(
+        "h", {"h/a": {"*": "h/b"}, "h/b": {"k": "h/c", "x": "h/a"}, "h/c": {}}, frozenset({"h/d"})
+    )
+    tables = {"h": t}
+    assert walk_overlay((0, 1), "h/a", "k", "h/c", tables).status == "ok"
+    w = walk_overlay((0, 1), "h/a", "y", "h/c", tables)
+    assert (w.status, w.hop, w.chain) == ("break", "h/b", ("h/a", "h/b"))
+    w = walk_overlay((0, 1), "h/a", "x", "h/c", tables)
+    assert (w.status, w.hop) == ("loop", "h/a")
+    t2 = OverlayTables("h", {"h/a": {"*": "h/d"}}, frozenset({"h/d"}))
+    assert walk_overlay((0, 1), "h/a", "k", "h/c", {"h": t2}).status == "down"
+    assert walk_overlay((0, 1), "h/a", "k", "g/c", {"h": t}).status == "break"  # host g cannot tell
+
+
+def test_diff_flow_tables_kinds():
+    enc, dec, drop = _rules()
+    d = diff_flow_tables((enc, dec), (enc, enc, dataclasses.replace(dec, actions=("drop",)), drop))
+    s = d.summary()
+    assert s == {"missing": 0, "stale": 2, "duplicated": 1, "misordered": 0, "not_in_hw": 0}
+    d = diff_flow_tables((enc, dec, drop), (enc, dataclasses.replace(dec, in_hw=False), drop))
+    assert d.summary()["not_in_hw"] == 1 and not d.missing
+    assert not diff_flow_tables((enc, dec, drop), (enc, dec, drop))
+
+
+def test_alert_tracker_dedups_and_resolves():
+    w = World()
+    w.down.add("spine0")
+    trk = AlertTracker(resolve_after_s=30)
+    u = trk.update(w.run(), now_ns=0)
+    assert len(u.new) == 1 and not u.ongoing and not u.resolved
+    u = trk.update(w.run(), now_ns=10 * 10**9)
+    assert not u.new and len(u.ongoing) == 1 and u.ongoing[0].first_seen_ns == 1_000
+    u = trk.update([], now_ns=45 * 10**9)
+    assert len(u.resolved) == 1 and not trk.open
+
+
+def test_bad_inputs_are_refused():
+    w = World()
+    with pytest.raises(ConfigError):
+        Suspect(((0, 1),), "slow", 0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        Localizer(w.cluster).localize([Suspect(((0, 10_000),), "loss", 0)], w)
+    with pytest.raises(ConfigError):
+        Localizer(w.cluster, rnic_dump_interval_s=-1)
+    assert Localizer(w.cluster).localize([], w) == []
+
+
+def test_failing_path_ids_from_probe_records():
+    recs = empty_probes(8)
+    recs["src_ep"], recs["dst_ep"] = [0, 0, 0, 0, 2, 2, 4, 4], [1, 1, 1, 1, 3, 3, 5, 5]
+    recs["path_id"] = [0, 1, 2, 3, 0, 1, 0, 1]
+    recs["status"] = [0, 1, 0, 1, 0, 0, 0, 0]
+    got = failing_path_ids(recs, [(0, 1), (2, 3), (9, 9)])
+    # lost probes on path ids 1 and 3; a pair with none lost (latency) traces every path id
+    assert got == {(0, 1): (1, 3), (2, 3): (0, 1)}
+    assert failing_path_ids(recs[:0], [(0, 1)]) == {}
+
+
+def test_verdicts_serialize_to_plain_types():
+    import json
+
+    w = World()
+    w.down.add("spine0")
+    d = only(w.run()).as_dict()
+    back = json.loads(json.dumps(d))
+    assert back["component"] == "spine0" and back["failure_type"] == "switch_offline"
+    assert back["severity"] == "critical" and back["failure_type_id"] == 4 and back["pairs"]
+
+
+def test_hop_loss_pins_the_link_and_does_not_exonerate_it():
+    # one failing trace: loss sets in at t0 -> s0; a "healthy" trace over the same link shows the
+    # same onset (2% loss lets most probes through): it must not clear the link
+    fail = [Trace((0, 1), ("a", "t0", "s0", "t1", "b"), True, (0, 0, 0.02, 0.02, 0.02))]
+    ok = [
+        Trace((2, 3), ("c", "t0", "s0", "t2", "d"), True, (0, 0, 0.02, 0.02, 0.02)),
+        Trace((4, 5), ("a", "t0", "s1", "t1", "b"), True, (0, 0, 0, 0, 0)),
+    ]
+    res = vote(fail, ok)
+    assert [c.component for c in res.culprits] == ["s0|t0"] and not res.culprits[0].partial
+    # the same with a delay jump: the hop where the round trip jumps is the suspect
+    slow = [
+        Trace((0, 1), ("a", "t0", "s0", "t1", "b"), True, (), (0, 2_000, 40_000, 41_000, 42_000))
+    ]
+    assert [c.component for c in vote(slow, []).culprits] == ["s0"]
+
+
+def test_delay_on_an_access_link_keeps_the_rnic_as_a_candidate():
+    w = World()
+    ep = w.cluster.endpoint("j/c4/1")
+    extra = [p for p in w.pairs if ep.ep_id in p]
+    v = only(w.run("latency", extra=extra))
+    assert v.layer == "underlay" and v.component.startswith("host4:rnic1|") and not v.certain
+    assert "host4:rnic1" in v.candidates

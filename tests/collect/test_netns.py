@@ -1,0 +1,189 @@
+"""Collectors against real kernels state: a flow-pinned trace across routers in namespaces, and
+the pyroute2 overlay reader on a kernel-VXLAN overlay whose forwarding graph the walk follows."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+import pytest
+
+from skh.analysis.localize import FailureType, Localizer, Suspect, walk_overlay
+from skh.collect.linux import (
+    LocalEndpoint,
+    linux_overlay_tables,
+    parse_bridge_fdb,
+    parse_ip_route,
+    read_linux_state,
+)
+from skh.collect.trace import paris_trace
+from skh.model import Cluster, Fabric
+from skh.testbed.netns import in_netns
+
+pytestmark = [pytest.mark.root, pytest.mark.netns]
+
+
+def sh(script: str) -> str:
+    return subprocess.run(
+        ["bash", "-ec", script], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+
+
+@pytest.fixture
+def names():
+    tag = uuid.uuid4().hex[:4]
+    made: list[str] = []
+
+    def ns(base: str) -> str:
+        name = f"skhl-{tag}{base}"
+        sh(f"ip netns add {name}; ip -n {name} link set lo up")
+        made.append(name)
+        return name
+
+    yield ns
+    for name in made:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_paris_trace_follows_and_stops_at_the_frontier(names):
+    h1, r1, r2, h2 = names("h1"), names("r1"), names("r2"), names("h2")
+    sh(f"""
+    ip link add e0 netns {h1} type veth peer name e0 netns {r1}
+    ip link add e1 netns {r1} type veth peer name e0 netns {r2}
+    ip link add e1 netns {r2} type veth peer name e0 netns {h2}
+    ip -n {h1} addr add 10.9.1.1/24 dev e0; ip -n {r1} addr add 10.9.1.254/24 dev e0
+    ip -n {r1} addr add 10.9.12.0/31 dev e1; ip -n {r2} addr add 10.9.12.1/31 dev e0
+    ip -n {r2} addr add 10.9.2.254/24 dev e1; ip -n {h2} addr add 10.9.2.1/24 dev e0
+    for n in {h1} {r1} {r2} {h2}; do
+      for d in e0 e1; do ip -n $n link set $d up 2>/dev/null || true; done
+    done
+    for n in {r1} {r2} {h2}; do ip netns exec $n sysctl -qw net.ipv4.icmp_ratelimit=0; done
+    for n in {r1} {r2}; do
+      ip netns exec $n sysctl -qw net.ipv4.ip_forward=1 net.ipv4.icmp_errors_use_inbound_ifaddr=1
+    done
+    ip -n {h1} route add default via 10.9.1.254; ip -n {h2} route add default via 10.9.2.254
+    ip -n {r1} route add 10.9.2.0/24 via 10.9.12.1; ip -n {r2} route add 10.9.1.0/24 via 10.9.12.0
+    """)
+    with in_netns(h1):
+        res = paris_trace("10.9.2.1", src="10.9.1.1", sport=40002, max_ttl=6, timeout_s=1.0)
+    assert res.reached and res.addrs == ("10.9.1.254", "10.9.12.1", "10.9.2.1")
+    assert [h.icmp for h in res.hops] == ["time-exceeded", "time-exceeded", "unreachable"]
+    # r2 silently drops everything for h2: the trace ends at r2, the frontier
+    sh(f"ip -n {r2} route replace blackhole 10.9.2.1/32")
+    with in_netns(h1):
+        res = paris_trace("10.9.2.1", src="10.9.1.1", sport=40002, max_ttl=4, timeout_s=0.3)
+    assert not res.reached and res.addrs == ("10.9.1.254", None, None, None)
+    # (r2 drops before its TTL check, so the last answering hop is r1: the link r1–r2 or r2)
+
+
+def test_pyroute2_overlay_state_walks_and_breaks(names):
+    a, b, ca, cb = names("a"), names("b"), names("ca"), names("cb")
+    sh(f"""
+    ip link add rnic0 netns {a} type veth peer name rnic0 netns {b}
+    for pair in "{a} 0 1" "{b} 1 0"; do set -- $pair; h=$1; g=$2; o=$3
+      ip -n $h addr add 10.0.0.$((g+1))/24 dev rnic0; ip -n $h link set rnic0 up
+      ip -n $h link add vx0 type vxlan id 1000 local 10.0.0.$((g+1)) dev rnic0 \
+        dstport 4789 nolearning
+      ip -n $h link set vx0 address 02:00:00:00:00:0$g; ip -n $h link set vx0 up
+      ip -n $h addr add 172.16.$g.0/32 dev vx0
+      ip -n $h route add 172.16.$o.0/24 via 172.16.$o.0 dev vx0 onlink
+      ip -n $h neigh add 172.16.$o.0 lladdr 02:00:00:00:00:0$o dev vx0 nud permanent
+      bridge -n $h fdb append 02:00:00:00:00:0$o dev vx0 dst 10.0.0.$((o+1))
+    done
+    for pair in "{a} {ca} 0" "{b} {cb} 1"; do set -- $pair; h=$1; c=$2; g=$3
+      ip link add vf0 netns $c type veth peer name c0v0 netns $h
+      ip -n $h link set c0v0 up; ip -n $h route add 172.16.$g.1/32 dev c0v0
+      ip -n $c addr add 172.16.$g.1/32 dev vf0; ip -n $c link set vf0 up
+    done
+    """)
+    st_a, st_b = read_linux_state(a), read_linux_state(b)
+    # pyroute2 and the iproute2 parsers see the same state
+    assert {(r.dst, r.dev, r.gateway) for r in st_a.routes if r.table == "main"} == {
+        (r.dst, r.dev, r.gateway) for r in parse_ip_route(sh(f"ip -n {a} -j route"))
+    }
+    assert {(e.mac, e.dev, e.dst) for e in st_a.fdb if e.dst} == {
+        (e.mac, e.dev, e.dst) for e in parse_bridge_fdb(sh(f"bridge -n {a} -j fdb show")) if e.dst
+    }
+    assert st_a.links["vx0"] == "vxlan"
+    vteps = {"10.0.0.1": "A", "10.0.0.2": "B"}
+    dsts = ["172.16.0.1", "172.16.1.1"]
+    eps = {
+        "A": [LocalEndpoint("A/vf:c0.0", "172.16.0.1", "c0v0")],
+        "B": [LocalEndpoint("B/vf:c1.0", "172.16.1.1", "c0v0")],
+    }
+
+    def tables(state_a, state_b):
+        return {
+            "A": linux_overlay_tables("A", state_a, eps["A"], dsts, vteps),
+            "B": linux_overlay_tables("B", state_b, eps["B"], dsts, vteps),
+        }
+
+    w = walk_overlay((0, 1), "A/vf:c0.0", "172.16.1.1", "B/vf:c1.0", tables(st_a, st_b))
+    assert w.status == "ok", w
+    assert w.chain == (
+        "A/vf:c0.0",
+        "A/rep:c0v0",
+        "A/route",
+        "A/vtep:vx0",
+        "B/decap:vx0",
+        "B/route",
+        "B/rep:c0v0",
+        "B/vf:c1.0",
+    )
+    # the testbed's FDB black hole: the VTEP mapping of B's MAC is gone on A
+    sh(f"bridge -n {a} fdb del 02:00:00:00:00:01 dev vx0 dst 10.0.0.2")
+    w = walk_overlay(
+        (0, 1), "A/vf:c0.0", "172.16.1.1", "B/vf:c1.0", tables(read_linux_state(a), st_b)
+    )
+    assert (w.status, w.hop) == ("break", "A/vtep:vx0")
+    # the localizer, fed the hosts' real state, names the hop
+    fab = Fabric.from_params(hosts=2, rnics_per_host=1, hosts_per_segment=2, spines=1, cores=0)
+    cl = Cluster(fab)
+    cl.add_endpoint(job="j", container="c0", host="host0", rail=0, ip="172.16.0.1")
+    cl.add_endpoint(job="j", container="c1", host="host1", rail=0, ip="172.16.1.1")
+    names = {"host0": "A", "host1": "B"}
+
+    class Source:  # what the hosts' agents would answer, read from the namespaces now
+        def overlay_tables(self, host):
+            return tables(read_linux_state(a), read_linux_state(b))[host]
+
+        def traceroute(self, pair, path_id):
+            return None
+
+        def flow_tables(self, host, rail):
+            return None
+
+        def host_report(self, host):
+            return None
+
+    loc = Localizer(
+        cl, overlay_endpoint=lambda ep: (f"{names[ep.host]}/vf:c{ep.host[-1]}.0", ep.ip)
+    )
+    (v,) = loc.localize([Suspect(((0, 1),), "unreachable", 0)], Source(), now_ns=1)
+    assert (v.layer, v.component, v.failure_type) == (
+        "overlay",
+        "A/vtep:vx0",
+        FailureType.OVERLAY_BLACKHOLE,
+    )
+    sh(f"bridge -n {a} fdb append 02:00:00:00:00:01 dev vx0 dst 10.0.0.2")
+    # the testbed's overlay loop: B routes the destination back to A
+    sh(f"ip -n {b} route replace 172.16.1.1/32 via 172.16.0.0 dev vx0 onlink")
+    sh(f"ip -n {b} neigh replace 172.16.0.0 lladdr 02:00:00:00:00:00 dev vx0 nud permanent")
+    w = walk_overlay(
+        (0, 1),
+        "A/vf:c0.0",
+        "172.16.1.1",
+        "B/vf:c1.0",
+        tables(read_linux_state(a), read_linux_state(b)),
+    )
+    assert w.status == "loop" and w.hop == "A/route"
+    # the container's VF peer goes down: the representor is down
+    sh(f"ip -n {b} route replace 172.16.1.1/32 dev c0v0; ip -n {cb} link set vf0 down")
+    w = walk_overlay(
+        (0, 1),
+        "A/vf:c0.0",
+        "172.16.1.1",
+        "B/vf:c1.0",
+        tables(read_linux_state(a), read_linux_state(b)),
+    )
+    assert (w.status, w.hop) == ("down", "B/rep:c0v0")
