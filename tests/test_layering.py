@@ -2,6 +2,7 @@
 skh/analysis/ knows neither the engine nor the orchestrator."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def test_analysis_imports_neither_engine_nor_orchestrator():
 
 def test_csrc_is_plain_c():
     for f in sorted((ROOT / "csrc").glob("*.[ch]")):
-        assert "Python.h" not in f.read_text(), f"{f.name} includes Python.h"
+        assert not re.search(r'#\s*include\s*[<"]Python\.h', f.read_text()), f"{f.name} includes Python.h"
 
 
 def test_shared_modules_stay_neutral():

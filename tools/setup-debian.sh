@@ -7,7 +7,7 @@ VENV=${1:-.venv}
 APT_PKGS=(
   build-essential python3-dev python3-venv pkg-config make git
   iproute2 nftables traceroute iputils-ping ethtool procps psmisc
-  libibverbs-dev ibverbs-providers rdma-core ibverbs-utils
+  libibverbs-dev ibverbs-providers rdma-core ibverbs-utils linuxptp
   qemu-system-x86 busybox-static cpio kmod xz-utils
   openvswitch-switch chromium
 )
@@ -35,5 +35,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e '.[test,bench]'
+# The extension is built in the venv itself (no build isolation), so its build tools live there too.
+"$VENV/bin/python" -m pip install -q "setuptools>=70" wheel "Cython>=3.0,<4" "numpy>=1.26"
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e '.[test,bench]'
 echo "skh setup: ready ($("$VENV/bin/python" -c 'import skh, sys; print(skh.__version__, sys.version.split()[0])'))"

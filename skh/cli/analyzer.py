@@ -1,0 +1,63 @@
+"""``skh analyzer``: run the analyzer daemon in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+
+from skh.cli._daemon_args import add_common, config_from
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyzer", help="run skh-analyzer (ingest, detection rounds, alert bus)")
+    add_common(p)
+    p.add_argument("--bind", help="PULL address for result and counter batches")
+    p.add_argument("--alerts-bind", help="PUB address for alerts")
+    p.add_argument("--replay-bind", help="REP address for alert replay")
+    p.add_argument("--alert-log", help="durable alert log (JSON lines)")
+    p.add_argument("--spool-dir", help="archive each round's raw records as .npy here")
+    p.add_argument("--detector", choices=("auto", "none"))
+    p.add_argument(
+        "--controller-pub", help="controller PUB address (endpoint names, stopped containers)"
+    )
+    p.add_argument("--metrics", help="host:port of the Prometheus endpoint")
+    p.add_argument(
+        "--print-endpoints", action="store_true", help="print the bound addresses as JSON on stdout"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from skh.orchestrator.analyzer import Analyzer
+    from skh.orchestrator.daemon import install_stop_signals
+    from skh.orchestrator.metrics import CollectorRegistry, serve
+
+    cfg = config_from(
+        args,
+        {
+            "analyzer.bind": args.bind,
+            "analyzer.alerts_bind": args.alerts_bind,
+            "analyzer.replay_bind": args.replay_bind,
+            "analyzer.alert_log": args.alert_log,
+            "analyzer.spool_dir": args.spool_dir,
+            "analyzer.detector": args.detector,
+            "analyzer.metrics": args.metrics,
+            "analyzer.controller_pub": args.controller_pub,
+        },
+    )
+    cfg.security.check(server=True, client=False)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    registry = CollectorRegistry()
+    an = Analyzer(cfg.analyzer, cfg.security, metrics=registry)
+    pull, pub, rep = an.bind()
+    port = serve(registry, cfg.analyzer.metrics)
+    if args.print_endpoints:
+        print(
+            json.dumps({"pull": pull, "alerts": pub, "replay": rep, "metrics_port": port}),
+            flush=True,
+        )
+    an.run(stop)
+    return 0

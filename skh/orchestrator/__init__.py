@@ -1,0 +1,2 @@
+"""The orchestration layer: controller, agents, analyzer daemon and alert bus over ZeroMQ
+(wire format in :mod:`skh.wire`)."""

@@ -1,0 +1,439 @@
+"""skh-agent --role overlay: the sidecar in a training container's network namespace.
+
+One probing engine per endpoint (VF) answers probes from the start and probes the endpoint's ping
+list. The agent registers its endpoints, reports ready (at once, or once ``ready_file`` exists),
+follows its job's topic to keep the ping lists current — applying readiness, endpoints going down
+and skeletons itself — and ships result batches every ``batch_interval_s`` to the analyzer.
+
+While the analyzer is unreachable the batches wait in a bounded buffer of
+``buffer_s x max_probe_rate`` records (5 min by default); beyond it the oldest records are dropped
+and counted. The PUSH socket uses ``ZMQ_IMMEDIATE`` and a small high-water mark so that records
+stay in this accountable buffer instead of an invisible ZeroMQ queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import zmq
+
+from skh.errors import ConfigError, ProtocolError
+from skh.orchestrator.agent_base import AgentBase
+from skh.orchestrator.config import AgentConfig, EndpointSpec
+from skh.orchestrator.daemon import make_socket
+from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
+from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
+from skh.orchestrator.security import SecurityConfig
+from skh.records import PROBE_DTYPE, empty_probes
+from skh.wire import Envelope, MsgType, job_topic, probe_batch_body
+
+__all__ = ["OverlayAgent", "EngineLike", "ResultBuffer"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BATCH_RECORDS = 65536  # one frame stays ~3.5 MiB, well under the codec limit
+
+
+class EngineLike(Protocol):
+    """The part of :class:`skh.probe.Engine` the agent uses."""
+
+    def local_address(self) -> dict[str, Any]: ...
+    def add_target(
+        self,
+        dst_ep: int,
+        host: str,
+        port: int,
+        *,
+        interval_s: float,
+        path_id: int = 0,
+        qpn: int = 0,
+        gid: str = "",
+    ) -> None: ...
+    def remove_target(self, dst_ep: int) -> None: ...
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    def drain(self, max_records: int | None = None) -> np.ndarray: ...
+    def stats(self) -> Any: ...
+
+
+EngineFactory = Callable[[EndpointSpec, AgentConfig], EngineLike]
+
+
+def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
+    from skh.probe import Engine  # the C engine; imported here so the controller never loads it
+
+    return Engine(
+        bind=spec.ip,
+        port=spec.port,
+        transport=cfg.transport,
+        timeout_s=cfg.probe_timeout_s,
+        device=spec.device or None,
+        gid_index=None if spec.gid_index < 0 else spec.gid_index,
+    )
+
+
+class ResultBuffer:
+    """FIFO of probe batches bounded by a record count; overflow drops the oldest records."""
+
+    def __init__(self, max_records: int) -> None:
+        self.max_records = max_records
+        self._q: deque[np.ndarray] = deque()
+        self.records = 0
+        self.dropped = 0
+
+    def push(self, batch: np.ndarray) -> None:
+        if batch.size == 0:
+            return
+        for i in range(0, batch.size, _MAX_BATCH_RECORDS):
+            part = batch[i : i + _MAX_BATCH_RECORDS]
+            self._q.append(part)
+            self.records += part.size
+        while self.records > self.max_records:
+            excess = self.records - self.max_records
+            head = self._q[0]
+            if head.size <= excess:
+                self._q.popleft()
+                self.records -= head.size
+                self.dropped += head.size
+            else:
+                self._q[0] = head[excess:]
+                self.records -= excess
+                self.dropped += excess
+
+    def push_heartbeat(self) -> None:
+        self._q.append(empty_probes())
+
+    def peek(self) -> np.ndarray | None:
+        return self._q[0] if self._q else None
+
+    def pop(self) -> None:
+        self.records -= self._q.popleft().size
+
+
+class OverlayAgent(AgentBase):
+    role = "overlay"
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        security: SecurityConfig,
+        *,
+        engine_factory: EngineFactory = default_engine_factory,
+        ctx: zmq.Context | None = None,
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        if not cfg.job or not cfg.container or not cfg.endpoints:
+            raise ConfigError(
+                "an overlay agent needs agent.job, agent.container and agent.endpoints"
+            )
+        super().__init__(cfg, security, ctx=ctx)
+        self.sub = make_socket(self._ctx, zmq.SUB, hwm=cfg.hwm)
+        security.client(self.sub)
+        self.sub.setsockopt(zmq.SUBSCRIBE, job_topic(cfg.job))
+        self.sub.connect(cfg.controller_pub)
+        self.push = make_socket(self._ctx, zmq.PUSH, hwm=4)
+        self.push.setsockopt(zmq.IMMEDIATE, 1)
+        security.client(self.push)
+        self.push.connect(cfg.analyzer)
+        self.engines: list[tuple[EndpointSpec, EngineLike]] = []
+        for spec in cfg.endpoints:
+            eng = engine_factory(spec, cfg)
+            eng.start()  # the responder answers from now on, before anyone may probe us
+            self.engines.append((spec, eng))
+        self.ep_ids: list[int] = []  # controller ids, parallel to self.engines
+        self.job: JobPingLists | None = None
+        self.targets: list[dict[int, tuple[str, int, str, int]]] = [{} for _ in self.engines]
+        self.ready_reported = False
+        self._ready_seq = -1
+        self._next_ready = 0.0
+        self.buffer = ResultBuffer(int(cfg.buffer_s * cfg.max_probe_rate))
+        self._next_flush = time.monotonic() + cfg.batch_interval_s
+        self.handlers["pinglist"] = lambda _args: self.ping_lists()
+        if metrics is not None:
+            metrics.register(self._collector())
+
+    # -- session -------------------------------------------------------------------------------
+    def register_body(self) -> dict[str, Any]:
+        eps = []
+        for spec, eng in self.engines:
+            addr = eng.local_address()
+            eps.append(
+                {
+                    "job": self.cfg.job,
+                    "container": self.cfg.container,
+                    "rail": spec.rail,
+                    "ip": str(addr.get("ip", spec.ip)),
+                    "port": int(addr.get("port", 0)),
+                    "gid": str(addr.get("gid", "")),
+                    "qpn": int(addr.get("qpn", 0)),
+                    "netdev": spec.netdev,
+                }
+            )
+        return {"agent": self.name, "role": self.role, "host": self.cfg.host, "endpoints": eps}
+
+    def on_registered(self, env: Envelope) -> None:
+        eps = env.body["endpoints"]
+        if len(eps) != len(self.engines) or not all(
+            isinstance(e, int) and 0 <= e < 2**32 for e in eps
+        ):
+            raise ProtocolError(
+                f"register_ack names {len(eps)} endpoint ids for {len(self.engines)} endpoints"
+            )
+        snaps = [
+            JobPingLists.from_snapshot(s)
+            for s in env.body["snapshots"]
+            if isinstance(s, dict) and s.get("job") == self.cfg.job
+        ]
+        self.ep_ids = list(eps)
+        for job in snaps:
+            self._install(job)
+        self.ready_reported = False
+        self._next_ready = 0.0
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        return {
+            "agent": self.name,
+            "epoch": self.epoch,
+            "jobs": {self.cfg.job: self.job.version if self.job else -1},
+        }
+
+    def on_heartbeat_ack(self, env: Envelope) -> None:
+        # the controller's version is ahead: we missed the last announcement (PUB drops silently)
+        if self.job is not None and int(env.body["jobs"].get(self.cfg.job, -1)) > self.job.version:
+            self._sync("behind the controller")
+
+    def on_message(self, env: Envelope) -> None:
+        if env.type is MsgType.ACK:
+            if env.body.get("re") == self._ready_seq:
+                if env.body["ok"]:
+                    self.ready_reported = True
+                    log.info("%s: ready acknowledged", self.name)
+                else:
+                    self.reregister(f"ready refused: {env.body.get('error', '')}")
+        elif env.type is MsgType.JOB_SNAPSHOT and env.body["job"] == self.cfg.job:
+            # a SYNC answer may trail announcements already applied from the topic
+            if self.job is None or env.body["version"] >= self.job.version:
+                self._install(JobPingLists.from_snapshot(env.body))
+
+    def _sync(self, why: str) -> None:
+        self.counters["resyncs"] += 1
+        log.info("%s: asking for a snapshot of %s (%s)", self.name, self.cfg.job, why)
+        self.send(MsgType.SYNC, {"job": self.cfg.job})
+
+    def _ready_gate(self) -> bool:
+        return not self.cfg.ready_file or Path(self.cfg.ready_file).exists()
+
+    def _ready_tick(self, now: float) -> None:
+        if (
+            self.epoch
+            and not self.ready_reported
+            and now >= self._next_ready
+            and self._ready_gate()
+        ):
+            self._next_ready = now + self.cfg.request_timeout_s
+            self._ready_seq = self.send(
+                MsgType.READY, {"agent": self.name, "endpoints": self.ep_ids}
+            )
+
+    # -- ping lists ----------------------------------------------------------------------------
+    def handle_sub(self) -> None:
+        while True:
+            try:
+                _topic, raw = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:  # not two frames
+                self.codec.rejected["malformed"] += 1
+                continue
+            try:
+                env = self.codec.decode(raw)
+                if (
+                    self.job is None
+                    or env.type
+                    not in (MsgType.READY_ANNOUNCE, MsgType.ENDPOINTS_DOWN, MsgType.SKELETON)
+                    or env.body.get("job") != self.cfg.job
+                ):
+                    continue
+                if self.job.apply(env.type, env.body):
+                    self._apply_targets()
+                else:
+                    self._sync(f"version gap at {env.body['version']}")
+            except (ProtocolError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                self.counters["bad_topic_messages"] += 1
+                log.debug("%s: bad topic message: %r", self.name, exc)
+
+    def _install(self, job: JobPingLists) -> None:
+        self.job = job
+        self._apply_targets()
+
+    def _apply_targets(self) -> None:
+        """Bring every engine's targets to the job's current ping list: additions first, then
+        removals, so a pair kept across a skeleton change is never unprobed."""
+        if self.job is None or len(self.ep_ids) != len(self.engines):
+            return
+        for i, ((_spec, eng), ep) in enumerate(zip(self.engines, self.ep_ids, strict=True)):
+            want: dict[int, tuple[str, int, str, int]] = {}
+            for dst in self.job.ping_list(ep).tolist():
+                info: EndpointInfo = self.job.endpoints[dst]
+                want[dst] = info.address()
+            have = self.targets[i]
+            applied = {}
+            for dst, addr in want.items():
+                if have.get(dst) == addr:
+                    applied[dst] = addr
+                    continue
+                if dst in have:
+                    eng.remove_target(dst)
+                ip, port, gid, qpn = addr
+                try:
+                    eng.add_target(
+                        dst, ip, port, interval_s=self.cfg.probe_interval_s, qpn=qpn, gid=gid
+                    )
+                except (ValueError, OSError) as exc:  # an address the engine cannot probe
+                    self.counters["bad_targets"] += 1
+                    log.warning(
+                        "%s: cannot probe endpoint %d at %s:%d: %s", self.name, dst, ip, port, exc
+                    )
+                    continue
+                applied[dst] = addr
+            for dst in [d for d in have if d not in want]:
+                eng.remove_target(dst)
+            self.targets[i] = applied
+        self.counters["pinglist_updates"] += 1
+
+    def ping_lists(self) -> dict[str, Any]:
+        """What each endpoint probes now (the ``pinglist`` command)."""
+        return {
+            "version": self.job.version if self.job else -1,
+            "lists": {str(ep): sorted(t) for ep, t in zip(self.ep_ids, self.targets, strict=False)},
+        }
+
+    # -- results -------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Drain the engines into the buffer, then ship what the analyzer will take."""
+        parts = []
+        for (_spec, eng), ep in zip(
+            self.engines, self.ep_ids or [None] * len(self.engines), strict=True
+        ):
+            recs = eng.drain()
+            if recs.size and ep is not None:
+                recs = np.array(recs, dtype=PROBE_DTYPE, copy=True)
+                recs["src_ep"] = ep
+                parts.append(recs)
+        if parts:
+            batch = np.concatenate(parts)
+            self.counters["records"] += batch.size
+            self.buffer.push(batch)
+        if self.buffer.peek() is None and self.ep_ids:
+            self.buffer.push_heartbeat()  # nothing to ship: an empty batch still says "alive"
+        while (head := self.buffer.peek()) is not None:
+            self._seq += 1
+            frame = self.codec.encode(
+                MsgType.PROBE_BATCH,
+                self.name,
+                self._seq,
+                probe_batch_body(self.name, head, self.ep_ids),
+            )
+            try:
+                self.push.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                self.counters["analyzer_unreachable_flushes"] += 1
+                break
+            self.buffer.pop()
+            self.counters["batches_sent"] += 1
+            self.counters["records_sent"] += head.size
+
+    # -- loop ----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        poller = zmq.Poller()
+        poller.register(self.dealer, zmq.POLLIN)
+        poller.register(self.sub, zmq.POLLIN)
+        self.notifier.ready(f"{len(self.engines)} endpoints")
+        try:
+            while not stop.is_set():
+                events = dict(poller.poll(100))
+                if self.dealer in events:
+                    self.handle_dealer()
+                if self.sub in events:
+                    self.handle_sub()
+                now = time.monotonic()
+                self.session_tick(now)
+                self._ready_tick(now)
+                if now >= self._next_flush:
+                    self._next_flush = now + self.cfg.batch_interval_s
+                    self.flush()
+                self.notifier.watchdog()
+            self.flush()  # the last second of results
+            if self.epoch:  # stopping on purpose: the controller retires our endpoints now
+                self.send(MsgType.DEREGISTER, {"agent": self.name})
+        finally:
+            self.notifier.stopping()
+            self.close()
+
+    def close(self) -> None:
+        for _spec, eng in self.engines:
+            eng.close()
+        self.sub.close(0)
+        self.push.close(linger=500)  # the last second of results, if the analyzer takes it
+        self.close_base()
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["buffered_records"] = self.buffer.records
+        out["dropped_records"] = self.buffer.dropped
+        out["engines"] = [_as_dict(eng.stats()) for _spec, eng in self.engines]
+        return out
+
+    def _collector(self) -> CallbackCollector:
+        def engine_totals() -> dict[tuple[str, ...], float]:
+            tot: dict[tuple[str, ...], float] = {}
+            for _spec, eng in self.engines:
+                for k, v in _as_dict(eng.stats()).items():
+                    if isinstance(v, (int, float)):
+                        tot[(k,)] = tot.get((k,), 0.0) + float(v)
+            return tot
+
+        return CallbackCollector(
+            counters={
+                "skh_agent_events": (
+                    "Agent events by kind",
+                    ("kind",),
+                    lambda: {(k,): float(v) for k, v in self.counters.items()},
+                ),
+                "skh_agent_engine": (
+                    "Probing engine counters summed over endpoints",
+                    ("counter",),
+                    engine_totals,
+                ),
+                "skh_agent_dropped_records": (
+                    "Results dropped from the full buffer",
+                    (),
+                    lambda: {(): float(self.buffer.dropped)},
+                ),
+            },
+            gauges={
+                "skh_agent_buffered_records": (
+                    "Results waiting for the analyzer",
+                    (),
+                    lambda: {(): float(self.buffer.records)},
+                ),
+                "skh_agent_pinglist_size": (
+                    "Targets probed, summed over endpoints",
+                    (),
+                    lambda: {(): float(sum(len(t) for t in self.targets))},
+                ),
+            },
+        )
+
+
+def _as_dict(stats: Any) -> dict[str, Any]:
+    if hasattr(stats, "as_dict"):
+        return dict(stats.as_dict())
+    return dict(stats) if isinstance(stats, dict) else {}

@@ -1,0 +1,300 @@
+"""Daemon configuration: one TOML file with ``[controller]``, ``[analyzer]``, ``[agent]`` and
+``[security]`` tables, plus command-line overrides as dotted keys (``agent.job=train-7``).
+
+Every value is checked once, here, with a message naming the key; the daemons then read typed,
+frozen dataclasses. ``skh config check FILE`` runs exactly this validation.
+
+Example::
+
+    [controller]
+    bind = "tcp://0.0.0.0:5550"
+    pub_bind = "tcp://0.0.0.0:5551"
+    db = "/var/lib/skh/registry.db"
+
+    [agent]
+    role = "overlay"
+    job = "train-7"
+    container = "worker-3"
+    endpoints = [{rail = 0, ip = "10.0.0.3"}, {rail = 1, ip = "10.0.1.3"}]
+
+    [security]
+    server_public_key = "/etc/skh/keys/server.key"
+    client_secret_key = "/etc/skh/keys/agent.key_secret"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from skh.errors import ConfigError
+from skh.orchestrator.security import SecurityConfig
+from skh.wire import DEFAULT_MAX_FRAME_BYTES
+
+__all__ = [
+    "EndpointSpec",
+    "SourceSpec",
+    "ControllerConfig",
+    "AnalyzerConfig",
+    "AgentConfig",
+    "Config",
+    "load_config",
+    "parse_override",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """One VF the overlay agent probes from (and answers on)."""
+
+    rail: int
+    ip: str = "0.0.0.0"
+    port: int = 0  # 0: ephemeral
+    netdev: str = ""
+    device: str = ""  # verbs device
+    gid_index: int = -1  # -1: the engine picks (never 0 by default)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One counter source of the underlay agent (see :mod:`skh.orchestrator.counters`)."""
+
+    endpoint: str  # job/container/rail this source measures
+    kind: str = "netdev"  # netdev | vf | rdma
+    netdev: str = ""  # netdev: representor/veth name; vf: the PF
+    netns: str = ""  # named network namespace ("" = the agent's own)
+    vf: int = -1  # vf: VF index on the PF
+    device: str = ""  # rdma: verbs device name
+    port: int = 1  # rdma: port number
+    root: str = "/"  # rdma: filesystem root holding sys/class/infiniband
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    bind: str = "tcp://127.0.0.1:5550"  # ROUTER: agents and admin requests
+    pub_bind: str = "tcp://127.0.0.1:5551"  # PUB: per-job topics
+    db: str = "/var/lib/skh/registry.db"
+    heartbeat_interval_s: float = 2.0
+    heartbeat_misses: int = 3
+    command_timeout_s: float = 5.0
+    command_retries: int = 2
+    hwm: int = 100_000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    metrics: str = ""  # host:port, "" = off
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyzerConfig:
+    bind: str = "tcp://127.0.0.1:5560"  # PULL: result and counter batches
+    alerts_bind: str = "tcp://127.0.0.1:5561"  # PUB: alerts
+    replay_bind: str = "tcp://127.0.0.1:5562"  # REP: replay since seq N
+    alert_log: str = "/var/lib/skh/alerts.log"
+    round_s: float = 1.0
+    spool_dir: str = ""  # write each round's raw batches as .npy ("" = off)
+    detector: str = "auto"  # auto | none
+    #: the controller's PUB address: endpoint-to-job names and stopped containers for detection
+    controller_pub: str = ""
+    hwm: int = 10_000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    metrics: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    role: str = "overlay"  # overlay | underlay
+    name: str = ""  # default: role-host-container
+    host: str = ""  # default: this machine's hostname
+    job: str = ""
+    container: str = ""
+    controller: str = "tcp://127.0.0.1:5550"
+    controller_pub: str = "tcp://127.0.0.1:5551"
+    analyzer: str = "tcp://127.0.0.1:5560"
+    endpoints: tuple[EndpointSpec, ...] = ()
+    sources: tuple[SourceSpec, ...] = ()
+    transport: str = "udp"
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 1.0
+    batch_interval_s: float = 1.0
+    buffer_s: float = 300.0  # results kept while the analyzer is unreachable
+    max_probe_rate: float = 1000.0  # sizes the buffer: buffer_s x rate records
+    ready_file: str = ""  # report ready only once this file exists ("" = at once)
+    request_timeout_s: float = 2.0
+    hwm: int = 1_000
+    metrics: str = ""
+
+    @property
+    def agent_name(self) -> str:
+        if self.name:
+            return self.name
+        return f"{self.role}-{self.host}" + (f"-{self.container}" if self.container else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {
+    "controller": ControllerConfig,
+    "analyzer": AnalyzerConfig,
+    "agent": AgentConfig,
+    "security": SecurityConfig,
+}
+_ITEM_TYPES = {"endpoints": EndpointSpec, "sources": SourceSpec}
+
+
+def _coerce(where: str, tp: Any, value: Any) -> Any:
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"The '{where}' setting must be a number. Got {value!r} instead.")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"The '{where}' setting must be an int. Got {value!r} instead.")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(
+                f"The '{where}' setting must be true or false. Got {value!r} instead."
+            )
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"The '{where}' setting must be a string. Got {value!r} instead.")
+        return value
+    raise ConfigError(f"unsupported setting type for {where}")
+
+
+def _build(cls: type, where: str, data: Mapping[str, Any]) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"The '{where}' setting must be a table. Got {data!r} instead.")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in [{where}]: {', '.join(unknown)}")
+    kwargs = {}
+    for key, value in data.items():
+        if key in _ITEM_TYPES:
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(
+                    f"The '{where}.{key}' setting must be a list of tables. Got {value!r} instead."
+                )
+            kwargs[key] = tuple(
+                _build(_ITEM_TYPES[key], f"{where}.{key}[{i}]", v) for i, v in enumerate(value)
+            )
+        else:
+            kwargs[key] = _coerce(f"{where}.{key}", hints[key], value)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``section.key=value`` with the value parsed as TOML (so ``3``, ``true``, ``[..]`` work) or,
+    failing that, taken as a plain string."""
+    key, sep, raw = text.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"an override must look like section.key=value. Got {text!r} instead.")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """Read ``path`` (optional), apply dotted ``overrides`` and validate everything."""
+    data: dict[str, dict[str, Any]] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        unknown = sorted(set(raw) - set(_SECTIONS))
+        if unknown:
+            raise ConfigError(f"unknown config section(s): {', '.join(unknown)}")
+        data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    for key, value in (overrides or {}).items():
+        section, _, name = key.partition(".")
+        if section not in _SECTIONS or not name:
+            raise ConfigError(
+                f"unknown override {key!r}: expected one of {', '.join(_SECTIONS)}.<key>"
+            )
+        data.setdefault(section, {})[name] = value
+    built = {name: _build(cls, name, data.get(name, {})) for name, cls in _SECTIONS.items()}
+    cfg = Config(**built)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Config) -> None:
+    def positive(where: str, v: float) -> None:
+        if v <= 0:
+            raise ConfigError(f"The '{where}' setting must be > 0. Got {v!r} instead.")
+
+    c, a, g = cfg.controller, cfg.analyzer, cfg.agent
+    for where, v in (
+        ("controller.heartbeat_interval_s", c.heartbeat_interval_s),
+        ("controller.command_timeout_s", c.command_timeout_s),
+        ("controller.heartbeat_misses", c.heartbeat_misses),
+        ("controller.hwm", c.hwm),
+        ("analyzer.round_s", a.round_s),
+        ("analyzer.hwm", a.hwm),
+        ("agent.probe_interval_s", g.probe_interval_s),
+        ("agent.probe_timeout_s", g.probe_timeout_s),
+        ("agent.batch_interval_s", g.batch_interval_s),
+        ("agent.buffer_s", g.buffer_s),
+        ("agent.max_probe_rate", g.max_probe_rate),
+        ("agent.request_timeout_s", g.request_timeout_s),
+        ("agent.hwm", g.hwm),
+    ):
+        positive(where, v)
+    if c.command_retries < 0:
+        raise ConfigError(
+            "The 'controller.command_retries' setting must be >= 0. "
+            f"Got {c.command_retries} instead."
+        )
+    if g.role not in ("overlay", "underlay"):
+        raise ConfigError(
+            f"The 'agent.role' setting must be 'overlay' or 'underlay'. Got {g.role!r} instead."
+        )
+    if g.transport not in ("udp", "verbs"):
+        raise ConfigError(
+            f"The 'agent.transport' setting must be 'udp' or 'verbs'. Got {g.transport!r} instead."
+        )
+    if a.detector not in ("auto", "none"):
+        raise ConfigError(
+            f"The 'analyzer.detector' setting must be 'auto' or 'none'. Got {a.detector!r} instead."
+        )
+    rails = [e.rail for e in g.endpoints]
+    if len(set(rails)) != len(rails):
+        raise ConfigError(f"agent.endpoints: two endpoints on one rail ({rails})")
+    for e in g.endpoints:
+        if not 0 <= e.rail < 256 or not 0 <= e.port < 65536:
+            raise ConfigError(f"agent.endpoints: rail {e.rail} / port {e.port} out of range")
+    for s in g.sources:
+        if s.kind not in ("netdev", "vf", "rdma"):
+            raise ConfigError(
+                f"agent.sources: kind must be netdev, vf or rdma. Got {s.kind!r} instead."
+            )
+        if s.endpoint.count("/") != 2:
+            raise ConfigError(
+                f"agent.sources: endpoint must be job/container/rail. Got {s.endpoint!r} instead."
+            )
+
+
+def default_host() -> str:
+    return socket.gethostname()

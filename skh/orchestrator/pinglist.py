@@ -1,0 +1,298 @@
+"""Versioned per-job ping lists, in the paper's phases.
+
+* **Preload**: every endpoint of a job known to the controller (submitted or registered) is in the
+  job's list of same-rail, different-host pairs (:func:`skh.model.same_rail_pairs`) from the start.
+* **Incremental activation**: a destination is probe-able only once it registered *ready*. The
+  controller announces a readiness change once on the job's topic; each agent applies it to its
+  own copy of :class:`JobPingLists` — no per-agent push per change.
+* **Skeleton**: :meth:`JobPingLists.apply_skeleton` replaces the pair set with the inferred
+  skeleton in one versioned step. Agents add the new targets before removing the dropped ones, so
+  a pair in both lists is never left unprobed.
+
+The same class runs on both sides: the controller mutates it and publishes the returned bodies;
+an agent builds it from a snapshot and :meth:`~JobPingLists.apply` s what it hears. Every published
+change bumps ``version`` by one, so an agent that sees a gap asks for a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from skh.errors import ProtocolError, TopologyError
+from skh.model import same_rail_pairs
+from skh.wire import MsgType, pack_pairs, unpack_pairs
+
+__all__ = ["EndpointInfo", "JobPingLists"]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """What the controller knows of one endpoint (the wire form of :class:`skh.model.Endpoint`
+    plus readiness)."""
+
+    ep: int
+    job: str
+    container: str
+    host: str
+    rail: int
+    ip: str = ""
+    port: int = 0
+    gid: str = ""
+    qpn: int = 0
+    netdev: str = ""
+    ready: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}/{self.container}/{self.rail}"
+
+    def address(self) -> tuple[str, int, str, int]:
+        return (self.ip, self.port, self.gid, self.qpn)
+
+    def with_ready(self, ready: bool) -> EndpointInfo:
+        # positional construction: dataclasses.replace introspects the fields on every call
+        return EndpointInfo(
+            self.ep,
+            self.job,
+            self.container,
+            self.host,
+            self.rail,
+            self.ip,
+            self.port,
+            self.gid,
+            self.qpn,
+            self.netdev,
+            ready,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        # by hand: dataclasses.asdict deep-copies and was the controller's hottest function
+        return {
+            "ep": self.ep,
+            "job": self.job,
+            "container": self.container,
+            "host": self.host,
+            "rail": self.rail,
+            "ip": self.ip,
+            "port": self.port,
+            "gid": self.gid,
+            "qpn": self.qpn,
+            "netdev": self.netdev,
+            "ready": self.ready,
+        }
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> EndpointInfo:
+        try:
+            info = cls(
+                ep=int(d["ep"]),
+                job=str(d["job"]),
+                container=str(d["container"]),
+                host=str(d["host"]),
+                rail=int(d["rail"]),
+                ip=str(d.get("ip", "")),
+                port=int(d.get("port", 0)),
+                gid=str(d.get("gid", "")),
+                qpn=int(d.get("qpn", 0)),
+                netdev=str(d.get("netdev", "")),
+                ready=bool(d.get("ready", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed endpoint record: {exc!r}") from None
+        if not 0 <= info.ep < 2**32 or not 0 <= info.port < 65536 or not 0 <= info.rail < 256:
+            raise ProtocolError(
+                f"endpoint record out of range: ep={info.ep} rail={info.rail} port={info.port}"
+            )
+        return info
+
+
+class JobPingLists:
+    """The endpoints of one job, their readiness, the optional skeleton and the list version."""
+
+    def __init__(self, job: str, *, version: int = 0) -> None:
+        self.job = job
+        self.version = version
+        self.endpoints: dict[int, EndpointInfo] = {}
+        self.skeleton: np.ndarray | None = None  # (n, 2) uint32 (src, dst)
+        self.skeleton_version = 0
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._wire: dict[int, dict[str, Any]] = {}  # snapshot entries, kept next to endpoints
+
+    def store(self, info: EndpointInfo) -> None:
+        """Put one endpoint record; every change goes through here so the snapshot entries (wire
+        dicts) stay current without rebuilding them per snapshot."""
+        self.endpoints[info.ep] = info
+        self._wire[info.ep] = info.to_wire()
+        self._arrays = None
+
+    # -- controller side: mutations ------------------------------------------------------------
+    def upsert(self, info: EndpointInfo) -> dict[str, Any] | None:
+        """Record a (re-)registration. Returns an ENDPOINTS_DOWN body to publish when a ready
+        endpoint came back with a different address (its agent restarted): it is not probe-able
+        again until it reports ready."""
+        if info.job != self.job:
+            raise TopologyError(f"endpoint {info.name} does not belong to job {self.job}")
+        old = self.endpoints.get(info.ep)
+        keep_ready = old is not None and old.ready and old.address() == info.address()
+        self.store(info if info.ready == keep_ready else info.with_ready(keep_ready))
+        self._arrays = None
+        if old is not None and old.ready and not keep_ready:
+            return self._bump_down([info.ep], "re-registered")
+        return None
+
+    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
+        """Mark endpoints ready; returns the READY_ANNOUNCE body (None if nothing changed)."""
+        changed = []
+        for ep in eps:
+            info = self.endpoints.get(ep)
+            if info is None:
+                raise TopologyError(f"endpoint {ep} is not registered in job {self.job}")
+            if not info.ready:
+                self.store(info.with_ready(True))
+                changed.append(self.endpoints[ep])
+        if not changed:
+            return None
+        self._arrays = None
+        self.version += 1
+        return {
+            "job": self.job,
+            "version": self.version,
+            "endpoints": [i.to_wire() for i in changed],
+        }
+
+    def set_down(self, eps: Iterable[int], reason: str) -> dict[str, Any] | None:
+        """Mark endpoints not ready (dead agent, container gone); returns ENDPOINTS_DOWN body."""
+        changed = [ep for ep in eps if ep in self.endpoints and self.endpoints[ep].ready]
+        for ep in changed:
+            self.store(self.endpoints[ep].with_ready(False))
+        if not changed:
+            return None
+        self._arrays = None
+        return self._bump_down(changed, reason)
+
+    def _bump_down(self, eps: list[int], reason: str) -> dict[str, Any]:
+        self.version += 1
+        return {"job": self.job, "version": self.version, "endpoints": eps, "reason": reason}
+
+    def apply_skeleton(self, pairs: np.ndarray, skeleton_version: int) -> dict[str, Any]:
+        """Replace the pair set by a skeleton; returns the SKELETON body. Only pairs between this
+        job's endpoints are accepted; a skeleton version must grow."""
+        pairs = np.asarray(pairs, dtype=np.uint32).reshape(-1, 2)
+        if skeleton_version <= self.skeleton_version:
+            raise TopologyError(
+                f"job {self.job}: skeleton version {skeleton_version} is not newer than "
+                f"{self.skeleton_version}"
+            )
+        unknown = np.setdiff1d(
+            pairs.ravel(), np.fromiter(self.endpoints, np.uint32, len(self.endpoints))
+        )
+        if unknown.size:
+            raise TopologyError(
+                f"job {self.job}: skeleton names unknown endpoints {unknown[:8].tolist()}"
+            )
+        self.skeleton = np.unique(pairs, axis=0) if pairs.size else pairs
+        self.skeleton_version = skeleton_version
+        self.version += 1
+        return {
+            "job": self.job,
+            "version": self.version,
+            "skeleton_version": skeleton_version,
+            "pairs": pack_pairs(self.skeleton),
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The JOB_SNAPSHOT body: everything an agent needs to build its lists."""
+        return {
+            "job": self.job,
+            "version": self.version,
+            "endpoints": list(self._wire.values()),
+            "skeleton_version": self.skeleton_version,
+            "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
+        }
+
+    # -- agent side ----------------------------------------------------------------------------
+    @classmethod
+    def from_snapshot(cls, body: Mapping[str, Any]) -> JobPingLists:
+        out = cls(str(body["job"]), version=int(body["version"]))
+        for d in body["endpoints"]:
+            if not isinstance(d, Mapping):
+                raise ProtocolError("snapshot endpoint is not a map")
+            info = EndpointInfo.from_wire(d)
+            out.store(info)
+        if body.get("skeleton") is not None:
+            out.skeleton = unpack_pairs(body["skeleton"])
+        out.skeleton_version = int(body.get("skeleton_version", 0))
+        return out
+
+    def apply(self, mtype: MsgType, body: Mapping[str, Any]) -> bool:
+        """Apply a published change. Returns False when a version gap means this copy missed a
+        message and needs a snapshot; stale (already applied) messages are ignored."""
+        version = int(body["version"])
+        if version <= self.version:
+            return True
+        if version != self.version + 1:
+            return False
+        if mtype is MsgType.READY_ANNOUNCE:
+            for d in body["endpoints"]:
+                if not isinstance(d, Mapping):
+                    raise ProtocolError("announced endpoint is not a map")
+                info = EndpointInfo.from_wire(d)
+                self.store(info.with_ready(True))
+        elif mtype is MsgType.ENDPOINTS_DOWN:
+            for ep in body["endpoints"]:
+                if isinstance(ep, int) and ep in self.endpoints:
+                    self.store(self.endpoints[ep].with_ready(False))
+        elif mtype is MsgType.SKELETON:
+            self.skeleton = unpack_pairs(body["pairs"])
+            self.skeleton_version = int(body["skeleton_version"])
+        else:
+            raise ProtocolError(f"{mtype.value} does not change a ping list")
+        self.version = version
+        self._arrays = None
+        return True
+
+    # -- queries -------------------------------------------------------------------------------
+    def _cols(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            infos = sorted(self.endpoints.values(), key=lambda i: i.ep)
+            hosts: dict[str, int] = {}
+            self._arrays = (
+                np.fromiter((i.ep for i in infos), np.uint32, len(infos)),
+                np.fromiter((i.rail for i in infos), np.int32, len(infos)),
+                np.fromiter(
+                    (hosts.setdefault(i.host, len(hosts)) for i in infos), np.int32, len(infos)
+                ),
+                np.fromiter((i.ready for i in infos), bool, len(infos)),
+            )
+        return self._arrays
+
+    def preload_pairs(self) -> np.ndarray:
+        """Same-rail, different-host pairs among every known endpoint, ready or not."""
+        ep, rail, host, _ = self._cols()
+        return same_rail_pairs(ep, rail, host)
+
+    def active_pairs(self) -> np.ndarray:
+        """The pairs probed now: the skeleton (or the preload list) restricted to ready
+        destinations, sorted by (src, dst)."""
+        ep, rail, host, ready = self._cols()
+        pairs = self.skeleton if self.skeleton is not None else same_rail_pairs(ep, rail, host)
+        if pairs.size == 0:
+            return np.zeros((0, 2), np.uint32)
+        ready_ids = ep[ready]
+        pairs = pairs[np.isin(pairs[:, 1], ready_ids)]
+        return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+
+    def ping_list(self, src: int) -> np.ndarray:
+        """Destinations ``src`` probes now (sorted uint32)."""
+        ep, rail, host, ready = self._cols()
+        if self.skeleton is not None:
+            dst = self.skeleton[self.skeleton[:, 0] == src, 1]
+            return np.sort(dst[np.isin(dst, ep[ready])])
+        i = np.searchsorted(ep, src)
+        if i >= ep.size or ep[i] != src:
+            return np.zeros(0, np.uint32)
+        return ep[ready & (rail == rail[i]) & (host != host[i])]

@@ -1,0 +1,377 @@
+"""The wire protocol: the only module that calls msgpack.
+
+Every ZeroMQ frame carries one envelope ``{v, type, sender, seq, body}``. A :class:`Codec` encodes
+and decodes envelopes, checks the body of each known type against a small schema, and rejects
+(and counts) unknown versions, unknown types, oversized and malformed frames by raising
+:class:`~skh.errors.ProtocolError` — a daemon catches it, counts it and carries on.
+
+Bulk data is columnar: a probe or counter batch carries one raw little-endian byte string per
+field of :data:`~skh.records.PROBE_DTYPE` / :data:`~skh.records.COUNTER_DTYPE` plus the row count,
+so neither side builds one Python object per probe::
+
+    codec = Codec()
+    frame = codec.encode(MsgType.PROBE_BATCH, "agent-1", 7, probe_batch_body("agent-1", records))
+    env = codec.decode(frame)
+    records = decode_probes(env.body)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from skh.errors import ProtocolError
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE
+
+__all__ = [
+    "WIRE_VERSION",
+    "MsgType",
+    "Envelope",
+    "Codec",
+    "encode_columns",
+    "decode_columns",
+    "probe_batch_body",
+    "counter_batch_body",
+    "decode_probes",
+    "decode_counters",
+    "pack_pairs",
+    "unpack_pairs",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "job_topic",
+    "AGENTS_TOPIC",
+    "ALERTS_TOPIC",
+]
+
+WIRE_VERSION = 1
+#: a 1 s batch of 65,536 probe records is 3.4 MiB; leave room for bursts but refuse bombs
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+#: PUB topics (first frame of a published message)
+AGENTS_TOPIC = b"agents\0"
+ALERTS_TOPIC = b"alert\0"
+
+
+def job_topic(job: str) -> bytes:
+    """The controller's PUB topic of one job. The terminator makes ZeroMQ's prefix match exact:
+    a subscriber of job "a" must not hear job "ab"."""
+    return b"j:" + job.encode() + b"\0"
+
+
+class MsgType(enum.StrEnum):
+    """Every message type of wire version 1. The value is what travels."""
+
+    # agent <-> controller (DEALER/ROUTER)
+    REGISTER = "register"
+    REGISTER_ACK = "register_ack"
+    READY = "ready"
+    DEREGISTER = "deregister"  # the agent stops on purpose (container stopped)
+    HEARTBEAT = "heartbeat"
+    HEARTBEAT_ACK = "heartbeat_ack"
+    SYNC = "sync"  # ask for a job snapshot (after a version gap)
+    ACK = "ack"  # generic reply: {ok, error, data}
+    COMMAND = "command"  # requester -> controller -> agent
+    COMMAND_REPLY = "command_reply"
+    # admin requests to the controller
+    SUBMIT_JOB = "submit_job"
+    APPLY_SKELETON = "apply_skeleton"
+    STATUS = "status"
+    # controller PUB, per-job topics
+    JOB_SNAPSHOT = "job_snapshot"
+    READY_ANNOUNCE = "ready_announce"
+    ENDPOINTS_DOWN = "endpoints_down"
+    SKELETON = "skeleton"
+    AGENT_STATE = "agent_state"
+    # agents PUSH -> analyzer PULL
+    PROBE_BATCH = "probe_batch"
+    COUNTER_BATCH = "counter_batch"
+    # analyzer PUB / REP
+    ALERT = "alert"
+    REPLAY = "replay"
+    REPLAY_REPLY = "replay_reply"
+
+
+_ANY = object()  # any msgpack value
+_NUM = (int, float)
+
+# field -> (allowed types, required). ``bool`` is a subclass of ``int``: int fields refuse it below.
+_SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool]]] = {
+    MsgType.REGISTER: {
+        "agent": (str, True),
+        "role": (str, True),
+        "host": (str, True),
+        "endpoints": (list, True),  # [{job, container, rail, ip, port, gid, qpn, netdev}]
+        "watch": (list, False),  # endpoint names an underlay agent samples
+    },
+    MsgType.REGISTER_ACK: {
+        "epoch": (str, True),
+        "endpoints": (list, True),  # ep ids, in the order registered
+        "snapshots": (list, True),  # JOB_SNAPSHOT bodies of the jobs involved
+        "heartbeat_interval_s": (_NUM, True),
+        "resolved": (dict, False),  # endpoint name -> ep id (underlay)
+    },
+    MsgType.READY: {"agent": (str, True), "endpoints": (list, True)},
+    MsgType.DEREGISTER: {"agent": (str, True)},
+    MsgType.HEARTBEAT: {
+        "agent": (str, True),
+        "epoch": (str, True),
+        "jobs": (dict, True),  # job -> ping-list version the agent holds
+        "unresolved": (list, False),
+    },
+    MsgType.HEARTBEAT_ACK: {
+        "epoch": (str, True),
+        "known": (bool, True),
+        "jobs": (dict, True),
+        "resolved": (dict, False),
+    },
+    MsgType.SYNC: {"job": (str, True)},
+    MsgType.ACK: {
+        "ok": (bool, True),
+        "error": (str, False),
+        "data": (_ANY, False),
+        "re": (int, False),
+    },
+    MsgType.COMMAND: {
+        "cmd_id": (str, True),
+        "agent": (str, True),
+        "name": (str, True),
+        "args": (dict, True),
+        "timeout_s": (_NUM, False),
+        "retries": (int, False),
+    },
+    MsgType.COMMAND_REPLY: {
+        "cmd_id": (str, True),
+        "ok": (bool, True),
+        "result": (_ANY, False),
+        "error": (str, False),
+    },
+    MsgType.SUBMIT_JOB: {"job": (str, True), "shape": (dict, False), "containers": (list, True)},
+    MsgType.APPLY_SKELETON: {
+        "job": (str, True),
+        "skeleton_version": (int, True),
+        "pairs": (bytes, True),
+    },
+    MsgType.STATUS: {"detail": (bool, False)},
+    MsgType.JOB_SNAPSHOT: {
+        "job": (str, True),
+        "version": (int, True),
+        "endpoints": (list, True),  # [{ep, container, host, rail, ip, port, gid, qpn, ready}]
+        "skeleton_version": (int, True),
+        "skeleton": ((bytes, type(None)), True),
+    },
+    MsgType.READY_ANNOUNCE: {"job": (str, True), "version": (int, True), "endpoints": (list, True)},
+    MsgType.ENDPOINTS_DOWN: {
+        "job": (str, True),
+        "version": (int, True),
+        "endpoints": (list, True),
+        "reason": (str, True),
+    },
+    MsgType.SKELETON: {
+        "job": (str, True),
+        "version": (int, True),
+        "skeleton_version": (int, True),
+        "pairs": (bytes, True),
+    },
+    MsgType.AGENT_STATE: {"agent": (str, True), "state": (str, True), "endpoints": (list, True)},
+    # "eps": the sender's endpoint ids; every batch, empty ones too, is their heartbeat
+    MsgType.PROBE_BATCH: {
+        "agent": (str, True),
+        "n": (int, True),
+        "cols": (dict, True),
+        "eps": (list, False),
+    },
+    MsgType.COUNTER_BATCH: {"agent": (str, True), "n": (int, True), "cols": (dict, True)},
+    MsgType.ALERT: {"seq": (int, True), "ts_ns": (int, False), "alert": (dict, True)},
+    MsgType.REPLAY: {"since": (int, True), "limit": (int, False)},
+    MsgType.REPLAY_REPLY: {"alerts": (list, True), "last_seq": (int, True)},
+}
+
+_TYPES = {t.value: t for t in MsgType}
+_U64 = 2**64
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    v: int
+    type: MsgType
+    sender: str
+    seq: int
+    body: dict[str, Any]
+
+
+def _check_body(mtype: MsgType, body: Any) -> None:
+    """Check the body's fields against the type's schema. What nests inside a field needs no walk:
+    decoding yields only plain values (extensions are refused, timestamps become ints)."""
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{mtype.value}: body must be a map, got {type(body).__name__}")
+    for key, (types, required) in _SCHEMAS[mtype].items():
+        if key not in body:
+            if required:
+                raise ProtocolError(f"{mtype.value}: missing field {key!r}")
+            continue
+        value = body[key]
+        if types is _ANY:
+            continue
+        if not isinstance(value, types) or (isinstance(value, bool) and types in (int, _NUM)):
+            raise ProtocolError(f"{mtype.value}: field {key!r} has type {type(value).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension type {code} is not part of the protocol")
+
+
+class Codec:
+    """Encode/decode envelopes with a frame-size limit, counting every rejection by reason.
+
+    ``rejected`` maps a reason (``oversized``, ``malformed``, ``version``, ``type``, ``schema``)
+    to a count; daemons export it as a metric.
+    """
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if not isinstance(max_frame_bytes, int) or max_frame_bytes < 64:
+            raise ProtocolError(
+                "The 'max_frame_bytes' parameter of Codec must be an int >= 64. "
+                f"Got {max_frame_bytes!r} instead."
+            )
+        self.max_frame_bytes = max_frame_bytes
+        self.rejected: Counter[str] = Counter()
+
+    def encode(self, mtype: MsgType, sender: str, seq: int, body: Mapping[str, Any]) -> bytes:
+        """Pack one envelope. Raises ProtocolError for a body that does not fit its schema or
+        a frame over the size limit (the receiver would refuse it anyway)."""
+        mtype = MsgType(mtype)
+        body = dict(body)
+        _check_body(mtype, body)
+        try:
+            frame = msgpack.packb(
+                {
+                    "v": WIRE_VERSION,
+                    "type": mtype.value,
+                    "sender": sender,
+                    "seq": int(seq),
+                    "body": body,
+                },
+                use_bin_type=True,
+            )
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ProtocolError(f"{mtype.value}: body is not plain data: {exc}") from None
+        if len(frame) > self.max_frame_bytes:
+            raise ProtocolError(
+                f"{mtype.value}: frame of {len(frame)} bytes exceeds {self.max_frame_bytes}"
+            )
+        return frame
+
+    def _reject(self, reason: str, msg: str) -> ProtocolError:
+        self.rejected[reason] += 1
+        return ProtocolError(msg)
+
+    def decode(self, frame: bytes | memoryview) -> Envelope:
+        """Unpack and validate one frame; every failure is a counted ProtocolError."""
+        if len(frame) > self.max_frame_bytes:
+            raise self._reject(
+                "oversized", f"frame of {len(frame)} bytes exceeds {self.max_frame_bytes}"
+            )
+        try:
+            obj = msgpack.unpackb(
+                frame,
+                raw=False,
+                strict_map_key=True,
+                ext_hook=_ext_hook,
+                timestamp=2,  # the one built-in extension becomes a plain int (ns)
+            )
+        except Exception as exc:  # msgpack raises a zoo of types for garbage; all mean "malformed"
+            raise self._reject("malformed", f"undecodable frame: {type(exc).__name__}") from None
+        if not isinstance(obj, dict):
+            raise self._reject("malformed", "envelope is not a map")
+        v = obj.get("v")
+        if v != WIRE_VERSION or isinstance(v, bool):
+            raise self._reject("version", f"unknown wire version {v!r}")
+        mtype = _TYPES.get(obj.get("type")) if isinstance(obj.get("type"), str) else None
+        if mtype is None:
+            raise self._reject("type", f"unknown message type {obj.get('type')!r}")
+        sender, seq, body = obj.get("sender"), obj.get("seq"), obj.get("body")
+        if (
+            not isinstance(sender, str)
+            or not isinstance(seq, int)
+            or isinstance(seq, bool)
+            or not 0 <= seq < _U64
+        ):
+            raise self._reject("malformed", "envelope sender/seq missing or of the wrong type")
+        try:
+            _check_body(mtype, body)
+        except ProtocolError as exc:
+            raise self._reject("schema", str(exc)) from None
+        return Envelope(v, mtype, sender, seq, body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Columnar batches
+
+
+def _fields(dtype: np.dtype) -> list[str]:
+    # padding fields carry nothing
+    return [n for n in dtype.names or () if not n.startswith("_")]
+
+
+def encode_columns(records: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+    """A structured array as ``{"n": rows, "cols": {field: raw LE bytes}}``."""
+    if records.dtype != dtype:
+        raise ProtocolError(f"batch dtype {records.dtype} is not {dtype}")
+    return {"n": int(records.shape[0]), "cols": {f: records[f].tobytes() for f in _fields(dtype)}}
+
+
+def decode_columns(body: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
+    """The inverse of :func:`encode_columns`; checks every column's length against ``n``."""
+    n, cols = body.get("n"), body.get("cols")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(cols, dict):
+        raise ProtocolError("batch: 'n' must be a non-negative int and 'cols' a map")
+    names = _fields(dtype)
+    for name in names:  # every length checked before allocating: 'n' alone must not size memory
+        col = cols.get(name)
+        size = dtype.fields[name][0].itemsize  # type: ignore[index]
+        if not isinstance(col, bytes) or len(col) != n * size:
+            raise ProtocolError(f"batch: column {name!r} missing or not {n} x {size} bytes")
+    out = np.zeros(n, dtype=dtype)
+    for name in names:
+        out[name] = np.frombuffer(cols[name], dtype=dtype.fields[name][0])  # type: ignore[index]
+    return out
+
+
+def probe_batch_body(
+    agent: str, records: np.ndarray, eps: list[int] | None = None
+) -> dict[str, Any]:
+    body = {"agent": agent, **encode_columns(records, PROBE_DTYPE)}
+    if eps is not None:
+        body["eps"] = list(eps)
+    return body
+
+
+def counter_batch_body(agent: str, records: np.ndarray) -> dict[str, Any]:
+    return {"agent": agent, **encode_columns(records, COUNTER_DTYPE)}
+
+
+def decode_probes(body: Mapping[str, Any]) -> np.ndarray:
+    return decode_columns(body, PROBE_DTYPE)
+
+
+def decode_counters(body: Mapping[str, Any]) -> np.ndarray:
+    return decode_columns(body, COUNTER_DTYPE)
+
+
+def pack_pairs(pairs: np.ndarray) -> bytes:
+    """An ``(n, 2)`` array of (src, dst) endpoint ids as raw little-endian uint32 bytes."""
+    arr = np.asarray(pairs)
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise ProtocolError(f"pairs must have shape (n, 2), got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype="<u4").tobytes()
+
+
+def unpack_pairs(raw: bytes) -> np.ndarray:
+    if len(raw) % 8:
+        raise ProtocolError(f"pairs: {len(raw)} bytes is not a multiple of 8")
+    return np.frombuffer(raw, dtype="<u4").reshape(-1, 2).astype(np.uint32)

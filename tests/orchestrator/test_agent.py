@@ -1,0 +1,243 @@
+"""The overlay agent: results wait in a bounded buffer while the analyzer is unreachable (oldest
+dropped and counted), and a skeleton swap adds new targets before it removes old ones."""
+
+import dataclasses
+import socket
+import time
+
+import numpy as np
+
+from skh.orchestrator.agent_overlay import OverlayAgent, ResultBuffer
+from skh.orchestrator.analyzer import Analyzer
+from skh.orchestrator.config import EndpointSpec
+from skh.orchestrator.controller import Controller
+from skh.records import empty_probes
+from skh.wire import Envelope, MsgType
+
+
+def test_buffer_drops_the_oldest_records_and_counts_them():
+    buf = ResultBuffer(max_records=10)
+    for start in range(0, 16, 4):
+        b = empty_probes(4)
+        b["seq"] = np.arange(start, start + 4)
+        buf.push(b)
+    assert buf.records == 10 and buf.dropped == 6
+    kept = []
+    while (head := buf.peek()) is not None:
+        kept += head["seq"].tolist()
+        buf.pop()
+    assert kept == list(range(6, 16))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_results_wait_for_an_unreachable_analyzer(cfg, ctx, run_daemon, wait, tmp_path):
+    """Two agents with real engines probe each other while no analyzer listens; once one starts,
+    it receives the records kept meanwhile."""
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, pub = ctl.bind()
+    analyzer_addr = f"tcp://127.0.0.1:{_free_port()}"
+    agents = [
+        OverlayAgent(
+            dataclasses.replace(
+                cfg.agent,
+                name=f"a{i}",
+                host=f"h{i}",
+                job="j",
+                container=f"c{i}",
+                controller=router,
+                controller_pub=pub,
+                analyzer=analyzer_addr,
+                probe_interval_s=0.05,
+                batch_interval_s=0.2,
+                endpoints=(EndpointSpec(rail=0, ip="127.0.0.1"),),
+            ),
+            cfg.security,
+            ctx=ctx,
+        )
+        for i in range(2)
+    ]
+    with run_daemon(ctl), run_daemon(agents[0]), run_daemon(agents[1]):
+        wait(
+            lambda: all(a.buffer.records >= 20 for a in agents),
+            timeout_s=30,
+            what="buffered results",
+        )
+        assert all(a.counters["batches_sent"] == 0 for a in agents)
+        started_ns = time.time_ns()
+        an = Analyzer(
+            dataclasses.replace(
+                cfg.analyzer, bind=analyzer_addr, spool_dir=str(tmp_path / "spool")
+            ),
+            cfg.security,
+            ctx=ctx,
+        )
+        an.bind()
+        with run_daemon(an):
+            wait(
+                lambda: all(
+                    a.buffer.records == 0 and a.counters["batches_sent"] > 0 for a in agents
+                ),
+                timeout_s=30,
+                what="buffer shipped",
+            )
+            wait(lambda: an.counters["probe_records"] >= 40, timeout_s=30, what="records ingested")
+    recs = np.concatenate([np.load(f) for f in (tmp_path / "spool").glob("probes-*.npy")])
+    assert (recs["t_wall_ns"] < started_ns).sum() >= 40  # kept while nobody listened
+    assert set(recs["src_ep"].tolist()) == {0, 1} and set(recs["dst_ep"].tolist()) == {0, 1}
+    assert all(a.buffer.dropped == 0 for a in agents)
+
+
+class _RecordingEngine:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def local_address(self):
+        return {"ip": "127.0.0.1", "port": 9}
+
+    def add_target(self, dst, host, port, **kw):
+        self.calls.append(("add", dst))
+
+    def remove_target(self, dst):
+        self.calls.append(("remove", dst))
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+    def drain(self, max_records=None):
+        return empty_probes()
+
+    def stats(self):
+        return {}
+
+
+def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
+    calls = []
+    agent = OverlayAgent(
+        dataclasses.replace(
+            cfg.agent,
+            name="a",
+            host="h0",
+            job="j",
+            container="c0",
+            endpoints=(EndpointSpec(rail=0),),
+        ),
+        cfg.security,
+        ctx=ctx,
+        engine_factory=lambda s, c: _RecordingEngine(calls),
+    )
+    eps = [
+        {
+            "ep": i,
+            "job": "j",
+            "container": f"c{i}",
+            "host": f"h{i}",
+            "rail": 0,
+            "ip": "127.0.0.1",
+            "port": 1000 + i,
+            "ready": True,
+        }
+        for i in range(4)
+    ]
+    snap = {"job": "j", "version": 1, "endpoints": eps, "skeleton_version": 0, "skeleton": None}
+    agent.on_registered(
+        Envelope(
+            1,
+            MsgType.REGISTER_ACK,
+            "c",
+            1,
+            {"epoch": "e", "endpoints": [0], "snapshots": [snap], "heartbeat_interval_s": 1.0},
+        )
+    )
+    assert agent.ping_lists()["lists"] == {"0": [1, 2, 3]}
+    calls.clear()
+    body = {
+        "job": "j",
+        "version": 2,
+        "skeleton_version": 1,
+        "pairs": np.array([[0, 2], [1, 0]], dtype="<u4").tobytes(),
+    }
+    assert agent.job.apply(MsgType.SKELETON, body)
+    agent._apply_targets()
+    assert agent.ping_lists()["lists"] == {"0": [2]}
+    assert ("remove", 2) not in calls and sorted(calls) == [("remove", 1), ("remove", 3)]
+    calls.clear()
+    body = {
+        "job": "j",
+        "version": 3,
+        "skeleton_version": 2,
+        "pairs": np.array([[0, 2], [0, 3]], dtype="<u4").tobytes(),
+    }
+    agent.job.apply(MsgType.SKELETON, body)
+    agent._apply_targets()
+    assert calls == [("add", 3)]
+    calls.clear()
+    body = {
+        "job": "j",
+        "version": 4,
+        "skeleton_version": 3,
+        "pairs": np.array([[0, 1]], dtype="<u4").tobytes(),
+    }
+    agent.job.apply(MsgType.SKELETON, body)
+    agent._apply_targets()
+    assert calls == [("add", 1), ("remove", 2), ("remove", 3)]  # the new target first
+    agent.close()
+
+
+def test_a_retried_command_runs_once_and_is_answered_each_time(cfg, ctx, run_daemon, wait):
+    """The controller retries a command whose answer it did not see; the agent runs it once and
+    answers the retry from its cache."""
+    import zmq
+
+    from skh.wire import Codec
+
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    acfg = dataclasses.replace(
+        cfg.agent,
+        name="a",
+        host="h0",
+        job="j",
+        container="c0",
+        endpoints=(EndpointSpec(rail=0),),
+        controller=f"tcp://127.0.0.1:{port}",
+        controller_pub="tcp://127.0.0.1:9",
+        analyzer="tcp://127.0.0.1:9",
+    )
+    agent = OverlayAgent(
+        acfg, cfg.security, ctx=ctx, engine_factory=lambda s, c: _RecordingEngine([])
+    )
+    runs = []
+    agent.handlers["count"] = lambda args: runs.append(args) or len(runs)
+    codec = Codec()
+    try:
+        with run_daemon(agent):
+            assert router.poll(10_000)
+            ident, _ = router.recv_multipart()
+            cmd = codec.encode(
+                MsgType.COMMAND,
+                "controller",
+                1,
+                {"cmd_id": "c1", "agent": "a", "name": "count", "args": {"x": 1}},
+            )
+            replies = []
+            for _ in range(2):
+                router.send_multipart([ident, cmd])
+                while True:
+                    assert router.poll(10_000)
+                    env = codec.decode(router.recv_multipart()[1])
+                    if env.type is MsgType.COMMAND_REPLY:
+                        replies.append(env.body)
+                        break
+    finally:
+        router.close(0)
+    assert runs == [{"x": 1}]
+    assert replies == [{"cmd_id": "c1", "ok": True, "result": 1}] * 2

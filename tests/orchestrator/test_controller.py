@@ -1,0 +1,204 @@
+"""The controller in-process: registration and readiness announced once on the job topic,
+preload at job submission, skeletons, commands relayed with replies, retries and timeouts, agents
+lost by missed heartbeats, and a registry that survives a restart."""
+
+import time
+
+import numpy as np
+import zmq
+
+from skh.orchestrator.controller import Controller
+from skh.wire import MsgType, job_topic, pack_pairs
+
+
+def _ep(job, container, rail, port):
+    return {"job": job, "container": container, "rail": rail, "ip": "127.0.0.1", "port": port}
+
+
+def _register(c, name, host, eps):
+    env = c.request(
+        MsgType.REGISTER,
+        {"agent": name, "role": "overlay", "host": host, "endpoints": eps},
+        want={MsgType.REGISTER_ACK},
+    )
+    return env.body
+
+
+def _sub(ctx, addr, job):
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SUBSCRIBE, job_topic(job))
+    s.connect(addr)
+    return s
+
+
+def test_register_ready_announce_once_and_snapshot(cfg, ctx, client, run_daemon, wait):
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, pub = ctl.bind()
+    with run_daemon(ctl):
+        sub = _sub(ctx, pub, "j")
+        other = _sub(ctx, pub, "j2")  # a job whose name extends "j" hears nothing of "j"
+        a = client(router, "a")
+        ack = _register(a, "a", "h0", [_ep("j", "c0", 0, 1000), _ep("j", "c0", 1, 1001)])
+        assert ack["endpoints"] == [0, 1]
+        assert [s["job"] for s in ack["snapshots"]] == ["j"]
+        time.sleep(0.3)  # let the subscriptions reach the PUB socket (ZeroMQ's slow joiner)
+        a.send(MsgType.READY, {"agent": "a", "endpoints": [0, 1]})
+        assert sub.poll(5000)
+        topic, raw = sub.recv_multipart()
+        env = a.codec.decode(raw)
+        assert topic == job_topic("j") and env.type is MsgType.READY_ANNOUNCE
+        assert sorted(e["ep"] for e in env.body["endpoints"]) == [0, 1]
+        assert not other.poll(200)
+        # a second agent registering gets a snapshot with the first one's readiness
+        b = client(router, "b")
+        snap = _register(b, "b", "h1", [_ep("j", "c1", 0, 2000)])["snapshots"][0]
+        assert {e["ep"]: e["ready"] for e in snap["endpoints"]} == {0: True, 1: True, 2: False}
+        # ready of someone else's endpoint is refused
+        env = b.request(MsgType.READY, {"agent": "b", "endpoints": [0]}, want={MsgType.ACK})
+        assert not env.body["ok"]
+        sub.close(0)
+        other.close(0)
+
+
+def test_submit_job_preloads_and_skeleton_is_published(cfg, ctx, client, run_daemon):
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, pub = ctl.bind()
+    with run_daemon(ctl):
+        admin = client(router, "admin")
+        env = admin.request(
+            MsgType.SUBMIT_JOB,
+            {
+                "job": "j",
+                "shape": {"tp": 8, "dp": 2},
+                "containers": [
+                    {"name": "c0", "host": "h0", "rails": [0, 1]},
+                    {"name": "c1", "host": "h1", "rails": [0, 1]},
+                ],
+            },
+            want={MsgType.ACK},
+        )
+        assert env.body["ok"] and env.body["data"]["endpoints"] == {
+            "j/c0/0": 0,
+            "j/c0/1": 1,
+            "j/c1/0": 2,
+            "j/c1/1": 3,
+        }
+        # the agent registering later keeps the preloaded ids
+        assert _register(client(router, "a"), "a", "h0", [_ep("j", "c0", 1, 5)])["endpoints"] == [1]
+        sub = _sub(ctx, pub, "j")
+        for attempt in range(20):
+            env = admin.request(
+                MsgType.APPLY_SKELETON,
+                {
+                    "job": "j",
+                    "skeleton_version": attempt + 1,
+                    "pairs": pack_pairs(np.array([[0, 2], [2, 0]])),
+                },
+                want={MsgType.ACK},
+            )
+            assert env.body["ok"], env.body
+            if sub.poll(200):
+                break
+        env = admin.codec.decode(sub.recv_multipart()[1])
+        assert env.type is MsgType.SKELETON and env.body["skeleton_version"] >= 1
+        bad = admin.request(
+            MsgType.APPLY_SKELETON,
+            {"job": "j", "skeleton_version": 1000, "pairs": pack_pairs(np.array([[0, 77]]))},
+            want={MsgType.ACK},
+        )
+        assert not bad.body["ok"] and "unknown" in bad.body["error"]
+        sub.close(0)
+
+
+def test_commands_are_relayed_retried_and_time_out(cfg, ctx, client, run_daemon):
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, _ = ctl.bind()
+    with run_daemon(ctl):
+        agent = client(router, "agent")
+        _register(agent, "agent", "h0", [])
+        admin = client(router, "admin")
+        admin.send(
+            MsgType.COMMAND,
+            {
+                "cmd_id": "x1",
+                "agent": "agent",
+                "name": "dump_flows",
+                "args": {"bridge": "br0"},
+                "timeout_s": 0.3,
+                "retries": 1,
+            },
+        )
+        cmd = agent.recv(want={MsgType.COMMAND})
+        assert cmd.body["name"] == "dump_flows" and cmd.body["args"] == {"bridge": "br0"}
+        agent.send(MsgType.COMMAND_REPLY, {"cmd_id": "x1", "ok": True, "result": {"flows": 3}})
+        rep = admin.recv(want={MsgType.COMMAND_REPLY})
+        assert rep.body == {"cmd_id": "x1", "ok": True, "result": {"flows": 3}}
+        # a silent agent: one retry, then a timeout answer
+        admin.send(
+            MsgType.COMMAND,
+            {
+                "cmd_id": "x2",
+                "agent": "agent",
+                "name": "traceroute",
+                "args": {},
+                "timeout_s": 0.3,
+                "retries": 1,
+            },
+        )
+        first = agent.recv(want={MsgType.COMMAND})
+        again = agent.recv(want={MsgType.COMMAND})
+        assert first.body["cmd_id"] == again.body["cmd_id"] == "x2"
+        rep = admin.recv(want={MsgType.COMMAND_REPLY})
+        assert not rep.body["ok"] and "timeout after 2" in rep.body["error"]
+        rep = admin.request(
+            MsgType.COMMAND,
+            {"cmd_id": "x3", "agent": "ghost", "name": "x", "args": {}},
+            want={MsgType.COMMAND_REPLY},
+        )
+        assert not rep.body["ok"]
+
+
+def test_missed_heartbeats_mark_an_agent_lost_and_restart_keeps_the_registry(
+    cfg, ctx, client, run_daemon, wait
+):
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, _ = ctl.bind()
+    with run_daemon(ctl):
+        a = client(router, "a")
+        ack = _register(a, "a", "h0", [_ep("j", "c0", 0, 1000)])
+        a.request(MsgType.READY, {"agent": "a", "endpoints": ack["endpoints"]}, want={MsgType.ACK})
+        wait(lambda: not ctl.agents["a"].alive, timeout_s=5, what="agent lost")
+        assert ctl.jobs["j"].endpoints[0].ready is False
+        hb = a.request(
+            MsgType.HEARTBEAT,
+            {"agent": "a", "epoch": ack["epoch"], "jobs": {}},
+            want={MsgType.HEARTBEAT_ACK},
+        )
+        assert hb.body["known"] is False  # so the agent re-registers
+    epoch = ctl.epoch
+    ctl2 = Controller(cfg.controller, cfg.security, ctx=ctx)
+    assert ctl2.epoch != epoch
+    assert ctl2.jobs["j"].endpoints[0].port == 1000 and "a" in ctl2.agents
+    ctl2.close()
+
+
+def test_a_stopping_agent_deregisters_and_its_endpoints_go_down(cfg, ctx, client, run_daemon):
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, pub = ctl.bind()
+    with run_daemon(ctl):
+        sub = _sub(ctx, pub, "j")
+        a = client(router, "a")
+        ack = _register(a, "a", "h0", [_ep("j", "c0", 0, 1000)])
+        time.sleep(0.3)
+        a.request(MsgType.READY, {"agent": "a", "endpoints": ack["endpoints"]}, want={MsgType.ACK})
+        assert a.request(MsgType.DEREGISTER, {"agent": "a"}, want={MsgType.ACK}).body["ok"]
+        kinds = []
+        while sub.poll(2000):
+            env = a.codec.decode(sub.recv_multipart()[1])
+            kinds.append((env.type, env.body.get("reason")))
+            if env.type is MsgType.ENDPOINTS_DOWN:
+                break
+        assert kinds == [(MsgType.READY_ANNOUNCE, None), (MsgType.ENDPOINTS_DOWN, "stopped")]
+        assert not ctl.agents["a"].alive and ctl.counters["agents_lost"] == 0
+        sub.close(0)

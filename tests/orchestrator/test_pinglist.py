@@ -1,0 +1,102 @@
+"""Ping lists: preload = same-rail, different-host pairs; only ready destinations are active; an
+agent's copy, fed the published changes, stays equal to the controller's; skeletons replace the
+pair set in one version."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skh.errors import TopologyError
+from skh.model import same_rail_pairs
+from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
+from skh.wire import Codec, MsgType
+
+
+def _job(layout, ready=()):
+    """layout: list of (host, rail) per endpoint id."""
+    j = JobPingLists("j")
+    for ep, (host, rail) in enumerate(layout):
+        j.upsert(
+            EndpointInfo(ep, "j", f"c{host}", f"h{host}", rail, ip="127.0.0.1", port=1000 + ep)
+        )
+    if ready:
+        j.set_ready(ready)
+    return j
+
+
+_layouts = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=40, unique=True
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(layout=_layouts, data=st.data())
+def test_ping_list_is_the_same_rail_list_of_ready_peers(layout, data):
+    ready = data.draw(st.sets(st.integers(0, len(layout) - 1)))
+    j = _job(layout, sorted(ready))
+    pre = j.preload_pairs()
+    hosts = np.array([h for h, _ in layout])
+    rails = np.array([r for _, r in layout])
+    assert np.array_equal(pre, same_rail_pairs(np.arange(len(layout)), rails, hosts))
+    for src, (host, rail) in enumerate(layout):
+        want = sorted(
+            d for d, (h, r) in enumerate(layout) if r == rail and h != host and d in ready
+        )
+        assert j.ping_list(src).tolist() == want
+    act = j.active_pairs()
+    assert all(
+        h != layout[d][0] and layout[s][1] == layout[d][1] and d in ready
+        for s, d in act.tolist()
+        for h in [layout[s][0]]
+    )
+    assert len(act) == sum(len(j.ping_list(s)) for s in range(len(layout)))
+
+
+def test_agent_copy_follows_published_changes_and_detects_gaps():
+    codec = Codec()
+    ctl = _job([(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)])
+    agent = JobPingLists.from_snapshot(
+        codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, ctl.snapshot())).body
+    )
+    assert agent.ping_list(0).size == 0  # preloaded, nothing ready yet
+    msgs = [
+        (MsgType.READY_ANNOUNCE, ctl.set_ready([1, 2])),
+        (MsgType.READY_ANNOUNCE, ctl.set_ready([4])),
+        (MsgType.ENDPOINTS_DOWN, ctl.set_down([2], "agent lost")),
+        (MsgType.SKELETON, ctl.apply_skeleton(np.array([[0, 1], [3, 4], [1, 0]]), 1)),
+    ]
+    assert ctl.set_ready([1]) is None  # no change, no message, no version
+    assert agent.apply(*msgs[0]) and agent.ping_list(0).tolist() == [1, 2]
+    assert not agent.apply(*msgs[2])  # skipped one: a gap, the agent must resync
+    for m in msgs[1:]:
+        assert agent.apply(*m)
+    assert agent.apply(*msgs[0])  # stale: ignored
+    assert agent.version == ctl.version == 4
+    for ep in range(5):
+        assert agent.ping_list(ep).tolist() == ctl.ping_list(ep).tolist()
+    assert (
+        ctl.ping_list(0).tolist() == [1]
+        and ctl.ping_list(3).tolist() == [4]
+        and ctl.ping_list(1).size == 0
+    )
+
+
+def test_skeleton_checks():
+    j = _job([(0, 0), (1, 0)], ready=[0, 1])
+    with pytest.raises(TopologyError, match="unknown"):
+        j.apply_skeleton(np.array([[0, 9]]), 1)
+    j.apply_skeleton(np.array([[0, 1]]), 2)
+    with pytest.raises(TopologyError, match="not newer"):
+        j.apply_skeleton(np.array([[1, 0]]), 2)
+    assert j.active_pairs().tolist() == [[0, 1]]
+
+
+def test_reregistration_with_a_new_address_deactivates_until_ready():
+    j = _job([(0, 0), (1, 0)], ready=[0, 1])
+    same = j.endpoints[1]
+    assert j.upsert(same) is None and j.endpoints[1].ready  # same address: controller restart
+    moved = EndpointInfo(1, "j", "c1", "h1", 0, ip="127.0.0.1", port=4242)
+    down = j.upsert(moved)
+    assert down is not None and down["endpoints"] == [1] and not j.endpoints[1].ready
+    assert j.ping_list(0).size == 0

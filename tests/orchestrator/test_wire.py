@@ -1,0 +1,208 @@
+"""The wire protocol: every message type round-trips (hypothesis), batches stay columnar and
+exact, and every kind of bad frame is refused and counted."""
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skh.errors import ProtocolError
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE
+from skh.wire import (
+    _ANY,
+    _NUM,
+    _SCHEMAS,
+    WIRE_VERSION,
+    Codec,
+    MsgType,
+    counter_batch_body,
+    decode_counters,
+    decode_probes,
+    encode_columns,
+    pack_pairs,
+    probe_batch_body,
+    unpack_pairs,
+)
+
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+_plain = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _field(types):
+    if types is _ANY:
+        return _plain
+    if types is _NUM:
+        return st.one_of(st.integers(0, 2**32), st.floats(allow_nan=False, allow_infinity=False))
+    if isinstance(types, tuple):
+        return st.one_of(*[_field(t) for t in types])
+    return {
+        str: st.text(max_size=30),
+        int: st.integers(0, 2**63),
+        bool: st.booleans(),
+        bytes: st.binary(max_size=64),
+        list: st.lists(_plain, max_size=5),
+        dict: st.dictionaries(st.text(max_size=8), _plain, max_size=5),
+        type(None): st.none(),
+    }[types]
+
+
+def _body(mtype):
+    schema = _SCHEMAS[mtype]
+    required = {k: _field(t) for k, (t, req) in schema.items() if req}
+    optional = {k: _field(t) for k, (t, req) in schema.items() if not req}
+    return st.fixed_dictionaries(required, optional=optional)
+
+
+@pytest.mark.parametrize("mtype", list(MsgType), ids=lambda t: t.value)
+def test_every_message_type_round_trips(mtype):
+    codec = Codec()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(body=_body(mtype), sender=st.text(max_size=20), seq=st.integers(0, 2**64 - 1))
+    def check(body, sender, seq):
+        env = codec.decode(codec.encode(mtype, sender, seq, body))
+        assert (env.v, env.type, env.sender, env.seq) == (WIRE_VERSION, mtype, sender, seq)
+        assert env.body == body
+
+    check()
+    assert not codec.rejected
+
+
+def _records(dtype, n, seed):
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=n * dtype.itemsize, dtype=np.uint8).tobytes()
+    arr = np.frombuffer(raw, dtype=dtype).copy()
+    if "_pad" in dtype.names:
+        arr["_pad"] = 0
+    return arr
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 300), seed=st.integers(0, 2**32 - 1))
+def test_probe_and_counter_batches_round_trip_exactly(n, seed):
+    codec = Codec()
+    probes, counters = _records(PROBE_DTYPE, n, seed), _records(COUNTER_DTYPE, n, seed)
+    env = codec.decode(codec.encode(MsgType.PROBE_BATCH, "a", 1, probe_batch_body("a", probes)))
+    assert decode_probes(env.body).tobytes() == probes.tobytes()
+    env = codec.decode(
+        codec.encode(MsgType.COUNTER_BATCH, "a", 2, counter_batch_body("a", counters))
+    )
+    assert decode_counters(env.body).tobytes() == counters.tobytes()
+
+
+def test_batch_columns_are_raw_little_endian_bytes():
+    recs = _records(PROBE_DTYPE, 3, 1)
+    body = encode_columns(recs, PROBE_DTYPE)
+    assert body["n"] == 3
+    assert body["cols"]["rtt_ns"] == recs["rtt_ns"].astype("<i8").tobytes()
+    assert set(body["cols"]) == set(PROBE_DTYPE.names)
+
+
+def test_batch_with_a_short_or_missing_column_is_refused():
+    body = encode_columns(_records(PROBE_DTYPE, 4, 2), PROBE_DTYPE)
+    body["cols"]["rtt_ns"] = body["cols"]["rtt_ns"][:-1]
+    with pytest.raises(ProtocolError, match="rtt_ns"):
+        decode_probes(body)
+    del body["cols"]["seq"]
+    with pytest.raises(ProtocolError):
+        decode_probes(body)
+    with pytest.raises(ProtocolError):
+        encode_columns(np.zeros(2, COUNTER_DTYPE), PROBE_DTYPE)
+
+
+@given(pairs=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), max_size=50))
+def test_pairs_round_trip(pairs):
+    arr = np.array(pairs, dtype=np.uint32).reshape(-1, 2)
+    assert np.array_equal(unpack_pairs(pack_pairs(arr)), arr)
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (b"\xc1", "malformed"),  # a byte msgpack never uses
+        (msgpack.packb([1, 2, 3]), "malformed"),
+        (msgpack.packb({"v": 2, "type": "ready", "sender": "", "seq": 0, "body": {}}), "version"),
+        (
+            msgpack.packb({"v": True, "type": "ready", "sender": "", "seq": 0, "body": {}}),
+            "version",
+        ),
+        (msgpack.packb({"v": 1, "type": "nope", "sender": "", "seq": 0, "body": {}}), "type"),
+        (msgpack.packb({"v": 1, "type": "ready", "sender": 3, "seq": 0, "body": {}}), "malformed"),
+        (
+            msgpack.packb({"v": 1, "type": "ready", "sender": "", "seq": -1, "body": {}}),
+            "malformed",
+        ),
+        (
+            msgpack.packb(
+                {"v": 1, "type": "ready", "sender": "", "seq": 0, "body": {"agent": "a"}}
+            ),
+            "schema",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "type": "ready",
+                    "sender": "",
+                    "seq": 0,
+                    "body": {"agent": "a", "endpoints": "x"},
+                }
+            ),
+            "schema",
+        ),
+        (
+            msgpack.packb({"v": 1, "type": "sync", "sender": "", "seq": 0, "body": {"job": True}}),
+            "schema",
+        ),
+        (
+            msgpack.packb(
+                {"v": 1, "type": "replay", "sender": "", "seq": 0, "body": {"since": True}}
+            ),
+            "schema",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "type": "ack",
+                    "sender": "",
+                    "seq": 0,
+                    "body": {"ok": True, "data": msgpack.ExtType(5, b"x")},
+                }
+            ),
+            "malformed",
+        ),
+        (msgpack.packb({1: 1}), "malformed"),  # non-string map key
+        (b"\xdd\xff\xff\xff\xff", "malformed"),  # an array claiming 4 G elements
+        (b"\x00" * 5000, "oversized"),
+    ],
+)
+def test_bad_frames_are_refused_and_counted(frame, reason):
+    codec = Codec(max_frame_bytes=4096)
+    with pytest.raises(ProtocolError):
+        codec.decode(frame)
+    assert codec.rejected == {reason: 1}
+
+
+def test_encode_refuses_what_the_receiver_would_refuse():
+    codec = Codec(max_frame_bytes=256)
+    with pytest.raises(ProtocolError):
+        codec.encode(MsgType.SYNC, "a", 1, {"job": 3})
+    with pytest.raises(ProtocolError):
+        codec.encode(MsgType.SYNC, "a", 1, {"job": "x" * 1000})
+    with pytest.raises(ProtocolError):
+        Codec(max_frame_bytes=10)
