@@ -10,7 +10,9 @@ can still catch ``ValueError`` or ``OSError``::
     ├── CapabilityError(SkhError, OSError)       the machine lacks what was asked (verbs, hw stamps)
     ├── EngineError(SkhError, OSError)           the C engine failed (carries errno)
     ├── TopologyError(SkhError, ValueError)      an inconsistent fabric or cluster model
-    └── TestbedError(SkhError, RuntimeError)     the namespace testbed could not be built or torn down
+    ├── TestbedError(SkhError, RuntimeError)     the namespace testbed could not be built or torn down
+    ├── RequestTimeout(SkhError, TimeoutError)   a daemon did not answer a request in time
+    └── RequestRefused(SkhError, RuntimeError)   a daemon answered a request with a refusal
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ __all__ = [
     "EngineError",
     "TopologyError",
     "TestbedError",
+    "RequestTimeout",
+    "RequestRefused",
 ]
 
 
@@ -59,3 +63,11 @@ class TestbedError(SkhError, RuntimeError):
     """The namespace testbed could not be built, changed or torn down."""
 
     __test__ = False  # not a pytest test class despite the name
+
+
+class RequestTimeout(SkhError, TimeoutError):
+    """A daemon (the controller, the analyzer) did not answer a request within its timeout."""
+
+
+class RequestRefused(SkhError, RuntimeError):
+    """A daemon answered a request with a refusal (an unknown job, a stale skeleton)."""

@@ -79,6 +79,7 @@ class MsgType(enum.StrEnum):
     COMMAND_REPLY = "command_reply"
     # admin requests to the controller
     SUBMIT_JOB = "submit_job"
+    REMOVE_JOB = "remove_job"
     APPLY_SKELETON = "apply_skeleton"
     STATUS = "status"
     # controller PUB, per-job topics
@@ -151,6 +152,7 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool]]] = {
         "error": (str, False),
     },
     MsgType.SUBMIT_JOB: {"job": (str, True), "shape": (dict, False), "containers": (list, True)},
+    MsgType.REMOVE_JOB: {"job": (str, True)},
     MsgType.APPLY_SKELETON: {
         "job": (str, True),
         "skeleton_version": (int, True),

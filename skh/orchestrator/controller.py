@@ -362,6 +362,27 @@ class Controller:
         self.counters["jobs_submitted"] += 1
         return MsgType.ACK, {"ok": True, "data": {"endpoints": eps}}
 
+    def _on_remove(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+        """Forget a job: its endpoints are announced down (agents drop them from their lists)
+        and leave the registry. An agent still running a container of it re-creates the job
+        when it registers again."""
+        name = env.body["job"]
+        job = self.jobs.get(name)
+        if job is None:
+            return MsgType.ACK, {"ok": False, "error": f"unknown job {name!r}"}
+        eps = sorted(job.endpoints)
+        self._down(eps, "job removed", pubs)
+        gone = set(eps)
+        for agent in self.agents.values():
+            agent.endpoints = [ep for ep in agent.endpoints if ep not in gone]
+        for ep in eps:
+            del self._by_name[job.endpoints[ep].name], self._ep_job[ep]
+        del self.jobs[name]
+        self.registry.delete_job(name)
+        self.counters["jobs_removed"] += 1
+        log.info("job %s removed (%d endpoints)", name, len(eps))
+        return MsgType.ACK, {"ok": True, "data": {"endpoints": eps}}
+
     def _on_skeleton(self, identity: bytes, env: Envelope, pubs: list, replies: list):
         job = self.jobs.get(env.body["job"])
         if job is None:
@@ -525,6 +546,7 @@ class Controller:
         MsgType.HEARTBEAT: _on_heartbeat,
         MsgType.SYNC: _on_sync,
         MsgType.SUBMIT_JOB: _on_submit,
+        MsgType.REMOVE_JOB: _on_remove,
         MsgType.APPLY_SKELETON: _on_skeleton,
         MsgType.STATUS: _on_status,
         MsgType.COMMAND: _on_command,

@@ -132,6 +132,11 @@ class Registry:
             (rec.agent, rec.role, rec.host, time.time_ns()),
         )
 
+    def delete_job(self, name: str) -> None:
+        db = self._tx()
+        db.execute("DELETE FROM endpoints WHERE job=?", (name,))
+        db.execute("DELETE FROM jobs WHERE name=?", (name,))
+
     # -- reads ---------------------------------------------------------------------------------
     def load(self) -> tuple[dict[str, JobPingLists], dict[int, str], dict[str, AgentRecord]]:
         """Everything the controller holds in memory: jobs with their endpoints, the agent of
