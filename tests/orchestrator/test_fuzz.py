@@ -68,6 +68,7 @@ def _valid_frames():
         MsgType.SUBMIT_JOB: {"job": "j", "containers": [{"name": "c", "host": "h", "rails": [0]}]},
         MsgType.APPLY_SKELETON: {"job": "j", "skeleton_version": 1, "pairs": b"\1\0\0\0\2\0\0\0"},
         MsgType.STATUS: {},
+        MsgType.REMOVE_JOB: {"job": "j"},
         MsgType.JOB_SNAPSHOT: {
             "job": "j",
             "version": 1,
