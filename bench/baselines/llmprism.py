@@ -10,15 +10,9 @@ bursts do not overlap are never joined (missed PP pairs).
 from __future__ import annotations
 
 import numpy as np
+from scipy.sparse.csgraph import connected_components
 
 __all__ = ["llmprism_pairs"]
-
-
-def _find(parent: np.ndarray, i: int) -> int:
-    while parent[i] != i:
-        parent[i] = parent[parent[i]]
-        i = int(parent[i])
-    return i
 
 
 def llmprism_pairs(
@@ -41,12 +35,7 @@ def llmprism_pairs(
         cnt = b.sum(axis=1)
         union = cnt[:, None] + cnt[None, :] - inter
         jac = np.where(union > 0, inter / np.maximum(union, 1), 0.0)
-        parent = np.arange(idx.size)
-        for i, j in zip(*np.nonzero(np.triu(jac >= min_jaccard, 1)), strict=True):
-            ri, rj = _find(parent, int(i)), _find(parent, int(j))
-            if ri != rj:
-                parent[rj] = ri
-        roots = np.array([_find(parent, i) for i in range(idx.size)])
+        _, roots = connected_components(jac >= min_jaccard, directed=False)
         a, c = np.meshgrid(np.arange(idx.size), np.arange(idx.size), indexing="ij")
         keep = (roots[a] == roots[c]) & (host[idx][a] != host[idx][c])
         out.append(np.stack([ep_id[idx][a[keep]], ep_id[idx][c[keep]]], axis=1))

@@ -147,9 +147,8 @@ _DETECT_KINDS: dict[str, Symptom] = {
     "latency_long": "latency",
 }
 #: detection's endpoint-health reason bits (skh.analysis.health.HealthReason)
-_DEAD_BITS = (
-    1 | 4
-)  # missed heartbeats, refused; the others (late results, delays) mean a late agent
+#: missed heartbeats, refused; the others (late results, delays) mean a late agent
+_DEAD_BITS = 1 | 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,20 +430,18 @@ class Localizer:
         self._evidence_step(w, set(w.symptom), report, now_ns)
         if w.left:
             pairs = sorted(w.left)
-            w.verdicts.append(
-                self._verdict(
-                    w,
-                    pairs,
-                    "unexplained",
-                    "",
-                    "",
-                    FailureType.UNKNOWN,
-                    now_ns,
-                    evidence={
-                        "reason": "overlay chains intact, no uncleared underlay element, "
-                        "endpoints report nothing"
-                    },
-                )
+            self._add_verdict(
+                w,
+                pairs,
+                "unexplained",
+                "",
+                "",
+                FailureType.UNKNOWN,
+                now_ns,
+                evidence={
+                    "reason": "overlay chains intact, no uncleared underlay element, "
+                    "endpoints report nothing"
+                },
             )
         out = _merge(w.verdicts)
         log.debug(
@@ -496,9 +493,7 @@ class Localizer:
                 )
                 comp = (self.overlay_component(hop) if self.overlay_component else None) or hop
                 ckind = "vswitch" if comp != hop else kind
-            w.verdicts.append(
-                self._verdict(w, pairs, "overlay", comp, ckind, ftype, now_ns, evidence=evidence)
-            )
+            self._add_verdict(w, pairs, "overlay", comp, ckind, ftype, now_ns, evidence=evidence)
             w.left -= set(pairs)
 
     def _owner(self, node: str, tables) -> Endpoint | None:
@@ -571,22 +566,20 @@ class Localizer:
             kind = "container" if ftype == FailureType.CONTAINER_CRASH else "agent"
             for p in pairs:
                 w.symptom.setdefault(p, "unreachable")
-            w.verdicts.append(
-                self._verdict(
-                    w,
-                    pairs,
-                    layer,
-                    f"{job}/{container}",
-                    kind,
-                    ftype,
-                    now_ns,
-                    evidence={
-                        "refused": sum(p in w.refused for p in pairs),
-                        "endpoints": eps,
-                        "health_bits": {e: w.agents[e] for e in eps},
-                    },
-                    symptom="unreachable" if ftype != FailureType.AGENT_LATE else "latency",
-                )
+            self._add_verdict(
+                w,
+                pairs,
+                layer,
+                f"{job}/{container}",
+                kind,
+                ftype,
+                now_ns,
+                evidence={
+                    "refused": sum(p in w.refused for p in pairs),
+                    "endpoints": eps,
+                    "health_bits": {e: w.agents[e] for e in eps},
+                },
+                symptom="unreachable" if ftype != FailureType.AGENT_LATE else "latency",
             )
             w.left -= set(pairs)
 
@@ -686,9 +679,7 @@ class Localizer:
             if found is not None:
                 layer, comp, kind, ftype, extra = found
                 evidence.update(extra)
-                w.verdicts.append(
-                    self._verdict(w, pairs, layer, comp, kind, ftype, now_ns, evidence=evidence)
-                )
+                self._add_verdict(w, pairs, layer, comp, kind, ftype, now_ns, evidence=evidence)
                 self._settle(w, pairs, ftype)
                 return
             # the RNIC at the link is fine: before blaming the switch port, the other endpoints
@@ -699,18 +690,16 @@ class Localizer:
                 return
             if c.kind == "node":
                 # an RNIC no healthy trace crosses, that reports nothing itself
-                w.verdicts.append(
-                    self._verdict(
-                        w,
-                        pairs,
-                        "rnic",
-                        c.component,
-                        "rnic",
-                        FailureType.RNIC_HARDWARE,
-                        now_ns,
-                        evidence=evidence,
-                        candidates=c.candidates,
-                    )
+                self._add_verdict(
+                    w,
+                    pairs,
+                    "rnic",
+                    c.component,
+                    "rnic",
+                    FailureType.RNIC_HARDWARE,
+                    now_ns,
+                    evidence=evidence,
+                    candidates=c.candidates,
                 )
                 w.left -= set(pairs)
                 return
@@ -724,18 +713,16 @@ class Localizer:
             # tables clean right now, it stays a candidate (an intermittent offload problem
             # shows only some of the time)
             cands = (f"{rnic[0]}:rnic{rnic[1]}",)
-        w.verdicts.append(
-            self._verdict(
-                w,
-                pairs,
-                "underlay",
-                c.component,
-                ckind,
-                ftype,
-                now_ns,
-                evidence=evidence,
-                candidates=cands,
-            )
+        self._add_verdict(
+            w,
+            pairs,
+            "underlay",
+            c.component,
+            ckind,
+            ftype,
+            now_ns,
+            evidence=evidence,
+            candidates=cands,
         )
         self._settle(w, pairs, ftype)
 
@@ -813,9 +800,8 @@ class Localizer:
         ft = classify_rnic_report(rep, rail)
         if ft is not None:
             if ft == FailureType.RNIC_PORT_DOWN and flapping:
-                ft = (
-                    FailureType.RNIC_PORT_FLAPPING
-                )  # down now, up a moment ago: the loss comes and goes
+                # down now, up a moment ago: the loss comes and goes
+                ft = FailureType.RNIC_PORT_FLAPPING
             return "rnic", rnic, "rnic", ft, {"host_report": rep.rnic_state.get(rail)}
         ft = classify_host_report(rep, rail)
         if ft is not None:
@@ -839,12 +825,7 @@ class Localizer:
         cheap, so every RNIC of the failing pairs is read; no flow tables are dumped here."""
         named = {v.component for v in w.verdicts}
         switches = {v.component for v in w.verdicts if v.component_kind == "switch"}
-        by_rnic: dict[tuple[str, int], set[Pair]] = {}
-        for p in all_pairs:
-            for e in p:
-                ep = self._ep(e)
-                by_rnic.setdefault((ep.host, ep.rail), set()).add(p)
-        for (host, rail), mine in sorted(by_rnic.items()):
+        for (host, rail), mine in sorted(self._by_rnic(all_pairs).items()):
             found = self._check_report(host, rail, mine, report, any(p in w.flapping for p in mine))
             if found is None or found[1] in named:
                 continue
@@ -852,18 +833,8 @@ class Localizer:
                 continue  # the switch itself is down: every port of it looks dark
             layer, comp, kind, ftype, extra = found
             named.add(comp)
-            w.verdicts.append(
-                self._verdict(
-                    w,
-                    sorted(mine),
-                    layer,
-                    comp,
-                    kind,
-                    ftype,
-                    now_ns,
-                    evidence={"step": "independent", **extra},
-                )
-            )
+            evidence = {"step": "independent", **extra}
+            self._add_verdict(w, mine, layer, comp, kind, ftype, now_ns, evidence=evidence)
 
     def _rnic_diff(self, host: str, rail: int, source, now_s: float) -> FlowDiff | None:
         last = self._dumps.get((host, rail))
@@ -881,11 +852,7 @@ class Localizer:
     ) -> None:
         """Both layers clear: check the endpoints' RNICs and hosts, busiest first (of ``pairs``,
         default all pairs left)."""
-        by_rnic: dict[tuple[str, int], set[Pair]] = {}
-        for p in w.left if pairs is None else pairs & w.left:
-            for ep_id in p:
-                ep = self._ep(ep_id)
-                by_rnic.setdefault((ep.host, ep.rail), set()).add(p)
+        by_rnic = self._by_rnic(w.left if pairs is None else pairs & w.left)
         for (host, rail), mine in sorted(by_rnic.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             mine = mine & w.left
             if not mine:
@@ -896,19 +863,18 @@ class Localizer:
             if found is None:
                 continue
             layer, comp, kind, ftype, extra = found
-            w.verdicts.append(
-                self._verdict(
-                    w,
-                    sorted(mine),
-                    layer,
-                    comp,
-                    kind,
-                    ftype,
-                    now_ns,
-                    evidence={"step": "endpoint", **extra},
-                )
-            )
+            evidence = {"step": "endpoint", **extra}
+            self._add_verdict(w, mine, layer, comp, kind, ftype, now_ns, evidence=evidence)
             self._settle(w, mine, ftype)
+
+    def _by_rnic(self, pairs: Iterable[Pair]) -> dict[tuple[str, int], set[Pair]]:
+        """``pairs`` grouped by the (host, rail) RNIC of each of their two endpoints."""
+        out: dict[tuple[str, int], set[Pair]] = {}
+        for p in pairs:
+            for ep_id in p:
+                ep = self._ep(ep_id)
+                out.setdefault((ep.host, ep.rail), set()).add(p)
+        return out
 
     # -- verdicts -----------------------------------------------------------------------------
     @staticmethod
@@ -919,10 +885,10 @@ class Localizer:
             default="latency",
         )
 
-    def _verdict(
+    def _add_verdict(
         self,
         w: _Work,
-        pairs: Sequence[Pair],
+        pairs: Iterable[Pair],
         layer: Layer,
         component: str,
         kind: str,
@@ -932,12 +898,13 @@ class Localizer:
         evidence: Mapping[str, object],
         candidates: Sequence[str] = (),
         symptom: Symptom | None = None,
-    ) -> Verdict:
+    ) -> None:
+        """Add a verdict on ``pairs`` to the round's findings."""
         pairs = tuple(sorted(pairs))
         symptom = symptom or self._worst(w, pairs)
         eps = {e for p in pairs for e in p} or set(evidence.get("endpoints", ()))  # type: ignore[arg-type]
         jobs = sorted({self._ep(e).job for e in eps})
-        return Verdict(
+        v = Verdict(
             job=",".join(jobs),
             pairs=pairs,
             layer=layer,
@@ -953,6 +920,7 @@ class Localizer:
             evidence=dict(evidence),
             candidates=tuple(candidates),
         )
+        w.verdicts.append(v)
 
 
 def _merge(verdicts: list[Verdict]) -> list[Verdict]:

@@ -92,13 +92,11 @@ class SkeletonParams:
     min_period_s: float = 3.0
     max_period_s: float = 60.0
     min_cycles: float = 3.0  # the series must hold this many periods
-    idle_bytes_per_s: float = (
-        10e6  # mean rate below this: no training traffic yet (co-tenant noise)
-    )
+    # mean rate below this: no training traffic yet (co-tenant noise)
+    idle_bytes_per_s: float = 10e6
     min_periodicity: float = 0.25  # autocorrelation at the period: below = no burst train at all
-    regular_periodicity: float = (
-        0.5  # below = bursts besides the gradient syncs (all-to-all, debug)
-    )
+    # below this: bursts besides the gradient syncs (all-to-all, debug)
+    regular_periodicity: float = 0.5
     max_common: float = 0.08  # share of stage traffic in co-bursts the shifts do not explain
     min_coherence: float = 0.3  # correlation with the group's other members
     gap_ratio: float = 3.0  # boundary gap ≥ gap_ratio × the groups' robust lag spread
@@ -155,9 +153,8 @@ class Skeleton:
     group: np.ndarray  # (n,) int32
     stage: np.ndarray  # (n,) int32
     period_s: float  # iteration period (0 when unknown)
-    scores: dict[str, float] = field(
-        default_factory=dict
-    )  # the validation scores behind confidence
+    # the validation scores behind confidence
+    scores: dict[str, float] = field(default_factory=dict)
 
     @property
     def confident(self) -> bool:
@@ -553,15 +550,9 @@ def infer_skeleton(
     group = np.full(n, -1, np.int32)
     stage = np.full(n, -1, np.int32)
 
-    def fallback(
-        mode: str, reason: str, confidence: float, period_s: float = 0.0, scores=None
+    def result(
+        mode: str, reason: str, confidence: float, pairs: np.ndarray, period_s: float, scores
     ) -> Skeleton:
-        pairs = (
-            _unique_pairs([_all_pairs(ep_id, host)])
-            if mode == MODE_GROUP_WIDE
-            else same_rail_pairs(ep_id, rail, host)
-        )
-        log.info("job %s: %s (%s)", job, mode, reason)
         return Skeleton(
             job,
             mode,
@@ -575,6 +566,17 @@ def infer_skeleton(
             period_s,
             dict(scores or {}),
         )
+
+    def fallback(
+        mode: str, reason: str, confidence: float, period_s: float = 0.0, scores=None
+    ) -> Skeleton:
+        pairs = (
+            _unique_pairs([_all_pairs(ep_id, host)])
+            if mode == MODE_GROUP_WIDE
+            else same_rail_pairs(ep_id, rail, host)
+        )
+        log.info("job %s: %s (%s)", job, mode, reason)
+        return result(mode, reason, confidence, pairs, period_s, scores)
 
     # Structure: a rail-wise skeleton needs every host of the job on the same rails, one
     # endpoint per (host, rail); containers binding different rail sets (fewer than 8 RNICs) may
@@ -770,19 +772,8 @@ def infer_skeleton(
             period_s,
             scores,
         )
-    return Skeleton(
-        job,
-        MODE_SKELETON,
-        confidence,
-        f"{desc}; confidence limited by {limit}: {why}",
-        pairs,
-        _digest(pairs),
-        ep_id,
-        group,
-        stage,
-        period_s,
-        scores,
-    )
+    reason = f"{desc}; confidence limited by {limit}: {why}"
+    return result(MODE_SKELETON, reason, confidence, pairs, period_s, scores)
 
 
 # ---------------------------------------------------------------------------------------------

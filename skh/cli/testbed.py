@@ -1,4 +1,5 @@
-"""``skh testbed up|down|status|fault|traffic``: the emulated cluster in network namespaces (root)."""
+"""``skh testbed up|down|status|fault|traffic``: the emulated cluster in network namespaces
+(root)."""
 
 from __future__ import annotations
 

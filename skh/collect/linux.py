@@ -77,22 +77,29 @@ class LinuxState:
     down: frozenset[str] = frozenset()
 
 
-def _json(text: str) -> list | None:
+def json_rows(text: str) -> list | None:
+    """The elements of a JSON list (``ip -j``, ``bridge -j``, ``tc -j`` output); of a truncated
+    one, the complete leading elements. ``None`` when the text is not a JSON list at all."""
     s = text.strip()
     if not s.startswith("["):
         return None
     try:
         obj = json.loads(s)
     except json.JSONDecodeError:
-        # truncated JSON: keep the complete objects before the cut
-        cut = s.rfind("},")
-        if cut < 0:
-            return []
+        pass
+    else:
+        return obj if isinstance(obj, list) else []
+    dec = json.JSONDecoder()
+    out = []
+    i = 1
+    while True:
+        while i < len(s) and s[i] in " \t\r\n,":
+            i += 1
         try:
-            obj = json.loads(s[: cut + 1] + "]")
+            row, i = dec.raw_decode(s, i)
         except json.JSONDecodeError:
-            return []
-    return obj if isinstance(obj, list) else []
+            return out
+        out.append(row)
 
 
 def _prefix(dst: str) -> str:
@@ -118,7 +125,7 @@ _ROUTE_TYPES = {
 
 def parse_ip_route(text: str) -> list[Route]:
     """``ip [-j] route [show table all]`` → routes."""
-    rows = _json(text)
+    rows = json_rows(text)
     out: list[Route] = []
     if rows is not None:
         for r in rows:
@@ -156,7 +163,7 @@ def parse_ip_route(text: str) -> list[Route]:
 
 def parse_ip_neigh(text: str) -> list[Neigh]:
     """``ip [-j] neigh`` → neighbour entries (FAILED/INCOMPLETE ones have no lladdr)."""
-    rows = _json(text)
+    rows = json_rows(text)
     out: list[Neigh] = []
     if rows is not None:
         for r in rows:
@@ -183,7 +190,7 @@ def parse_ip_neigh(text: str) -> list[Neigh]:
 def parse_bridge_fdb(text: str, *, dev: str = "") -> list[FdbEntry]:
     """``bridge [-j] fdb show [dev DEV]`` → FDB entries. With ``dev DEV`` bridge leaves the
     device out of each row: pass it as ``dev``."""
-    rows = _json(text)
+    rows = json_rows(text)
     out: list[FdbEntry] = []
     if rows is not None:
         for r in rows:
@@ -215,7 +222,7 @@ def parse_bridge_fdb(text: str, *, dev: str = "") -> list[FdbEntry]:
 
 def parse_ip_link(text: str) -> tuple[dict[str, str], frozenset[str]]:
     """``ip [-j] -d link`` → (device → kind, devices not oper-up). Plain text has no kinds."""
-    rows = _json(text)
+    rows = json_rows(text)
     kinds: dict[str, str] = {}
     down: set[str] = set()
     if rows is not None:

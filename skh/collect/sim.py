@@ -203,7 +203,7 @@ def suspect_from_record(sim: Any, rec: Any, t_s: float):
         bits = 8 if spec.symptom == "agent_slow" else 1
         c = sim.eps.container_id(rec.component)
         mine = np.flatnonzero(sim.eps.container == c)
-        alive = (sim._ep_ready[mine] <= t_s) & (sim._ep_end[mine] > t_s)
+        alive = (sim.ep_ready_s[mine] <= t_s) & (sim.ep_end_s[mine] > t_s)
         agents = {int(e): bits for e in mine[alive]}
     symptom = {
         "unreachable": "unreachable",
@@ -230,14 +230,7 @@ def live_pairs(sim: Any, pairs: Any, t_s: float):
     import numpy as np
 
     p = np.asarray(pairs, np.int64).reshape(-1, 2)
-    ready, end = sim._ep_ready, sim._ep_end
-    ok = (
-        (ready[p[:, 0]] <= t_s)
-        & (ready[p[:, 1]] <= t_s)
-        & (end[p[:, 0]] > t_s)
-        & (end[p[:, 1]] > t_s)
-    )
-    return p[ok]
+    return p[sim.live_pairs(t_s, p)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,9 +439,8 @@ def end_to_end_suite(
                 rec = sim.ground_truth[-1]
                 if probe.pairs or probe.agents:
                     break
-                sim.faults[-1] = Fault(
-                    ft, comp, t + 1.0, t + 1.0 + 1e-3
-                )  # nothing to see: retire it
+                # nothing to see: retire it
+                sim.faults[-1] = Fault(ft, comp, t + 1.0, t + 1.0 + 1e-3)
                 rec = None
             if rec is None:
                 continue

@@ -11,10 +11,10 @@ be read.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 
 from skh.analysis.localize import FlowRule
+from skh.collect.linux import json_rows
 
 __all__ = ["parse_tc_filters"]
 
@@ -164,15 +164,5 @@ def _from_text(text: str, dev: str) -> list[FlowRule]:
 
 def parse_tc_filters(text: str, *, dev: str = "") -> list[FlowRule]:
     """``tc [-j] [-s] filter show dev DEV ingress`` → rules (``in_port`` is ``dev``)."""
-    s = text.strip()
-    if s.startswith("["):
-        try:
-            rows = json.loads(s)
-        except json.JSONDecodeError:
-            cut = s.rfind("},{")
-            try:
-                rows = json.loads(s[: cut + 1] + "]") if cut > 0 else []
-            except json.JSONDecodeError:
-                rows = []
-        return _from_json(rows if isinstance(rows, list) else [], dev)
-    return _from_text(text, dev)
+    rows = json_rows(text)
+    return _from_text(text, dev) if rows is None else _from_json(rows, dev)

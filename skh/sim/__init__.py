@@ -28,7 +28,8 @@ Fabric (``skh.model`` and :mod:`skh.sim.topology`)
     topology (847 hosts → 48 ASW segments × rails → 3 PSW → 1 DSW), pods replicated to scale.
     ``FabricIndex(fabric)`` — dense ids; ``.route(src_rnic, dst_rnic, path_id) -> Route`` (the
     ECMP path a path id pins, vectorised), ``.path_names(src_rnic, dst_rnic, path_id)``,
-    ``.rnic_id(host, rail)``, ``.uses_link(route, a, b)``, ``.uses_switch(route, name)``.
+    ``.paths_names(src, dst, path_id)`` (many at once), ``.rnic_id(host, rail)``,
+    ``.uses_link(route, a, b)``, ``.uses_switch(route, name)``.
     ``LINGJUN_TOPO`` — path of the Lingjun ``topo.csv`` shipped in ``skh/sim/data/``.
 
 Jobs (:mod:`skh.sim.jobs`)
@@ -70,12 +71,12 @@ Scenario (:mod:`skh.sim.scenario`)
     ``Simulation(cluster, jobs, ...)``. Attributes: ``clock`` (``VirtualClock``: ``now_s``,
     ``now_ns``, ``wall_ns(t_s)``), ``cluster``, ``jobs``, ``index``, ``eps``, ``pairs`` (the
     ping pairs), ``ground_truth`` (list of FaultRecord), ``ep_ready_s``/``ep_start_s``/
-    ``ep_end_s`` (per ep_id), ``live_pairs(t_s)`` (mask over ``pairs``). Methods:
-    ``set_ping_pairs(pairs)``,
-    ``add_jobs(jobs)``, ``inject(Fault) -> FaultRecord``, ``inject_random(duration_s,
-    rate_scale=)``, ``inject_both_layers(overlay_type, underlay_type, start_s, end_s)``,
-    ``candidates(type)``, ``step(seconds=1) -> Step(t_s, dt_s, probes, counters, heartbeats,
-    events)``, ``run(duration_s, step_s=1)`` (iterator of Step), ``skeleton_pairs()``, and the
+    ``ep_end_s`` (per ep_id), ``live_pairs(t_s, pairs=None)`` (mask over ``pairs``, default
+    the ping pairs). Methods: ``set_ping_pairs(pairs)``, ``add_jobs(jobs)``, ``inject(Fault) ->
+    FaultRecord``, ``inject_random(duration_s, rate_scale=)``, ``inject_both_layers(overlay_type,
+    underlay_type, start_s, end_s)``, ``candidates(type)``, ``step(seconds=1) -> Step(t_s, dt_s,
+    probes, counters, heartbeats, events)``, ``run(duration_s, step_s=1)`` (iterator of Step),
+    ``skeleton_pairs()``, and the
     agents' answers at the current (or a given) virtual time: ``traceroute(src_ep, dst_ep,
     path_id) -> list[TraceHop]``, ``overlay_state(host) -> dict``, ``overlay_chain(src_ep,
     dst_ep) -> OverlayWalk``, ``flow_tables(host, rail) -> (ovs, offloaded)``.

@@ -281,11 +281,11 @@ class Simulation:
         """Per ep_id: when its container is torn down; read-only."""
         return self._ep_end
 
-    def live_pairs(self, t_s: float | None = None) -> np.ndarray:
-        """Mask over ``pairs``: both endpoints ready and alive at ``t_s`` (default now) — the
-        pairs that probe then."""
+    def live_pairs(self, t_s: float | None = None, pairs: np.ndarray | None = None) -> np.ndarray:
+        """Mask over ``pairs`` (default: the ping pairs): both endpoints ready and alive at
+        ``t_s`` (default now) — the pairs that probe then."""
         t = self.clock.now_s if t_s is None else float(t_s)
-        p = self.pairs
+        p = self.pairs if pairs is None else pairs
         return (
             (self._ep_ready[p[:, 0]] <= t)
             & (self._ep_ready[p[:, 1]] <= t)
@@ -305,7 +305,8 @@ class Simulation:
 
     # -- faults ------------------------------------------------------------------------------------
     def active_faults(self, t_s: float) -> list[Fault]:
-        return [f for f in self.faults if f.active(t_s)]
+        # Fault.active() inlined: agents' answers ask this tens of thousands of times per run
+        return [f for f in self.faults if f.start_s <= t_s < f.end_s]
 
     def inject(self, fault: Fault, *, group: int = -1) -> FaultRecord:
         """Add a fault; returns its ground-truth record (affected pairs: ping pairs it touches on

@@ -173,6 +173,7 @@ class AgentView:
         active = self._active(t_s)
         on_rnic = {f.type: f for f in active if f.component == rkey}
         sw_conts = {f.component for f in active if f.type == _T.NOT_USING_RDMA}
+        # active, whether or not inside a flap's on-window (the install count runs on)
         all_faults = [f for f in self._faults(t_s) if f.component == rkey]
         vtep = _vtep(host, rail)
         ovs: list[FlowEntry] = []
@@ -219,16 +220,15 @@ class AgentView:
         if _T.OFFLOADING_FAILURE in on_rnic:
             off = [f for f in off if f.action == "upcall"]
         rep_fault = next((f for f in all_faults if f.type == _T.REPETITIVE_FLOW_OFFLOADING), None)
-        if rep_fault is not None and rep_fault.active(t_s):
+        if rep_fault is not None:
             installs = 1 + int((t_s - rep_fault.start_s) // rep_fault.eff("flap_period_s"))
             if _T.REPETITIVE_FLOW_OFFLOADING in on_rnic:  # invalidated right now
                 off = [f for f in off if f.action == "upcall"]
             else:
                 off = [_with(f, installs=installs) if f.action != "upcall" else f for f in off]
         if _T.SUBOPTIMAL_FLOW_OFFLOADING in on_rnic and len(off) > 1:
-            off = (
-                off[-1:] + off[:-1]
-            )  # the catch-all upcall rule first: every flow misses the fast path
+            # the catch-all upcall rule first: every flow misses the fast path
+            off = off[-1:] + off[:-1]
         fw = on_rnic.get(_T.RNIC_FIRMWARE_NOT_RESPONDING)
         if fw is not None:
             share = fw.eff("flow_share")

@@ -22,6 +22,8 @@ __all__ = ["FabricIndex", "EndpointTable", "Route", "mix_hash", "rng_for"]
 
 #: route columns, in path order (unused columns are -1)
 ROUTE_COLUMNS = ("src_tor", "up_spine", "core", "down_spine", "dst_tor")
+#: path_names() memo bound (entries of a few names each): cleared whole when full
+_PATH_CACHE_MAX = 1 << 16
 
 
 def mix_hash(*cols: np.ndarray) -> np.ndarray:
@@ -56,7 +58,8 @@ class Route:
 
 
 class FabricIndex:
-    """Dense ids and adjacency matrices of a fabric (built once; read-only afterwards)."""
+    """Dense ids and adjacency matrices of a fabric (built once; read-only afterwards but for
+    the memo of :meth:`path_names`)."""
 
     def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
@@ -65,6 +68,7 @@ class FabricIndex:
         self.rails = fabric.rails
         self.switch_names: list[str] = list(fabric.switches)
         self.switch_id = {s: i for i, s in enumerate(self.switch_names)}
+        self._path_cache: dict[tuple[int, int, int], tuple[str, ...]] = {}
         tier = np.array([fabric.switches[s].tier for s in self.switch_names])
         self.tors = np.flatnonzero(tier == "tor").astype(np.int32)
         self.spines = np.flatnonzero(tier == "spine").astype(np.int32)
@@ -185,20 +189,35 @@ class FabricIndex:
 
     def path_names(self, src_rnic: int, dst_rnic: int, path_id: int) -> tuple[str, ...]:
         """One path as model node names (RNIC key, switches, RNIC key), as
-        ``Fabric.ecmp_paths`` lists them."""
-        row = self.route(np.array([src_rnic]), np.array([dst_rnic]), np.array([path_id])).nodes[0]
-        sw = [row[0]]
-        if row[2] >= 0:
-            sw += [row[1], row[2], row[3]]
-        elif row[1] >= 0:
-            sw.append(row[1])
-        if row[4] != row[0]:
-            sw.append(row[4])
-        return (
-            self.rnic_key(src_rnic),
-            *(self.switch_names[s] for s in sw),
-            self.rnic_key(dst_rnic),
-        )
+        ``Fabric.ecmp_paths`` lists them. Memoised: agents' traceroutes ask for the same few paths
+        over and over, and one route() call costs far more than its single row."""
+        key = (int(src_rnic), int(dst_rnic), int(path_id))
+        got = self._path_cache.get(key)
+        if got is None:
+            if len(self._path_cache) >= _PATH_CACHE_MAX:
+                self._path_cache.clear()
+            got = self._path_cache[key] = self.paths_names(*(np.array([k]) for k in key))[0]
+        return got
+
+    def paths_names(
+        self, src_rnic: np.ndarray, dst_rnic: np.ndarray, path_id: np.ndarray
+    ) -> list[tuple[str, ...]]:
+        """:meth:`path_names` of many flows, routed in one vectorised call."""
+        src_rnic, dst_rnic, _ = np.broadcast_arrays(src_rnic, dst_rnic, path_id)
+        nodes = self.route(src_rnic, dst_rnic, path_id).nodes.tolist()
+        out = []
+        for s, d, (tor_a, up, core, down, tor_b) in zip(
+            src_rnic.ravel().tolist(), dst_rnic.ravel().tolist(), nodes, strict=True
+        ):
+            sw = [tor_a]
+            if core >= 0:
+                sw += [up, core, down]
+            elif up >= 0:
+                sw.append(up)
+            if tor_b != tor_a:
+                sw.append(tor_b)
+            out.append((self.rnic_key(s), *(self.switch_names[x] for x in sw), self.rnic_key(d)))
+        return out
 
     def uses_link(self, route: Route, a: str, b: str) -> np.ndarray:
         """Rows of ``route`` whose switch-to-switch part crosses link ``a``–``b`` (either way)."""

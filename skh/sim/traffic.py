@@ -118,16 +118,17 @@ class TrafficModel:
         self._amp = self.burst * rng.uniform(0.7, 1.0, nj)[self._job_of]
         self._ep_jobs = np.flatnonzero(self.kind == 1)
         self._dbg_eps = np.flatnonzero(self.kind[self._job_of] == 2)
+        #: (k0, iteration starts of k0 - 1, k0, k0 + 1) of the last rates() call
+        self._starts: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def n(self) -> int:
         return int(self.ep_ids.size)
 
     def _iter_start(self, k: np.ndarray) -> np.ndarray:
-        """Start of iteration k of every job (k: int64 per job)."""
-        ku = k.astype(np.uint64)
-        h1 = _unit(mix_hash(self._job_key, ku, np.uint64(1)))
-        h2 = _unit(mix_hash(self._job_key, ku, np.uint64(2)))
+        """Start of iteration k of every job (k: int64, ``(..., jobs)``)."""
+        tag = np.array([1, 2], np.uint64).reshape((2,) + (1,) * k.ndim)
+        h1, h2 = _unit(mix_hash(self._job_key, k.astype(np.uint64), tag))
         jit = (h1 * 2 - 1) * self.jitter * self.period
         strag = np.where(
             h2 < self.straggler_p, self.straggler_s * (0.5 + h2 / max(self.straggler_p, 1e-12)), 0.0
@@ -145,13 +146,16 @@ class TrafficModel:
         # per job first (few), then gathered per endpoint
         k0 = np.floor((t - self.train_start) / self.period).astype(np.int64)
         live = ((t + 1 > self.train_start) & (t < self.end))[jo]
-        in_burst = np.zeros(n, bool)
-        for dk in (-1, 0, 1):
-            k = k0 + dk
-            b0 = np.where(k >= 0, self._iter_start(np.maximum(k, 0)), np.inf)[jo] + self._stage_off
-            ov = np.clip(np.minimum(b0 + self._blen, t + 1) - np.maximum(b0, t), 0.0, 1.0)
-            out += ov * self._amp
-            in_burst |= ov > 0
+        # the previous, current and next iteration of every job; they change once a period, so
+        # the last ones are kept
+        if self._starts is None or not np.array_equal(self._starts[0], k0):
+            k = k0 + np.array([[-1], [0], [1]])
+            self._starts = (k0, np.where(k >= 0, self._iter_start(np.maximum(k, 0)), np.inf))
+        b0 = self._starts[1][:, jo] + self._stage_off
+        ov = np.clip(np.minimum(b0 + self._blen, t + 1) - np.maximum(b0, t), 0.0, 1.0)
+        for row in ov:
+            out += row * self._amp
+        in_burst = (ov > 0).any(axis=0)
         rng = rng_for(self.seed, 0x1B5, int(np.floor(t * 1000)))
         u = rng.random(n)
         # pipeline activations between bursts: on in some seconds, off in others
@@ -162,11 +166,10 @@ class TrafficModel:
             j = self._ep_jobs
             kk = np.maximum(k0[j], 0)
             phase = t - (self.train_start[j] + kk * self.period[j])
-            hit = np.zeros(j.size, np.float64)
-            for layer in range(self.ep_layers):
-                at = _unit(mix_hash(self._job_key[j], kk.astype(np.uint64), np.uint64(100 + layer)))
-                at *= self.period[j] * 0.8
-                hit += (phase >= at - 0.5) & (phase < at + 0.5)
+            layer = np.arange(100, 100 + self.ep_layers, dtype=np.uint64)[:, None]
+            at = _unit(mix_hash(self._job_key[j], kk.astype(np.uint64), layer))
+            at *= self.period[j] * 0.8
+            hit = ((phase >= at - 0.5) & (phase < at + 0.5)).sum(axis=0, dtype=np.float64)
             per_job = np.zeros(self.period.size)
             per_job[j] = hit
             out += 0.4 * self._amp * per_job[jo]

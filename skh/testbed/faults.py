@@ -119,7 +119,8 @@ class Faults:
     def inject(self, kind: str, **params: Any) -> FaultTruth:
         if kind not in KINDS:
             raise ConfigError(
-                f"The 'kind' parameter of Faults.inject must be one of {KINDS}. Got {kind!r} instead."
+                f"The 'kind' parameter of Faults.inject must be one of {KINDS}."
+                f" Got {kind!r} instead."
             )
         with self.tb.transact() as st:
             fid = st["next_fault"]
@@ -269,13 +270,7 @@ class Faults:
     def _inject_link_down(self, fid: int, *, link: tuple[str, str], at: str | None = None):
         port = self._port(tuple(link), at)
         nx.ip_batch([f"link set {port['dev']} down"], port["ns"])
-        undo = {
-            "ns": port["ns"],
-            "dev": port["dev"],
-            "peer": port["peer"],
-            "restore": port["restore"],
-        }
-        return self._link_truth(fid, "link_down", port, (2, 7)), undo
+        return self._link_truth(fid, "link_down", port, (2, 7)), _set_up_undo(port)
 
     def _clear_link_down(self, undo: dict[str, Any]) -> None:
         self._set_up(undo)
@@ -305,13 +300,7 @@ class Faults:
             argv += ["--restore", line]
         rec = self.tb.spawn(argv, ns=port["ns"], role=f"fault{fid}-flap")
         wait_ready(rec)
-        undo = {
-            "ns": port["ns"],
-            "dev": port["dev"],
-            "peer": port["peer"],
-            "restore": port["restore"],
-            "proc": rec.to_dict(),
-        }
+        undo = {**_set_up_undo(port), "proc": rec.to_dict()}
         return self._link_truth(fid, "link_flap", port, (3, 8), down_s=down_s, up_s=up_s), undo
 
     def _clear_link_flap(self, undo: dict[str, Any]) -> None:
@@ -335,7 +324,8 @@ class Faults:
             )
         if direction not in ("in", "out", "both"):
             raise ConfigError(
-                f"The 'direction' parameter of loss must be in, out or both. Got {direction!r} instead."
+                "The 'direction' parameter of loss must be in, out or both."
+                f" Got {direction!r} instead."
             )
         port = self._port(tuple(link), at)
         per10k = round(float(percent) * 100)
@@ -392,7 +382,8 @@ class Faults:
     def _rail(self, rail: Any) -> int:
         if not isinstance(rail, int) or not 0 <= rail < self.tb.spec.rnics_per_host:
             raise ConfigError(
-                f"The 'rail' parameter must be an int in [0, {self.tb.spec.rnics_per_host}). Got {rail!r} instead."
+                f"The 'rail' parameter must be an int in [0, {self.tb.spec.rnics_per_host})."
+                f" Got {rail!r} instead."
             )
         return rail
 
@@ -400,8 +391,8 @@ class Faults:
         g, g2, r = self.tb.host_index(host), self.tb.host_index(peer), self._rail(rail)
         if g == g2:
             raise ConfigError("fdb_blackhole needs two different hosts")
-        nx.bridge_batch([self.tb.fdb_line(g, r, g2, "del")], self.L.host_ns(g))
-        undo = {"ns": self.L.host_ns(g), "line": self.tb.fdb_line(g, r, g2, "append")}
+        nx.bridge_batch([self.tb.fdb_line(r, g2, "del")], self.L.host_ns(g))
+        undo = {"ns": self.L.host_ns(g), "line": self.tb.fdb_line(r, g2, "append")}
         truth = FaultTruth(
             fid,
             "fdb_blackhole",
@@ -702,6 +693,11 @@ def _oper_up(ns: str, dev: str) -> bool:
             return oper_up(sock, dev)
 
 
+def _set_up_undo(port: dict[str, Any]) -> dict[str, Any]:
+    """What :meth:`Faults._set_up` needs to bring ``port`` back."""
+    return {k: port[k] for k in ("ns", "dev", "peer", "restore")}
+
+
 def _kill9(pid: int, timeout_s: float = 2.0) -> None:
     """SIGKILL (a crash, not a stop: no handler runs) and wait until the pid is gone."""
     with contextlib.suppress(ProcessLookupError):
@@ -719,4 +715,7 @@ def _u16_ip_match(ip: str, offset: int) -> str:
     """u32 selectors for an IPv4 address at a 2-aligned (not 4-aligned) offset from the outer
     IP header: two 16-bit matches (u32 keys must be aligned to their size)."""
     a, b, c, d = (int(x) for x in ip.split("."))
-    return f"match u16 0x{a:02x}{b:02x} 0xffff at {offset} match u16 0x{c:02x}{d:02x} 0xffff at {offset + 2}"
+    return (
+        f"match u16 0x{a:02x}{b:02x} 0xffff at {offset} "
+        f"match u16 0x{c:02x}{d:02x} 0xffff at {offset + 2}"
+    )

@@ -44,7 +44,8 @@ _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,5}$")
 def _check_int(owner: str, name: str, value: object, lo: int, hi: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise ConfigError(
-            f"The '{name}' parameter of {owner} must be an int in the range [{lo}, {hi}]. Got {value!r} instead."
+            f"The '{name}' parameter of {owner} must be an int in the range [{lo}, {hi}]."
+            f" Got {value!r} instead."
         )
 
 
@@ -59,7 +60,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", self.name):
             raise ConfigError(
-                f"The 'name' parameter of JobSpec must be 1-32 characters of [A-Za-z0-9_.-]. Got {self.name!r} instead."
+                "The 'name' parameter of JobSpec must be 1-32 characters of [A-Za-z0-9_.-]."
+                f" Got {self.name!r} instead."
             )
 
     @property
@@ -101,7 +103,8 @@ class TestbedSpec:
         _check_int("TestbedSpec", "containers_per_host", self.containers_per_host, 0, 250)
         if not isinstance(self.jobs, tuple) or not all(isinstance(j, JobSpec) for j in self.jobs):
             raise ConfigError(
-                f"The 'jobs' parameter of TestbedSpec must be a tuple of JobSpec. Got {self.jobs!r} instead."
+                "The 'jobs' parameter of TestbedSpec must be a tuple of JobSpec."
+                f" Got {self.jobs!r} instead."
             )
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
@@ -111,8 +114,8 @@ class TestbedSpec:
         need = sum(j.containers for j in self.jobs)
         if need > self.slots:
             raise ConfigError(
-                f"The 'jobs' parameter of TestbedSpec needs {need} containers but hosts * containers_per_host "
-                f"is {self.slots}."
+                f"The 'jobs' parameter of TestbedSpec needs {need} containers but "
+                f"hosts * containers_per_host is {self.slots}."
             )
 
     @property
@@ -167,8 +170,8 @@ class Layout:
     def __init__(self, spec: TestbedSpec, prefix: str = DEFAULT_PREFIX) -> None:
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
             raise ConfigError(
-                f"The 'prefix' parameter of Layout must be 2-6 lowercase letters/digits starting with a letter. "
-                f"Got {prefix!r} instead."
+                "The 'prefix' parameter of Layout must be 2-6 lowercase letters/digits starting "
+                f"with a letter. Got {prefix!r} instead."
             )
         self.spec = spec
         self.prefix = prefix

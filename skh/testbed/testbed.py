@@ -36,6 +36,8 @@ __all__ = ["Testbed", "ProcRecord", "default_state_dir", "cleanup_stale"]
 log = logging.getLogger(__name__)
 
 STATE_ROOT = Path("/run/skh-testbed")
+#: environment variable naming the prefix of the testbed that spawned a process (and its children)
+OWNER_ENV = "SKH_TESTBED_OWNER"
 _GC_THRESH = (
     "net.ipv4.neigh.default.gc_thresh1",
     "net.ipv4.neigh.default.gc_thresh2",
@@ -189,7 +191,8 @@ def _wait_gone(prefix: str, timeout_s: float = 10.0) -> None:
             return
         time.sleep(0.05)
     raise TestbedError(
-        f"testbed {prefix!r} teardown left {nx.list_netns(prefix)} namespaces and {_root_links(prefix)} links"
+        f"testbed {prefix!r} teardown left {nx.list_netns(prefix)}"
+        f" namespaces and {_root_links(prefix)} links"
     )
 
 
@@ -393,8 +396,10 @@ class Testbed:
         for p, r in L.tors():
             for i in range(s.spines):
                 out.append(
-                    f"link add sp{i} netns {L.tor_ns(p, r)} address {L.uplink_mac(i, p, r, True)} mtu {MTU} "
-                    f"type veth peer name t{p}r{r} netns {L.spine_ns(i)} address {L.uplink_mac(i, p, r, False)} mtu {MTU}"
+                    f"link add sp{i} netns {L.tor_ns(p, r)} "
+                    f"address {L.uplink_mac(i, p, r, True)} mtu {MTU} "
+                    f"type veth peer name t{p}r{r} netns {L.spine_ns(i)} "
+                    f"address {L.uplink_mac(i, p, r, False)} mtu {MTU}"
                 )
         for g in range(s.hosts):
             p = L.segment(g)
@@ -409,7 +414,8 @@ class Testbed:
         for c in L.placements:
             out += self.vf_link_lines(c)
             out.append(
-                f"link add mgmt0 netns {L.container_ns(c.host, c.slot)} type veth peer name {c.name} netns {L.mgmt_ns}"
+                f"link add mgmt0 netns {L.container_ns(c.host, c.slot)} type veth peer name "
+                f"{c.name} netns {L.mgmt_ns}"
             )
         out.append(f"link add {L.mgmt_root_dev} type veth peer name uplink netns {L.mgmt_ns}")
         return out
@@ -418,8 +424,10 @@ class Testbed:
         """Root-namespace ``ip -b`` lines creating the VFs of container ``c``."""
         L = self.layout
         return [
-            f"link add vf{r} netns {L.container_ns(c.host, c.slot)} address {L.vf_mac(c.host, c.slot, r)} mtu {OVERLAY_MTU} "
-            f"type veth peer name c{c.slot}v{r} netns {L.host_ns(c.host)} address {L.GW_MAC} mtu {OVERLAY_MTU}"
+            f"link add vf{r} netns {L.container_ns(c.host, c.slot)} "
+            f"address {L.vf_mac(c.host, c.slot, r)} mtu {OVERLAY_MTU} "
+            f"type veth peer name c{c.slot}v{r} netns {L.host_ns(c.host)} "
+            f"address {L.GW_MAC} mtu {OVERLAY_MTU}"
             for r in range(self.spec.rnics_per_host)
         ]
 
@@ -442,7 +450,8 @@ class Testbed:
             f"nexthop via {L.uplink_ip(k, p, r, False)} dev sp{k}" for k in range(self.spec.spines)
         )
         return [
-            f"neigh replace {L.uplink_ip(i, p, r, False)} lladdr {L.uplink_mac(i, p, r, False)} dev sp{i} nud permanent",
+            f"neigh replace {L.uplink_ip(i, p, r, False)} lladdr {L.uplink_mac(i, p, r, False)} "
+            f"dev sp{i} nud permanent",
             f"route replace default {hops}",
         ]
 
@@ -462,7 +471,8 @@ class Testbed:
         for g2 in L.hosts_in_segment(p):
             if g2 != g:
                 out.append(
-                    f"neigh replace {L.rnic_ip(g2, r)} lladdr {L.rnic_mac(g2, r)} dev {dev} nud permanent"
+                    f"neigh replace {L.rnic_ip(g2, r)} lladdr {L.rnic_mac(g2, r)} "
+                    f"dev {dev} nud permanent"
                 )
         out += [
             f"route replace 10.{r}.{p}.0/24 dev {dev} src {ip} table {100 + r}",
@@ -493,7 +503,8 @@ class Testbed:
         L = self.layout
         out = [
             "link set lo up",
-            f"link add br0 address {L.tor_mac(p, r)} mtu {MTU} type bridge stp_state 0 forward_delay 0 mcast_snooping 0",
+            f"link add br0 address {L.tor_mac(p, r)} mtu {MTU} type bridge stp_state 0 "
+            "forward_delay 0 mcast_snooping 0",
             f"addr add {L.tor_gw(p, r)}/24 dev br0",
             "link set br0 up",
         ]
@@ -520,7 +531,8 @@ class Testbed:
             out += self.rnic_port_lines(g, r)
         for r in range(s.rnics_per_host):
             out += [
-                f"link add vx{r} address {L.vtep_mac(g, r)} mtu {OVERLAY_MTU} type vxlan id {1000 + r} "
+                f"link add vx{r} address {L.vtep_mac(g, r)} mtu {OVERLAY_MTU} "
+                f"type vxlan id {1000 + r} "
                 f"local {L.rnic_ip(g, r)} dev rnic{r} dstport 4789 nolearning",
                 f"addr add {L.vtep_ip(g, r)}/32 dev vx{r}",
                 f"link set vx{r} up",
@@ -528,7 +540,8 @@ class Testbed:
             for g2 in range(s.hosts):
                 if g2 != g:
                     out.append(
-                        f"neigh add {L.vtep_ip(g2, r)} lladdr {L.vtep_mac(g2, r)} dev vx{r} nud permanent"
+                        f"neigh add {L.vtep_ip(g2, r)} lladdr {L.vtep_mac(g2, r)} "
+                        f"dev vx{r} nud permanent"
                     )
             out += self.overlay_route_lines(g, r)
         for c in L.placements:
@@ -548,14 +561,15 @@ class Testbed:
             ]
         return out
 
-    def fdb_line(self, g: int, r: int, g2: int, op: str = "append") -> str:
+    def fdb_line(self, r: int, g2: int, op: str = "append") -> str:
+        """The ``bridge`` line mapping host ``g2``'s rail-``r`` VTEP MAC (for any other host)."""
         L = self.layout
         return f"fdb {op} {L.vtep_mac(g2, r)} dev vx{r} dst {L.rnic_ip(g2, r)}"
 
     def _fdb_lines(self, g: int) -> list[str]:
         s = self.spec
         return [
-            self.fdb_line(g, r, g2)
+            self.fdb_line(r, g2)
             for r in range(s.rnics_per_host)
             for g2 in range(s.hosts)
             if g2 != g
@@ -823,7 +837,8 @@ class Testbed:
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
-                env={**_python_env(), **(env or {})},
+                # the owner mark tells this testbed's processes apart from another prefix's
+                env={**_python_env(), OWNER_ENV: self.prefix, **(env or {})},
                 start_new_session=True,
             )
         ticks = nx.proc_start_ticks(proc.pid)

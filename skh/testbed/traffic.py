@@ -58,7 +58,8 @@ class TrafficConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
                 raise ConfigError(
-                    f"The '{name}' parameter of TrafficConfig must be a number >= {lo}. Got {v!r} instead."
+                    f"The '{name}' parameter of TrafficConfig must be a number >= {lo}."
+                    f" Got {v!r} instead."
                 )
         for name, lo, hi in (
             ("allreduce_bytes", 0, 1 << 30),
@@ -69,7 +70,8 @@ class TrafficConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or not lo <= v <= hi:
                 raise ConfigError(
-                    f"The '{name}' parameter of TrafficConfig must be an int in [{lo}, {hi}]. Got {v!r} instead."
+                    f"The '{name}' parameter of TrafficConfig must be an int in [{lo}, {hi}]."
+                    f" Got {v!r} instead."
                 )
 
 
@@ -121,7 +123,8 @@ def plan_job(cluster: Cluster, job: str, cfg: TrafficConfig) -> dict[str, list[S
     pp, dp, eps = _ranks(cluster, job)
     if 2 * pp * cfg.slot_s > cfg.period_s + 1e-9:
         raise ConfigError(
-            f"job {job}: 2*pp*slot_s = {2 * pp * cfg.slot_s} s does not fit in period_s = {cfg.period_s} s"
+            f"job {job}: 2*pp*slot_s = {2 * pp * cfg.slot_s}"
+            f" s does not fit in period_s = {cfg.period_s} s"
         )
     rails = sorted({k[2] for k in eps})
     plan: dict[str, list[Send]] = {

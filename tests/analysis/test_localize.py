@@ -152,6 +152,11 @@ class World:
         return loc.localize([s], self, healthy_pairs=self.healthy(failing), now_ns=2_000)
 
 
+def named(v):
+    """What a verdict blames: (layer, component, failure type)."""
+    return (v.layer, v.component, v.failure_type)
+
+
 def only(verdicts):
     assert len(verdicts) == 1, [
         (v.layer, v.component, v.failure_type.name, len(v.pairs)) for v in verdicts
@@ -164,11 +169,7 @@ def test_switch_port_down_is_the_link():
     w = World()
     w.down.add("spine1|tor0r0")
     v = only(w.run())
-    assert (v.layer, v.component, v.failure_type) == (
-        "underlay",
-        "spine1|tor0r0",
-        F.SWITCH_PORT_DOWN,
-    )
+    assert named(v) == ("underlay", "spine1|tor0r0", F.SWITCH_PORT_DOWN)
     assert v.certain and v.severity == 3 and v.first_seen_ns == 1_000 and v.detected_at_ns == 2_000
     assert v.job == "j" and len(v.pairs) == len(w.failing())
 
@@ -177,7 +178,7 @@ def test_switch_offline_is_the_switch():
     w = World()
     w.down.add("spine0")
     v = only(w.run())
-    assert (v.layer, v.component, v.failure_type) == ("underlay", "spine0", F.SWITCH_OFFLINE)
+    assert named(v) == ("underlay", "spine0", F.SWITCH_OFFLINE)
 
 
 def test_crc_and_flapping_and_congestion_on_a_link():
@@ -189,18 +190,14 @@ def test_crc_and_flapping_and_congestion_on_a_link():
         w = World()
         w.lossy.add("spine1|tor1r1")
         v = only(w.run(symptom, flapping=flapping))
-        assert (v.layer, v.component, v.failure_type) == ("underlay", "spine1|tor1r1", ftype)
+        assert named(v) == ("underlay", "spine1|tor1r1", ftype)
 
 
 def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
     w = World()
     w.down.add("host2:rnic0|tor0r0")
     v = only(w.run())
-    assert (v.layer, v.component, v.failure_type) == (
-        "underlay",
-        "host2:rnic0|tor0r0",
-        F.SWITCH_PORT_DOWN,
-    )
+    assert named(v) == ("underlay", "host2:rnic0|tor0r0", F.SWITCH_PORT_DOWN)
     for state, ftype in (
         ("down", F.RNIC_PORT_DOWN),
         ("hw_error", F.RNIC_HARDWARE),
@@ -208,7 +205,7 @@ def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
     ):
         w.reports["host2"] = HostReport("host2", rnic_state={0: state})
         v = only(w.run())
-        assert (v.layer, v.component, v.failure_type) == ("rnic", "host2:rnic0", ftype)
+        assert named(v) == ("rnic", "host2:rnic0", ftype)
 
 
 @pytest.mark.parametrize(
@@ -229,7 +226,7 @@ def test_endpoint_side_faults_come_from_the_host_report(field, value, layer, com
     extra = [p for p in w.pairs if set(p) & set(ep_ids)]
     w.reports["host5"] = HostReport("host5", **{field: value})
     v = only(w.run("latency", extra=extra))
-    assert (v.layer, v.component, v.failure_type) == (layer, comp, ftype)
+    assert named(v) == (layer, comp, ftype)
 
 
 def test_a_host_fault_on_every_rnic_is_one_verdict():
@@ -238,7 +235,7 @@ def test_a_host_fault_on_every_rnic_is_one_verdict():
     extra = [p for p in w.pairs if set(p) & ep_ids]
     w.reports["host5"] = HostReport("host5", pcie_errors=frozenset({0, 1}))
     v = only(w.run("latency", extra=extra))
-    assert (v.layer, v.component, v.failure_type) == ("host", "host5", F.PCIE_NIC_ERROR)
+    assert named(v) == ("host", "host5", F.PCIE_NIC_ERROR)
     assert len(v.pairs) == len(extra)
 
 
@@ -248,7 +245,7 @@ def test_overlay_break_names_the_hop():
     dst = w.cluster.endpoint("j/c6/0")
     w.overlay_drop["host1/ovs"] = {dst.name}
     v = only(w.run())
-    assert (v.layer, v.component, v.failure_type) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
+    assert named(v) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
     assert v.evidence["chain"][-1] == "host1/ovs"
 
 
@@ -279,19 +276,17 @@ def test_container_crash_vs_agent_crash():
     w = World()
     w.overlay_down |= {"host3/vf:c3.0", "host3/vf:c3.1"}
     vs = w.run()
-    assert {(v.layer, v.component, v.failure_type) for v in vs} == {
-        ("overlay", "j/c3", F.CONTAINER_CRASH)
-    }
+    assert {named(v) for v in vs} == {("overlay", "j/c3", F.CONTAINER_CRASH)}
 
     w = World()
     dead = {e.ep_id for e in w.cluster.endpoints if e.container == "c3"}
     extra = [p for p in w.pairs if p[1] in dead]
     v = only(w.run(extra=extra, refused=extra))
-    assert (v.layer, v.component, v.failure_type) == ("agent", "j/c3", F.AGENT_CRASH)
+    assert named(v) == ("agent", "j/c3", F.AGENT_CRASH)
     # a late agent, known from heartbeats, is kept apart too
     w.reports["host3"] = HostReport("host3", agents_late=frozenset({"c3"}))
     v = only(w.run("latency", extra=extra))
-    assert (v.layer, v.component, v.failure_type) == ("agent", "j/c3", F.AGENT_LATE)
+    assert named(v) == ("agent", "j/c3", F.AGENT_LATE)
 
 
 def test_agent_events_from_detection():
@@ -301,7 +296,7 @@ def test_agent_events_from_detection():
     # missed heartbeats, VF still there: the agent died, not the container
     s = Suspect((), "unreachable", 5, agents={c3[0]: 1, c3[1]: 1})
     v = only(loc.localize([s], w, now_ns=9))
-    assert (v.layer, v.component, v.failure_type) == ("agent", "j/c3", F.AGENT_CRASH)
+    assert named(v) == ("agent", "j/c3", F.AGENT_CRASH)
     assert v.evidence["endpoints"] == c3 and v.first_seen_ns == 5
     s = Suspect((), "latency", 5, agents={c3[0]: 8})
     assert only(loc.localize([s], w, now_ns=9)).failure_type == F.AGENT_LATE
@@ -309,7 +304,7 @@ def test_agent_events_from_detection():
     w.overlay_down |= {"host3/vf:c3.0", "host3/vf:c3.1"}
     s = Suspect((), "unreachable", 5, agents={c3[0]: 1})
     v = only(loc.localize([s], w, now_ns=9))
-    assert (v.layer, v.component, v.failure_type) == ("overlay", "j/c3", F.CONTAINER_CRASH)
+    assert named(v) == ("overlay", "j/c3", F.CONTAINER_CRASH)
 
 
 def test_suspect_from_detection_event():
@@ -335,7 +330,7 @@ def test_both_layers_at_once():
     dst = w.cluster.endpoint("j/c7/1")
     w.overlay_drop["host5/ovs"] = {dst.name}
     vs = w.run()
-    got = {(v.layer, v.component, v.failure_type) for v in vs}
+    got = {named(v) for v in vs}
     assert got == {
         ("underlay", "spine1|tor0r0", F.SWITCH_PORT_DOWN),
         ("overlay", "host5/ovs", F.OVERLAY_BLACKHOLE),
@@ -376,7 +371,7 @@ def test_rnic_check_when_both_layers_are_clear():
         ep = w.cluster.endpoint("j/c4/1")
         extra = [p for p in w.pairs if ep.ep_id in p][:3]
         v = only(w.run("latency", extra=extra))
-        assert (v.layer, v.component, v.failure_type) == ("rnic", "host4:rnic1", ftype), offloaded
+        assert named(v) == ("rnic", "host4:rnic1", ftype), offloaded
         assert "diff" in v.evidence
 
 

@@ -118,7 +118,15 @@ def test_pyroute2_overlay_state_walks_and_breaks(names):
             "B": linux_overlay_tables("B", state_b, eps["B"], dsts, vteps),
         }
 
-    w = walk_overlay((0, 1), "A/vf:c0.0", "172.16.1.1", "B/vf:c1.0", tables(st_a, st_b))
+    def walk(state_a, state_b):
+        return walk_overlay(
+            (0, 1), "A/vf:c0.0", "172.16.1.1", "B/vf:c1.0", tables(state_a, state_b)
+        )
+
+    def walk_now():
+        return walk(read_linux_state(a), read_linux_state(b))
+
+    w = walk(st_a, st_b)
     assert w.status == "ok", w
     assert w.chain == (
         "A/vf:c0.0",
@@ -132,16 +140,14 @@ def test_pyroute2_overlay_state_walks_and_breaks(names):
     )
     # the testbed's FDB black hole: the VTEP mapping of B's MAC is gone on A
     sh(f"bridge -n {a} fdb del 02:00:00:00:00:01 dev vx0 dst 10.0.0.2")
-    w = walk_overlay(
-        (0, 1), "A/vf:c0.0", "172.16.1.1", "B/vf:c1.0", tables(read_linux_state(a), st_b)
-    )
+    w = walk(read_linux_state(a), st_b)
     assert (w.status, w.hop) == ("break", "A/vtep:vx0")
     # the localizer, fed the hosts' real state, names the hop
     fab = Fabric.from_params(hosts=2, rnics_per_host=1, hosts_per_segment=2, spines=1, cores=0)
     cl = Cluster(fab)
     cl.add_endpoint(job="j", container="c0", host="host0", rail=0, ip="172.16.0.1")
     cl.add_endpoint(job="j", container="c1", host="host1", rail=0, ip="172.16.1.1")
-    names = {"host0": "A", "host1": "B"}
+    alias = {"host0": "A", "host1": "B"}
 
     class Source:  # what the hosts' agents would answer, read from the namespaces now
         def overlay_tables(self, host):
@@ -157,7 +163,7 @@ def test_pyroute2_overlay_state_walks_and_breaks(names):
             return None
 
     loc = Localizer(
-        cl, overlay_endpoint=lambda ep: (f"{names[ep.host]}/vf:c{ep.host[-1]}.0", ep.ip)
+        cl, overlay_endpoint=lambda ep: (f"{alias[ep.host]}/vf:c{ep.host[-1]}.0", ep.ip)
     )
     (v,) = loc.localize([Suspect(((0, 1),), "unreachable", 0)], Source(), now_ns=1)
     assert (v.layer, v.component, v.failure_type) == (
@@ -169,21 +175,9 @@ def test_pyroute2_overlay_state_walks_and_breaks(names):
     # the testbed's overlay loop: B routes the destination back to A
     sh(f"ip -n {b} route replace 172.16.1.1/32 via 172.16.0.0 dev vx0 onlink")
     sh(f"ip -n {b} neigh replace 172.16.0.0 lladdr 02:00:00:00:00:00 dev vx0 nud permanent")
-    w = walk_overlay(
-        (0, 1),
-        "A/vf:c0.0",
-        "172.16.1.1",
-        "B/vf:c1.0",
-        tables(read_linux_state(a), read_linux_state(b)),
-    )
+    w = walk_now()
     assert w.status == "loop" and w.hop == "A/route"
     # the container's VF peer goes down: the representor is down
     sh(f"ip -n {b} route replace 172.16.1.1/32 dev c0v0; ip -n {cb} link set vf0 down")
-    w = walk_overlay(
-        (0, 1),
-        "A/vf:c0.0",
-        "172.16.1.1",
-        "B/vf:c1.0",
-        tables(read_linux_state(a), read_linux_state(b)),
-    )
+    w = walk_now()
     assert (w.status, w.hop) == ("down", "B/rep:c0v0")

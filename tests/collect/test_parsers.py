@@ -273,3 +273,8 @@ def test_truncated_json_keeps_the_complete_rows():
     cut = text.rfind('{"mac"')
     rows = parse_bridge_fdb(text[: cut + 10])
     assert 0 < len(rows) < len(parse_bridge_fdb(text))
+    # cut deep inside the last filter's nested actions: every filter before it survives
+    text = read("tc-filter-show.json").strip()
+    last = text.rfind('{"protocol"')
+    head = parse_tc_filters(text[:last].rstrip(",") + "]", dev="tca")
+    assert head and parse_tc_filters(text[:-20], dev="tca") == head

@@ -88,8 +88,8 @@ def test_make_job_validates():
 
 def test_generate_jobs_fits_and_is_deterministic():
     def run():
-        cluster = Cluster(Fabric.from_params(hosts=512, hosts_per_segment=16, spines=4))
-        jobs = generate_jobs(cluster, 200, seed=11)
+        cluster = Cluster(Fabric.from_params(hosts=128, hosts_per_segment=16, spines=4))
+        jobs = generate_jobs(cluster, 60, seed=11)
         return cluster, jobs
 
     c1, j1 = run()

@@ -15,9 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from skh.collect import trace
 from skh.model import JobShape
 from skh.testbed import JobSpec, Testbed, TestbedSpec
-from skh.testbed.netns import list_netns, pids_in_netns, socket_in
+from skh.testbed.netns import in_netns, list_netns, pids_in_netns, socket_in
+from skh.testbed.testbed import OWNER_ENV
 
 #: CI and ``make demo`` use the default; on a shared development machine another prefix keeps
 #: concurrent runs of two people from removing each other's testbed
@@ -36,27 +38,28 @@ SMALL = TestbedSpec(
 
 
 def leftovers(prefix: str = PREFIX) -> dict[str, list]:
-    """Everything of ``prefix`` still present: namespaces, root links, nft tables, processes."""
+    """Everything of ``prefix`` still present: namespaces, root links, nft tables, processes (the
+    ones a testbed of ``prefix`` spawned, by the owner mark in their environment, so another
+    prefix's testbed running beside this one does not count)."""
     links = [n for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
     tables = []
     res = os.popen("nft list tables 2>/dev/null").read()
     for line in res.splitlines():
         if line.split()[-1:] and line.split()[-1].startswith(prefix):
             tables.append(line)
+    mark = f"{OWNER_ENV}={prefix}".encode()
     procs = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
+        if entry.isdigit() and int(entry) != os.getpid():
             try:
-                cmd = (
-                    open(f"/proc/{entry}/cmdline", "rb")
-                    .read()
-                    .replace(b"\0", b" ")
-                    .decode(errors="replace")
-                )
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "skh.testbed." in cmd and int(entry) != os.getpid():
-                procs.append((int(entry), cmd))
+            procs.append((int(entry), cmd))
     return {"namespaces": list_netns(prefix), "links": links, "nft": tables, "processes": procs}
 
 
@@ -118,9 +121,8 @@ def udp_probe(
             t0 = time.perf_counter_ns()
             try:
                 tx.sendto(struct.pack("!Iq", seq, t0).ljust(size, b"x"), (dst_ip, port))
-            except (
-                OSError
-            ) as exc:  # no route (a downed RNIC flushes its routes), or a queued ICMP error
+            except OSError as exc:
+                # no route (a downed RNIC flushes its routes), or a queued ICMP error
                 errors.append(exc.errno)
             ready, _, _ = select.select([rx], [], [], timeout_s)
             if ready:
@@ -155,46 +157,14 @@ def udp_probe(
 
 
 def paris_trace(
-    src_ns: str,
-    src_ip: str,
-    dst_ip: str,
-    *,
-    sport: int,
-    dport: int = 33434,
-    max_ttl: int = 8,
-    timeout_s: float = 0.5,
-) -> list[str]:
-    """Flow-pinned traceroute: fixed 5-tuple, rising TTL; hop addresses from IP_RECVERR."""
-    s = socket_in(src_ns)
-    try:
-        s.setsockopt(socket.IPPROTO_IP, 11, 1)
-        s.bind((src_ip, sport))
-        hops = []
-        for ttl in range(1, max_ttl + 1):
-            s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
-            s.sendto(b"trace", (dst_ip, dport))
-            hop = "*"
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                r, _, x = select.select([s], [], [s], max(0.0, deadline - time.monotonic()))
-                if not r and not x:
-                    break
-                try:
-                    _, anc, _, _ = s.recvmsg(512, 512, socket.MSG_ERRQUEUE)
-                except BlockingIOError:
-                    continue
-                for level, typ, data in anc:
-                    if level == socket.IPPROTO_IP and typ == 11:
-                        ee_type = data[5]
-                        hop = socket.inet_ntoa(data[20:24])
-                        if ee_type == 3:  # unreachable: the destination answered
-                            hops.append(hop)
-                            return hops
-                break
-            hops.append(hop)
-        return hops
-    finally:
-        s.close()
+    src_ns: str, src_ip: str, dst_ip: str, *, sport: int, max_ttl: int = 8, timeout_s: float = 0.5
+) -> list[str | None]:
+    """Hop addresses (None: silent) of a flow-pinned traceroute from namespace ``src_ns``."""
+    with in_netns(src_ns):
+        res = trace.paris_trace(
+            dst_ip, src=src_ip, sport=sport, max_ttl=max_ttl, timeout_s=timeout_s
+        )
+    return [h.addr for h in res.hops]
 
 
 @pytest.fixture

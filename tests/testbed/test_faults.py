@@ -144,9 +144,9 @@ def test_packet_loss_drops_the_set_share_and_only_big_frames_when_asked(testbed,
     truth = faults.inject("loss", link=("tor1r0", "host3:rnic0"), percent=50, direction="in")
     assert (truth.layer, truth.component) == ("underlay", ("host3:rnic0", "tor1r0"))
     res = tbh.probe(
-        L.host_ns(3), L.rnic_ip(3, 0), L.host_ns(2), L.rnic_ip(2, 0), n=200, timeout_s=0.02
+        L.host_ns(3), L.rnic_ip(3, 0), L.host_ns(2), L.rnic_ip(2, 0), n=100, timeout_s=0.02
     )
-    assert 50 <= res.arrived <= 150, res.arrived
+    assert 25 <= res.arrived <= 75, res.arrived  # ±5 sigma of Binomial(100, 0.5)
     # only host3 → ToR is lossy: the other direction and the other host are clean
     assert (
         tbh.probe(
@@ -306,13 +306,14 @@ def test_container_crash_cuts_every_rail_of_one_container(testbed, tbh, faults):
     for r in (0, 1):
         res = over(testbed, tbh, "c0x1", "c3x1", r)
         assert res.answered == 4
+        # sanity of the prober itself
         res = tbh.probe(
             testbed.container_ns("c0x1"),
             testbed.layout.vf_ip(0, 1, r),
             testbed.container_ns("c0x1"),
             testbed.layout.vf_ip(0, 1, r),
             n=1,
-        )  # sanity of the prober itself
+        )
         assert res.answered == 1
     cleared = faults.clear(truth.id)
     for r in (0, 1):

@@ -120,12 +120,9 @@ def test_up_removes_leftovers_of_a_crashed_run(tbh):
         cleanup_stale(tbh.PREFIX)
 
 
-PREFIX = os.environ.get("SKH_TESTBED_PREFIX", "skht")  # as in conftest
-
-
-def _skh(*args: str) -> dict | list:
+def _skh(prefix: str, *args: str) -> dict | list:
     res = subprocess.run(
-        [sys.executable, "-m", "skh", "testbed", "--prefix", PREFIX, *args],
+        [sys.executable, "-m", "skh", "testbed", "--prefix", prefix, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -139,8 +136,11 @@ def _skh(*args: str) -> dict | list:
 @pytest.mark.root
 @pytest.mark.netns
 def test_cli_up_fault_status_down(tbh):
+    def skh(*args: str) -> dict | list:
+        return _skh(tbh.PREFIX, *args)
+
     try:
-        up = _skh(
+        up = skh(
             "up",
             "--hosts",
             "2",
@@ -154,16 +154,16 @@ def test_cli_up_fault_status_down(tbh):
             "j:1x2",
         )
         assert up["up"]
-        truth = _skh("fault", "inject", "link-down", "--link", "tor0r1,host1:rnic1")
+        truth = skh("fault", "inject", "link-down", "--link", "tor0r1,host1:rnic1")
         assert truth["component"] == ["host1:rnic1", "tor0r1"] and truth["layer"] == "underlay"
-        loss = _skh("fault", "inject", "loss", "--link", "tor0r0,host0:rnic0", "--percent", "20")
-        assert [f["id"] for f in _skh("fault", "list")] == [truth["id"], loss["id"]]
-        status = _skh("status")
+        loss = skh("fault", "inject", "loss", "--link", "tor0r0,host0:rnic0", "--percent", "20")
+        assert [f["id"] for f in skh("fault", "list")] == [truth["id"], loss["id"]]
+        status = skh("status")
         assert status["namespaces_missing"] == [] and len(status["faults"]) == 2
-        _skh("fault", "clear", str(truth["id"]))
-        assert [f["id"] for f in _skh("fault", "list")] == [loss["id"]]
+        skh("fault", "clear", str(truth["id"]))
+        assert [f["id"] for f in skh("fault", "list")] == [loss["id"]]
         # down with a fault still active: everything goes anyway
-        assert _skh("down")["down"]
+        assert skh("down")["down"]
     finally:
         cleanup_stale(tbh.PREFIX)
     tbh.assert_clean()

@@ -97,9 +97,8 @@ def test_bursts_show_in_counters_with_the_right_groups(testbed):
     want_rx = np.zeros(len(cluster.endpoints))
     for sends in plan.values():
         for s in sends:
-            nbytes = (
-                -(-s.nbytes // cfg.datagram_bytes) * (cfg.datagram_bytes + 42) * iterations
-            )  # + UDP/IP/Eth
+            # datagrams round each burst up; + 42 bytes of UDP/IP/Ethernet headers each
+            nbytes = -(-s.nbytes // cfg.datagram_bytes) * (cfg.datagram_bytes + 42) * iterations
             want_tx[ip_ep[s.src_ip]] += nbytes
             want_rx[ip_ep[s.dst_ip]] += nbytes
     got_tx, got_rx = tx.sum(axis=0), rx.sum(axis=0)
