@@ -1,0 +1,736 @@
+"""The streaming detector: probe-result batches in, suspect events out.
+
+API (what the analyzer daemon calls each round)::
+
+    det = Detector(DetectorConfig())
+    det.ingest(batch)            # PROBE_DTYPE rows, any order, duplicates and late rows allowed
+    det.heartbeat(eps, t_ns)     # agents' heartbeats (endpoint ids: int or array) at t_ns
+    det.retire(eps)              # containers stopped on purpose: forget them for good, never alert
+    events = det.tick(now_ns)    # -> list[SuspectEvent]
+    det.open_incidents()         # -> (pairs, endpoints) whose incidents are still open
+
+Two clocks decide (paper §5.2, ``shared/DESIGN.md`` §6):
+
+- **Fast path** (:mod:`skh.analysis.fastpath`), evaluated on every tick: unreachable pairs and
+  loss bursts from the failed probes received so far.
+- **Windows**, closed by a watermark: ``now - allowed_lateness_s``. A 30 s window of a pair is
+  summarised by seven features (:mod:`skh.analysis.features`); the window *slides* every
+  ``hop_s`` (5 s) and each slide is scored by batched LOF (:mod:`skh.analysis.lof`) against the
+  pair's look-back: the last ``lookback_windows`` (10 → 5 min) tumbling 30 s windows that do
+  not overlap it. Every ``block_s`` (30 min) the long-term Z-test runs
+  (:mod:`skh.analysis.longterm`) on the pairs that had no short-term incident in that block
+  (a one-minute outage or shift lifts a block's mean too, and was raised when it happened).
+
+Streaming rules:
+
+- Pairs get dense ids on first sight; all per-pair state lives in numpy structured arrays with
+  a fixed size per pair (a ring of ``samples_per_pair`` recent RTTs, the look-back features in
+  float32, the cached LOF fit, the long-term block sums), so memory is bounded by the number
+  of live pairs: about 1.1 KB per pair with the defaults (the RTT ring is 384 B, the float32
+  look-back 352 B), so 360K pairs take about 390 MB, plus about 60 B per endpoint id for
+  health. Pairs silent for ``retire_idle_s`` or touching a retired endpoint are dropped.
+- Duplicates: per pair, an anti-replay window over ``seq`` (the highest seq and a 64-bit map
+  below it); rows 64 or more probes older than the newest are dropped as stale. Rows whose
+  send time is behind the watermark are dropped as late (counted): a window, once closed, is
+  never revised.
+- A window is scored only when it is *complete*: its prober's results have advanced past its
+  end. A late agent's windows are therefore skipped, not read as empty, and loss is only ever
+  inferred from reported failures, so a late agent cannot fake a network failure.
+- Endpoint health comes first (:mod:`skh.analysis.health`): a pair whose prober or responder
+  is unhealthy is not a network suspect; its verdicts are withheld and the endpoint is
+  reported as ``agent`` instead.
+
+A new pair is judged by LOF once it has ``min_lookback_windows`` complete windows (3 min);
+the fast path and endpoint health cover it from its first probe.
+
+Events are incidents: a pair raises a kind once, then stays active while the condition keeps
+being seen and clears after ``clear_after_s`` without it (``latency-long`` after a block).
+
+Defaults and why (the paper gives no numbers; chosen on the simulator's healthy traffic with
+its 12–16 µs RTTs, σ = 0.05, and checked against its fault magnitudes, the smallest being a
++10 µs shift):
+
+- ``lof_k = 5``: half the 10-window look-back, the usual "k near the smallest cluster size"
+  choice; a larger k averages the density over most of a look-back this small, a smaller one
+  lets a single noisy window decide.
+- ``lof_threshold = 5.0``: over 524K healthy windows (48 hosts, same-rail pairs, 25 min) LOF
+  had median 1.01, 99th percentile 1.78, 99.99th 3.29 and maximum 4.46, so 5 sits above all of
+  them; the fault suite's latency events had worst pairs at LOF 30 to 380, and raising the
+  threshold from 2 to 5 delayed none of its detections.
+- ``min_shift_us = 2.0`` and ``min_shift_rel = 0.10``: the effect-size gate, because LOF is
+  scale-free and a very quiet pair would otherwise alert on a sub-microsecond change. A
+  window's p75 must exceed the highest p75 of its look-back by both. The paper's "10 µs hurts
+  training by 20 %" puts real failures far above; the p75 of 30 healthy samples (σ about
+  0.7 µs each) moves by about 0.2 µs. With both guards the healthy runs raised nothing.
+- ``min_window_samples = 8``: percentiles of fewer samples are too noisy to compare.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skh.analysis.fastpath import FastPathConfig, FastPathState
+from skh.analysis.features import N_FEATURES, window_features
+from skh.analysis.health import ALERTING, EndpointHealth, HealthConfig, HealthReason
+from skh.analysis.lof import LofFit, fit_lof, score_lof
+from skh.analysis.longterm import LongTermConfig, LongTermState
+from skh.errors import ConfigError
+from skh.records import PROBE_DTYPE, ProbeStatus
+
+__all__ = ["KINDS", "DetectorConfig", "SuspectEvent", "DetectorStats", "Detector"]
+
+log = logging.getLogger(__name__)
+
+#: event kinds; the first four are network verdicts, ``agent`` blames an endpoint's agent/host
+KINDS: tuple[str, ...] = ("unreachable", "loss", "latency-short", "latency-long", "agent")
+_NET_KINDS = KINDS[:4]
+_P75 = 2  # index of p75 in FEATURE_NAMES
+_P50 = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SuspectEvent:
+    """One new incident. ``pairs`` are ``(src_ep, dst_ep)``; for network kinds ``scores`` align
+    with ``pairs`` (unreachable/loss: failed probes; latency-short: LOF; latency-long: z). An
+    ``agent`` event names its ``endpoints``, its ``scores`` align with them (``HealthReason``
+    bits), and its ``pairs`` are the pair verdicts it withheld."""
+
+    kind: str
+    pairs: tuple[tuple[int, int], ...]
+    scores: tuple[float, ...]
+    first_seen_ns: int
+    detected_ns: int
+    explanation: str
+    endpoints: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    window_s: float = 30.0
+    hop_s: float = 5.0
+    lookback_windows: int = 10
+    min_lookback_windows: int = 6
+    lof_k: int = 5
+    lof_threshold: float = 5.0
+    min_shift_us: float = 2.0
+    min_shift_rel: float = 0.10
+    min_window_samples: int = 8
+    #: RTT ring per pair; must hold a window plus the lateness at the pair's probe rate
+    samples_per_pair: int = 48
+    allowed_lateness_s: float = 2.0
+    clear_after_s: float = 30.0
+    retire_idle_s: float = 600.0
+    fast: FastPathConfig = field(default_factory=FastPathConfig)
+    longterm: LongTermConfig = field(default_factory=LongTermConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+    def __post_init__(self) -> None:
+        hop_ns, win_ns = int(self.hop_s * 1e9), int(self.window_s * 1e9)
+        if hop_ns <= 0 or win_ns <= 0 or win_ns % hop_ns:
+            raise ConfigError(
+                "The 'window_s' parameter of DetectorConfig must be a positive multiple of "
+                f"'hop_s'. Got {self.window_s!r} and {self.hop_s!r} instead."
+            )
+        if int(self.longterm.block_s * 1e9) % win_ns:
+            raise ConfigError(
+                "The 'longterm.block_s' parameter of DetectorConfig must be a multiple "
+                f"of 'window_s'. Got {self.longterm.block_s!r} instead."
+            )
+        if not 2 <= self.min_lookback_windows <= self.lookback_windows:
+            raise ConfigError(
+                "The 'min_lookback_windows' parameter of "
+                "DetectorConfig must be in [2, lookback_windows]. "
+                f"Got {self.min_lookback_windows!r} "
+                f"(lookback_windows={self.lookback_windows!r}) instead."
+            )
+        if (
+            self.lof_k < 1
+            or self.samples_per_pair < self.min_window_samples
+            or self.min_window_samples < 1
+        ):
+            raise ConfigError(
+                "DetectorConfig needs lof_k >= 1 and samples_per_pair >= min_window_samples >= 1. "
+                f"Got lof_k={self.lof_k!r}, samples_per_pair={self.samples_per_pair!r}, "
+                f"min_window_samples={self.min_window_samples!r} instead."
+            )
+
+
+@dataclass(slots=True)
+class DetectorStats:
+    records_in: int = 0
+    duplicates: int = 0
+    stale: int = 0
+    late: int = 0
+    retired_rows: int = 0
+    windows_scored: int = 0
+    pairs_live: int = 0
+
+
+_NONE = np.iinfo(np.int64).min
+
+
+def _runs(sorted_ids: np.ndarray) -> np.ndarray:
+    """Start index of each run of equal values in a sorted array."""
+    return np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+
+
+class Detector:
+    """Per-pair streaming state and the two-clock decision; see the module doc for the rules."""
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = cfg = config or DetectorConfig()
+        self.stats = DetectorStats()
+        self._hop_ns = int(cfg.hop_s * 1e9)
+        self._win_ns = int(cfg.window_s * 1e9)
+        self._hops_per_win = self._win_ns // self._hop_ns
+        self._block_ns = int(cfg.longterm.block_s * 1e9)
+        self._lateness_ns = int(cfg.allowed_lateness_s * 1e9)
+        L, M = cfg.lookback_windows, cfg.samples_per_pair
+        self._lb_slots = L + 1  # the look-back plus the newest window the sliding query overlaps
+        self._dtype = np.dtype(
+            [
+                ("src", "<u4"),
+                ("dst", "<u4"),
+                ("seq_hi", "<i8"),
+                ("seq_bits", "<u8"),
+                ("last_rec_ns", "<i8"),
+                ("dead", "?"),
+                ("ring_rtt", "<f4", (M,)),
+                ("ring_hop", "<i4", (M,)),
+                ("ring_pos", "<i8"),
+                ("lb", "<f4", (self._lb_slots, N_FEATURES)),
+                ("lb_win", "<i4", (self._lb_slots,)),
+                ("fit_key", "<i8"),
+                # the cached fit, in float32: a threshold decision does not need the last bits
+                ("kdist", "<f4", (L,)),
+                ("lrd", "<f4", (L,)),
+                ("act_since", "<i8", (len(_NET_KINDS),)),
+                ("act_last", "<i8", (len(_NET_KINDS),)),
+            ]
+        )
+        blank = np.zeros(1, self._dtype)
+        blank["seq_hi"] = -1
+        blank["ring_hop"] = -1
+        blank["lb_win"] = -1
+        blank["fit_key"] = _NONE
+        blank["act_since"] = _NONE
+        blank["act_last"] = _NONE
+        self._blank = blank
+        self.pairs = np.repeat(blank, 0)
+        self._n = 0
+        self._keys = np.empty(0, np.uint64)  # sorted pair keys (src << 32 | dst)
+        self._key_pid = np.empty(0, np.int64)
+        self.fast = FastPathState(cfg.fast)
+        self.longterm = LongTermState(cfg.longterm)
+        self.health = EndpointHealth(cfg.health)
+        self._any_retired = False
+        #: newest hop end already scored, newest tumbling window closed, next long-term block
+        self._scored_until_ns: int | None = None
+        self._closed_win = -1
+        self._lt_block: int | None = None
+        #: endpoint -> last time it was seen unhealthy, while its agent incident is open
+        self._agent_since: dict[int, int] = {}
+        self._ticks = 0
+
+    # ------------------------------------------------------------------ inputs
+
+    def heartbeat(self, eps: int | np.ndarray, t_ns: int) -> None:
+        """Heartbeats of the agents of endpoint(s) ``eps``, sent at (or after) ``t_ns``."""
+        arr = np.atleast_1d(np.asarray(eps))
+        if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= 2**32):
+            raise ConfigError(
+                "The 'eps' parameter of Detector.heartbeat must be u32 "
+                f"endpoint id(s). Got {eps!r} instead."
+            )
+        arr = arr.astype(np.int64)
+        # retirement is final (the cluster model never reuses an endpoint id): a stopping
+        # container's last heartbeat may still arrive after the controller reported it gone
+        self.health.heartbeat(arr[~self.health.is_retired(arr)], int(t_ns))
+
+    def retire(self, eps: np.ndarray | list[int]) -> None:
+        """Endpoints stopped on purpose (container churn): drop their pairs and state now."""
+        eps = np.unique(np.asarray(eps, np.uint32))
+        if eps.size == 0:
+            return
+        self._any_retired = True
+        self.health.retire(eps.astype(np.int64))
+        if self._n:
+            p = self.pairs[: self._n]
+            gone = np.isin(p["src"], eps) | np.isin(p["dst"], eps)
+            p["dead"] |= gone
+        for ep in eps.tolist():
+            self._agent_since.pop(ep, None)
+
+    def ingest(self, batch: np.ndarray) -> None:
+        """Fold one batch of probe results into the per-pair state."""
+        if not isinstance(batch, np.ndarray) or batch.dtype != PROBE_DTYPE:
+            got = batch.dtype if isinstance(batch, np.ndarray) else type(batch).__name__
+            raise ConfigError(
+                "The 'batch' parameter of Detector.ingest must be a "
+                f"PROBE_DTYPE array. Got {got} instead."
+            )
+        if batch.size == 0:
+            return
+        self.stats.records_in += batch.size
+        b = batch.ravel()
+        if self._any_retired:
+            keep = ~(
+                self.health.is_retired(b["src_ep"].astype(np.int64))
+                | self.health.is_retired(b["dst_ep"].astype(np.int64))
+            )
+            self.stats.retired_rows += int((~keep).sum())
+            b = b[keep]
+        if self._scored_until_ns is not None:
+            late = b["t_wall_ns"] < self._scored_until_ns
+            if late.any():
+                self.stats.late += int(late.sum())
+                b = b[~late]
+        if b.size == 0:
+            return
+        pid = self._pair_ids(b["src_ep"], b["dst_ep"])
+        # one sort by (pair, send time); every per-pair step below works on its runs
+        order = np.lexsort((b["t_wall_ns"], pid))
+        b, pid = b[order], pid[order]
+        b, pid = self._dedupe(b, pid)
+        if b.size == 0:
+            return
+        t = b["t_wall_ns"]
+        status = b["status"]
+        starts = _runs(pid)
+        upid = pid[starts]
+        p = self.pairs
+        p["last_rec_ns"][upid] = np.maximum(p["last_rec_ns"][upid], np.maximum.reduceat(t, starts))
+        self.health.observe(
+            b["src_ep"].astype(np.int64),
+            b["dst_ep"].astype(np.int64),
+            t,
+            status,
+            b["prober_delay_ns"],
+            b["responder_delay_ns"],
+            int(ProbeStatus.REFUSED),
+        )
+        failed = (status == ProbeStatus.LOST) | (status == ProbeStatus.UNREACHABLE)
+        counted = failed | (status == ProbeStatus.OK)
+        self.fast.update(pid[counted], t[counted], failed[counted])
+        ok = (status == ProbeStatus.OK) & (b["rtt_ns"] > 0)
+        if ok.any():
+            self._store_samples(pid[ok], t[ok], b["rtt_ns"][ok] / 1e3)
+
+    def open_incidents(self) -> tuple[set[tuple[int, int]], set[int]]:
+        """What is still open as of the last tick: pairs with a network incident of any kind,
+        and endpoints with an agent incident (both clear after ``clear_after_s`` of quiet)."""
+        p = self.pairs[: self._n]
+        act = (p["act_since"] != _NONE).any(axis=1) & ~p["dead"]
+        return set(zip(p["src"][act].tolist(), p["dst"][act].tolist(), strict=True)), set(
+            self._agent_since
+        )
+
+    # ------------------------------------------------------------------ pair index
+
+    def _pair_ids(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        keys = (src.astype(np.uint64) << np.uint64(32)) | dst.astype(np.uint64)
+        pos = np.searchsorted(self._keys, keys)
+        found = pos < self._keys.size
+        found[found] = self._keys[pos[found]] == keys[found]
+        if not found.all():
+            new = np.unique(keys[~found])
+            ids = np.arange(self._n, self._n + new.size)
+            self._grow(self._n + new.size)
+            self.pairs["src"][ids] = (new >> np.uint64(32)).astype(np.uint32)
+            self.pairs["dst"][ids] = (new & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+            self._n += new.size
+            allk = np.concatenate([self._keys, new])
+            allp = np.concatenate([self._key_pid, ids])
+            order = np.argsort(allk, kind="stable")
+            self._keys, self._key_pid = allk[order], allp[order]
+            pos = np.searchsorted(self._keys, keys)
+        return self._key_pid[pos]
+
+    def _grow(self, n: int) -> None:
+        if n <= len(self.pairs):
+            return
+        cap = max(n, 2 * len(self.pairs), 1024)
+        grown = np.empty(cap, self._dtype)
+        grown[: self._n] = self.pairs[: self._n]
+        grown[self._n :] = self._blank
+        self.pairs = grown
+        self.fast.resize(cap)
+        self.longterm.resize(cap)
+
+    def _compact(self, now_ns: int) -> None:
+        p = self.pairs[: self._n]
+        idle = p["last_rec_ns"] < now_ns - int(self.config.retire_idle_s * 1e9)
+        drop = p["dead"] | idle
+        if not drop.any():
+            return
+        keep = np.flatnonzero(~drop)
+        self.pairs = np.concatenate(
+            [self.pairs[keep], np.repeat(self._blank, len(self.pairs) - keep.size)]
+        )
+        self.fast.take(np.concatenate([keep, np.arange(self._n, len(self.fast.state))]))
+        self.longterm.take(np.concatenate([keep, np.arange(self._n, len(self.longterm.state))]))
+        # the pair table keeps its capacity, so must the per-pair states (else ids in the freed
+        # tail index past them once new pairs arrive without a _grow)
+        self.fast.resize(len(self.pairs))
+        self.longterm.resize(len(self.pairs))
+        self.fast.clear_pairs(np.arange(keep.size, len(self.fast.state)))
+        self.longterm.clear_pairs(np.arange(keep.size, len(self.longterm.state)))
+        self._n = keep.size
+        q = self.pairs[: self._n]
+        keys = (q["src"].astype(np.uint64) << np.uint64(32)) | q["dst"].astype(np.uint64)
+        order = np.argsort(keys)
+        self._keys, self._key_pid = keys[order], order.astype(np.int64)
+        log.debug("compacted pair state: %d dropped, %d live", int(drop.sum()), self._n)
+
+    def _dedupe(self, b: np.ndarray, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Drop rows seen before (same pair and seq), keeping the (pair, time) order."""
+        seq = b["seq"].astype(np.int64)
+        _, first = np.unique((pid << 32) | seq, return_index=True)
+        if first.size != seq.size:
+            self.stats.duplicates += seq.size - first.size
+            first.sort()
+            b, pid, seq = b[first], pid[first], seq[first]
+        p = self.pairs
+        starts = _runs(pid)
+        upid = pid[starts]
+        fresh = p["seq_hi"][upid] < 0
+        if fresh.any():
+            # a pair's first rows: its window starts at its lowest seq of this batch
+            p["seq_hi"][upid[fresh]] = np.minimum.reduceat(seq, starts)[fresh]
+            p["seq_bits"][upid[fresh]] = 0
+        hi = p["seq_hi"][pid]
+        # serial-number arithmetic, so a u32 seq may wrap
+        delta = ((seq - hi + 2**31) % 2**32) - 2**31
+        stale = delta <= -64
+        bit = np.left_shift(np.uint64(1), np.clip(-delta, 0, 63).astype(np.uint64))
+        seen = (delta <= 0) & ~stale & ((p["seq_bits"][pid] & bit) != 0)
+        keep = ~(stale | seen)
+        if not keep.all():
+            self.stats.stale += int(stale.sum())
+            self.stats.duplicates += int(seen.sum())
+            b, pid, delta = b[keep], pid[keep], delta[keep]
+            if b.size == 0:
+                return b, pid
+            starts = _runs(pid)
+            upid = pid[starts]
+        shift = np.maximum(np.maximum.reduceat(delta, starts), 0)
+        bits = p["seq_bits"][upid]
+        bits = np.where(shift < 64, bits << np.minimum(shift, 63).astype(np.uint64), np.uint64(0))
+        p["seq_hi"][upid] = (p["seq_hi"][upid] + shift) % 2**32
+        pos = np.repeat(shift, np.diff(np.r_[starts, pid.size])) - delta  # below the new highest
+        mark = np.where(
+            pos < 64,
+            np.left_shift(np.uint64(1), np.minimum(pos, 63).astype(np.uint64)),
+            np.uint64(0),
+        )
+        p["seq_bits"][upid] = bits | np.bitwise_or.reduceat(mark, starts)
+        return b, pid
+
+    def _store_samples(self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray) -> None:
+        """``pid`` sorted (runs of one pair)."""
+        M = self.config.samples_per_pair
+        start = _runs(pid)
+        size = np.diff(np.r_[start, pid.size])
+        rank = np.arange(pid.size) - np.repeat(start, size)
+        p = self.pairs
+        pos = (p["ring_pos"][pid] + rank) % M
+        p["ring_rtt"][pid, pos] = rtt_us
+        p["ring_hop"][pid, pos] = (t_ns // self._hop_ns).astype(np.int32)
+        p["ring_pos"][pid[start]] += size
+        first_block = self._lt_block if self._lt_block is not None else np.iinfo(np.int64).min
+        self.longterm.add(pid, t_ns, rtt_us, first_block)
+
+    # ------------------------------------------------------------------ tick
+
+    def tick(self, now_ns: int) -> list[SuspectEvent]:
+        """Advance to ``now_ns``: close what the watermark allows, evaluate, return new events."""
+        now_ns = int(now_ns)
+        self._ticks += 1
+        if self._ticks % 64 == 0:
+            self._compact(now_ns)
+        n = self._n
+        p = self.pairs[:n]
+        reasons = self.health.evaluate(now_ns)
+        cand: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]]] = {
+            k: [] for k in _NET_KINDS
+        }
+
+        wm = now_ns - self._lateness_ns
+        e = (wm // self._hop_ns) * self._hop_ns
+        if self._scored_until_ns is None:
+            self._scored_until_ns = e
+            self._closed_win = e // self._win_ns - 1
+            self._lt_block = e // self._block_ns
+        elif e > self._scored_until_ns and n:
+            last_win = e // self._win_ns - 1
+            for w in range(max(self._closed_win + 1, last_win - self._lb_slots + 1), last_win + 1):
+                self._close_window(w)
+            self._closed_win = last_win
+            self._score_latency(e, cand)
+            self._scored_until_ns = e
+            while (self._lt_block + 1) * self._block_ns <= e:
+                self._test_block(self._lt_block, cand)
+                self._lt_block += 1
+        elif e > self._scored_until_ns:
+            self._scored_until_ns = e
+
+        if n:
+            ff = self.fast.evaluate(
+                now_ns,
+                p["src"].astype(np.int64),
+                p["dst"].astype(np.int64),
+                max(self.health.n_endpoints, int(max(p["src"].max(), p["dst"].max())) + 1),
+            )
+            cand["unreachable"].append(
+                (ff.unreachable, ff.unreachable_fails.astype(float), ff.unreachable_first_ns, [])
+            )
+            cand["loss"].append((ff.loss, ff.loss_fails.astype(float), ff.loss_first_ns, []))
+        self.stats.pairs_live = n
+        return self._emit(now_ns, reasons, cand)
+
+    def _close_window(self, w: int) -> None:
+        """Summarise tumbling window ``w`` of every pair into its look-back slot."""
+        cfg = self.config
+        p = self.pairs[: self._n]
+        slot = w % self._lb_slots
+        p["lb_win"][:, slot] = -1
+        lo, hi = w * self._hops_per_win, (w + 1) * self._hops_per_win
+        hop = p["ring_hop"]
+        valid = (hop >= lo) & (hop < hi)
+        cnt = valid.sum(axis=1)
+        end_ns = (w + 1) * self._win_ns
+        rows = np.flatnonzero(
+            (cnt >= cfg.min_window_samples) & self._complete(p, end_ns) & ~p["dead"]
+        )
+        if rows.size == 0:
+            return
+        feats, _ = window_features(p["ring_rtt"][rows], valid[rows])
+        p["lb"][rows, slot] = feats.astype(np.float32)
+        p["lb_win"][rows, slot] = w
+
+    def _complete(self, p: np.ndarray, end_ns: int) -> np.ndarray:
+        """Whether each pair's prober has reported past ``end_ns`` (so its window is whole)."""
+        prog = self.health.state["progress_ns"]
+        src = p["src"].astype(np.int64)
+        ok = src < prog.size
+        out = np.zeros(len(p), bool)
+        out[ok] = prog[src[ok]] >= end_ns
+        return out
+
+    def _score_latency(self, e: int, cand: dict) -> None:
+        cfg = self.config
+        p = self.pairs[: self._n]
+        L = cfg.lookback_windows
+        w_lim = (e - self._win_ns) // self._win_ns - 1  # newest window not overlapping the query
+        wins = w_lim - np.arange(L)[::-1]  # oldest first
+        slots = wins % self._lb_slots
+        lbv = p["lb_win"][:, slots] == wins[None, :].astype(np.int32)  # (P, L)
+        n_lb = lbv.sum(axis=1)
+        hop_e = e // self._hop_ns
+        hop = p["ring_hop"]
+        qvalid = (hop >= hop_e - self._hops_per_win) & (hop < hop_e)
+        qn = qvalid.sum(axis=1)
+        elig = (
+            (n_lb >= cfg.min_lookback_windows)
+            & (qn >= cfg.min_window_samples)
+            & self._complete(p, e)
+            & ~p["dead"]
+        )
+        rows = np.flatnonzero(elig)
+        if rows.size == 0:
+            return
+        query, _ = window_features(p["ring_rtt"][rows], qvalid[rows])
+        lof = np.empty(rows.size)
+        max_p75 = np.empty(rows.size)
+        med_p50 = np.empty(rows.size)
+        for nv in np.unique(n_lb[rows]):
+            g = np.flatnonzero(n_lb[rows] == nv)
+            pr = rows[g]
+            train = p["lb"][pr][:, slots][lbv[pr]].reshape(pr.size, nv, N_FEATURES)
+            stale = p["fit_key"][pr] != w_lim
+            if stale.any():
+                f = fit_lof(train[stale], cfg.lof_k)
+                sp = pr[stale]
+                kd = np.zeros((sp.size, L))
+                ld = np.zeros((sp.size, L))
+                kd[:, :nv], ld[:, :nv] = f.kdist, f.lrd
+                p["kdist"][sp] = kd
+                p["lrd"][sp] = ld
+                p["fit_key"][sp] = w_lim
+            fit = LofFit(
+                k=max(1, min(cfg.lof_k, int(nv) - 1)),
+                kdist=p["kdist"][pr][:, :nv],
+                lrd=p["lrd"][pr][:, :nv],
+                negative_outlier_factor=None,
+            )
+            lof[g] = -score_lof(train, fit, query[g])
+            max_p75[g] = train[:, :, _P75].max(axis=1)
+            med_p50[g] = np.median(train[:, :, _P50], axis=1)
+        self.stats.windows_scored += rows.size
+        excess = query[:, _P75] - max_p75
+        floor = np.maximum(cfg.min_shift_us, cfg.min_shift_rel * med_p50)
+        hit = (lof >= cfg.lof_threshold) & (excess >= floor)
+        if not hit.any():
+            return
+        hp = rows[hit]
+        # first seen: the earliest hop of the window with a sample above look-back p75 + floor
+        thr = (max_p75 + floor)[hit]
+        above = qvalid[hp] & (p["ring_rtt"][hp] > thr[:, None])
+        first_hop = np.where(above, hop[hp], np.iinfo(np.int32).max).min(axis=1)
+        first_ns = np.where(
+            first_hop < np.iinfo(np.int32).max,
+            first_hop.astype(np.int64) * self._hop_ns,
+            e - self._win_ns,
+        )
+        notes = [
+            f"LOF {lo_:.1f} >= {cfg.lof_threshold:g} against {int(nl)} look-back windows; "
+            f"p75 {q:.1f} us vs look-back max {m:.1f} us (+{x:.1f} us)"
+            for lo_, nl, q, m, x in zip(
+                lof[hit], n_lb[hp], query[hit, _P75], max_p75[hit], excess[hit], strict=True
+            )
+        ]
+        cand["latency-short"].append((hp, lof[hit], first_ns, notes))
+
+    def _test_block(self, block: int, cand: dict) -> None:
+        p = self.pairs[: self._n]
+        # a block that held a short-term incident is explained already: its mean is up because
+        # of that outage or shift, which was raised when it happened, not because of a drift
+        short = p["act_last"][:, : _NET_KINDS.index("latency-long")].max(axis=1)
+        fl = self.longterm.test_block(
+            block, ~p["dead"] & (short < block * self._block_ns - self._win_ns)
+        )
+        if fl.pids.size == 0:
+            return
+        first = np.full(fl.pids.size, block * self._block_ns, np.int64)
+        notes = [
+            f"mean ln RTT of block up {r:.0%} vs {lag} block(s) earlier: z={z:.1f}, d={d:.2f}"
+            for r, lag, z, d in zip(fl.rel_increase, fl.lag_blocks, fl.z, fl.effect_d, strict=True)
+        ]
+        cand["latency-long"].append((fl.pids, fl.z, first, notes))
+
+    # ------------------------------------------------------------------ events
+
+    def _emit(self, now_ns: int, reasons: np.ndarray, cand: dict) -> list[SuspectEvent]:
+        cfg = self.config
+        p = self.pairs[: self._n]
+        events: list[SuspectEvent] = []
+        src = p["src"].astype(np.int64)
+        dst = p["dst"].astype(np.int64)
+
+        def reason_of(ep: np.ndarray) -> np.ndarray:
+            out = np.zeros(ep.size, np.int64)
+            ok = ep < reasons.size
+            out[ok] = reasons[ep[ok]]
+            return out
+
+        withheld: dict[int, list[tuple[int, int]]] = {}
+        clear_ns = {k: int(cfg.clear_after_s * 1e9) for k in _NET_KINDS}
+        clear_ns["latency-long"] = self._block_ns + int(cfg.clear_after_s * 1e9)
+        for ki, kind in enumerate(_NET_KINDS):
+            since = p["act_since"][:, ki]
+            last = p["act_last"][:, ki]
+            expired = (since != _NONE) & (last < now_ns - clear_ns[kind])
+            since[expired] = _NONE
+            for pids, scores, first_ns, notes in cand[kind]:
+                if pids.size == 0:
+                    continue
+                live = ~p["dead"][pids]
+                pids, scores, first_ns = pids[live], scores[live], first_ns[live]
+                notes = [n for n, lv in zip(notes, live, strict=True) if lv] if notes else notes
+                bad = (reason_of(src[pids]) | reason_of(dst[pids])) != 0
+                for i in np.flatnonzero(bad):
+                    pi = int(pids[i])
+                    for ep in (int(src[pi]), int(dst[pi])):
+                        if ep < reasons.size and reasons[ep]:
+                            withheld.setdefault(ep, []).append((int(src[pi]), int(dst[pi])))
+                good = ~bad
+                if kind == "loss":
+                    # failures around an outage (its start, its recovery) belong to that outage
+                    good &= p["act_since"][pids, _NET_KINDS.index("unreachable")] == _NONE
+                new = good & (since[pids] == _NONE)
+                last[pids[good]] = now_ns
+                if not new.any():
+                    continue
+                # events list pairs in (src, dst) order, whatever order pairs were first seen in
+                order = np.lexsort((dst[pids[new]], src[pids[new]]))
+                np_ = pids[new][order]
+                scores, first_ns = scores[new][order], first_ns[new][order]
+                notes = [notes[i] for i in np.flatnonzero(new)[order]] if notes else []
+                since[np_] = now_ns
+                events.append(
+                    SuspectEvent(
+                        kind=kind,
+                        pairs=tuple(zip(src[np_].tolist(), dst[np_].tolist(), strict=True)),
+                        scores=tuple(float(x) for x in scores),
+                        first_seen_ns=int(first_ns.min()),
+                        detected_ns=now_ns,
+                        explanation=self._explain(kind, np_, scores, notes),
+                    )
+                )
+        events.extend(self._agent_events(now_ns, reasons, withheld))
+        # failures seen while an endpoint was unhealthy are its agent's story, not evidence of
+        # a network loss once it recovers
+        sick = (reason_of(src) | reason_of(dst)) != 0
+        if sick.any():
+            self.fast.clear_pairs(np.flatnonzero(sick))
+        return events
+
+    def _explain(self, kind: str, pids: np.ndarray, scores: np.ndarray, notes: list[str]) -> str:
+        cfg = self.config
+        p = self.pairs
+        i = int(np.argmax(scores))
+        ex = f"{int(p['src'][pids[i]])}->{int(p['dst'][pids[i]])}"
+        head = f"{pids.size} pair(s) {kind}"
+        if kind == "unreachable":
+            return (
+                f"{head}: every probe failed since the first failure "
+                f"(worst {ex}: {int(scores[i])} in a row); "
+                f"{cfg.fast.unreachable_after} in a row, or fewer when "
+                f"{cfg.fast.corroborate_pairs}+ pairs of one endpoint fail together"
+            )
+        if kind == "loss":
+            return (
+                f"{head}: probes lost within {cfg.fast.loss_window_s:g} s while others "
+                f"still succeed (worst {ex}: {int(scores[i])} lost)"
+            )
+        return f"{head}; worst {ex}: {notes[i]}" if notes else head
+
+    def _agent_events(
+        self, now_ns: int, reasons: np.ndarray, withheld: dict[int, list[tuple[int, int]]]
+    ) -> list[SuspectEvent]:
+        bad = np.flatnonzero((reasons & int(ALERTING)) != 0).tolist()
+        clear_ns = int(self.config.clear_after_s * 1e9)
+        for ep in bad:
+            if ep in self._agent_since:
+                self._agent_since[ep] = now_ns
+        # an agent incident ends after clear_after_s of health, so a flapping agent is one incident
+        for ep, last in list(self._agent_since.items()):
+            if last < now_ns - clear_ns:
+                del self._agent_since[ep]
+        new = [int(ep) for ep in bad if ep not in self._agent_since]
+        if not new:
+            return []
+        for ep in new:
+            self._agent_since[ep] = now_ns
+        pairs = tuple(pr for ep in new for pr in withheld.get(ep, []))
+        why = "; ".join(
+            f"endpoint {ep}: {HealthReason(int(reasons[ep])).name or 'unhealthy'}" for ep in new[:5]
+        )
+        more = f" (+{len(new) - 5} more)" if len(new) > 5 else ""
+        return [
+            SuspectEvent(
+                kind="agent",
+                pairs=pairs,
+                scores=tuple(float(reasons[ep]) for ep in new),
+                first_seen_ns=now_ns,
+                detected_ns=now_ns,
+                explanation=(
+                    f"{len(new)} endpoint(s) unhealthy, network verdicts "
+                    f"on their pairs withheld: {why}{more}"
+                ),
+                endpoints=tuple(new),
+            )
+        ]

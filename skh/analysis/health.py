@@ -1,0 +1,236 @@
+"""Endpoint health: rule out the agents before blaming the network.
+
+A pair's probes travel prober agent → network → responder agent → network → prober agent. When
+either agent is dead or slow, the pair looks broken although the network is fine. Per endpoint
+this module tracks:
+
+- **heartbeat**: the last heartbeat (from the orchestrator). An endpoint that has sent heartbeats
+  and misses them for ``heartbeat_timeout_s`` is *dead*. Already after ``heartbeat_overdue_s``
+  (one missed beat) its pairs' network verdicts are held back, without an alert of its own: a
+  crashed container's probes fail within a second, before a timeout could confirm the death,
+  and blaming the network for that second would be wrong.
+- **progress**: the newest send time of the probes it reported as a prober. An endpoint whose
+  results stop arriving for ``late_after_s`` while others' do is *late* (its agent, host or
+  uplink to the analyzer is stuck); its windows are then incomplete, never "lossy".
+- **refused**: probes to it answered ``REFUSED``: the network delivered them and its host said
+  nobody listens: the agent there is gone.
+- **delays**: prober delay ``(T6-T1)-(T5-T2)`` when it probes and responder delay ``T4-T3``
+  when it answers. A fast EWMA rising well above a slow one (``delay_factor`` times and by at
+  least ``delay_floor_us``) means an overloaded host, whose user-space stamps inflate RTTs.
+
+Endpoints retired by the orchestrator (a container stopped on purpose) are forgotten, so churn
+never reads as a dead agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntFlag
+
+import numpy as np
+
+from skh.errors import ConfigError
+
+__all__ = ["HealthConfig", "HealthReason", "ALERTING", "EndpointHealth"]
+
+
+class HealthReason(IntFlag):
+    OK = 0
+    MISSED_HEARTBEATS = 1
+    LATE_RESULTS = 2
+    REFUSED = 4
+    PROBER_DELAY = 8
+    RESPONDER_DELAY = 16
+    #: one heartbeat missed: hold verdicts, do not alert yet
+    HEARTBEAT_OVERDUE = 32
+
+
+#: reasons that are an alert of their own; the others (late results, one missed heartbeat) only
+#: hold back the network verdicts of the endpoint's pairs
+ALERTING = (
+    HealthReason.MISSED_HEARTBEATS
+    | HealthReason.REFUSED
+    | HealthReason.PROBER_DELAY
+    | HealthReason.RESPONDER_DELAY
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    heartbeat_overdue_s: float = 1.5
+    heartbeat_timeout_s: float = 3.5
+    late_after_s: float = 5.0
+    #: a REFUSED reply marks the responder unhealthy for this long
+    refused_hold_s: float = 10.0
+    delay_factor: float = 3.0
+    delay_floor_us: float = 50.0
+    #: EWMA weights per batch for the fast and the slow delay average
+    delay_fast_alpha: float = 0.3
+    delay_slow_alpha: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_overdue_s <= self.heartbeat_timeout_s:
+            raise ConfigError(
+                "The 'heartbeat_overdue_s' parameter of HealthConfig "
+                "must be in (0, heartbeat_timeout_s]. "
+                f"Got {self.heartbeat_overdue_s!r} instead."
+            )
+        for name in ("heartbeat_timeout_s", "late_after_s", "refused_hold_s", "delay_factor"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(
+                    f"The '{name}' parameter of HealthConfig must be > 0. "
+                    f"Got {getattr(self, name)!r} instead."
+                )
+        if not (0 < self.delay_slow_alpha < self.delay_fast_alpha <= 1):
+            raise ConfigError(
+                "The 'delay_slow_alpha' and 'delay_fast_alpha' "
+                "parameters of HealthConfig must satisfy "
+                f"0 < slow < fast <= 1. Got {self.delay_slow_alpha!r} "
+                f"and {self.delay_fast_alpha!r} instead."
+            )
+
+
+_NEVER = np.iinfo(np.int64).min
+
+
+class EndpointHealth:
+    """Health of every endpoint id seen, in arrays indexed by endpoint id (the cluster model's
+    dense ids; about 60 bytes per id)."""
+
+    def __init__(self, config: HealthConfig) -> None:
+        self.config = config
+        self._dtype = np.dtype(
+            [
+                ("heartbeat_ns", "<i8"),
+                ("progress_ns", "<i8"),
+                ("refused_ns", "<i8"),
+                ("retired", "?"),
+                ("pd_fast", "<f8"),
+                ("pd_slow", "<f8"),
+                ("rd_fast", "<f8"),
+                ("rd_slow", "<f8"),
+            ]
+        )
+        self._blank = np.zeros(1, self._dtype)
+        for f in ("heartbeat_ns", "progress_ns", "refused_ns"):
+            self._blank[f] = _NEVER
+        for f in ("pd_fast", "pd_slow", "rd_fast", "rd_slow"):
+            self._blank[f] = np.nan
+        self.state = np.repeat(self._blank, 0)
+
+    @property
+    def n_endpoints(self) -> int:
+        return len(self.state)
+
+    def ensure(self, max_ep: int) -> None:
+        if max_ep < len(self.state):
+            return
+        grown = np.repeat(self._blank, max(max_ep + 1, 2 * len(self.state)))
+        grown[: len(self.state)] = self.state
+        self.state = grown
+
+    def heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
+        if eps.size == 0:
+            return
+        self.ensure(int(eps.max()))
+        np.maximum.at(self.state["heartbeat_ns"], eps, t_ns)
+
+    def retire(self, eps: np.ndarray) -> None:
+        self.ensure(int(eps.max(initial=0)))
+        self.state[eps] = self._blank
+        self.state["retired"][eps] = True
+
+    def is_retired(self, eps: np.ndarray) -> np.ndarray:
+        out = np.zeros(eps.size, bool)
+        known = eps < len(self.state)
+        out[known] = self.state["retired"][eps[known]]
+        return out
+
+    def observe(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        t_ns: np.ndarray,
+        status: np.ndarray,
+        prober_delay_ns: np.ndarray,
+        responder_delay_ns: np.ndarray,
+        refused_code: int,
+    ) -> None:
+        """Fold one batch in (after de-duplication)."""
+        if len(src) == 0:
+            return
+        self.ensure(int(max(src.max(), dst.max())))
+        s = self.state
+        order = np.argsort(src, kind="stable")
+        ss = src[order]
+        starts = np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]])
+        ep = ss[starts]
+        s["progress_ns"][ep] = np.maximum(
+            s["progress_ns"][ep], np.maximum.reduceat(t_ns[order], starts)
+        )
+        refused = status == refused_code
+        if refused.any():
+            np.maximum.at(s["refused_ns"], dst[refused], t_ns[refused])
+        cfg = self.config
+        for who, delay, fast, slow in (
+            (src, prober_delay_ns, "pd_fast", "pd_slow"),
+            (dst, responder_delay_ns, "rd_fast", "rd_slow"),
+        ):
+            ok = delay >= 0
+            if not ok.any():
+                continue
+            n = np.bincount(who[ok], minlength=len(s))
+            tot = np.bincount(who[ok], weights=delay[ok] / 1e3, minlength=len(s))
+            eps = np.flatnonzero(n)
+            mean_us = tot[eps] / n[eps]
+            f_cur, s_cur = s[fast][eps], s[slow][eps]
+            f_new = np.where(
+                np.isnan(f_cur), mean_us, f_cur + cfg.delay_fast_alpha * (mean_us - f_cur)
+            )
+            s_new = np.where(
+                np.isnan(s_cur), mean_us, s_cur + cfg.delay_slow_alpha * (mean_us - s_cur)
+            )
+            # the baseline does not learn a rise it is meant to detect
+            rising = (f_new > cfg.delay_factor * s_cur) & (f_new - s_cur > cfg.delay_floor_us)
+            s[fast][eps] = f_new
+            s[slow][eps] = np.where(rising, s_cur, s_new)
+
+    def evaluate(self, now_ns: int) -> np.ndarray:
+        """``HealthReason`` bits per endpoint id (0: healthy or unknown)."""
+        cfg = self.config
+        s = self.state
+        reasons = np.zeros(len(s), np.int64)
+        live = ~s["retired"]
+        hb = s["heartbeat_ns"]
+        known = live & (hb != _NEVER)
+        reasons |= np.where(
+            known & (hb < now_ns - int(cfg.heartbeat_timeout_s * 1e9)),
+            int(HealthReason.MISSED_HEARTBEATS),
+            0,
+        )
+        reasons |= np.where(
+            known & (hb < now_ns - int(cfg.heartbeat_overdue_s * 1e9)),
+            int(HealthReason.HEARTBEAT_OVERDUE),
+            0,
+        )
+        pr = s["progress_ns"]
+        reasons |= np.where(
+            live & (pr != _NEVER) & (pr < now_ns - int(cfg.late_after_s * 1e9)),
+            int(HealthReason.LATE_RESULTS),
+            0,
+        )
+        rf = s["refused_ns"]
+        reasons |= np.where(
+            live & (rf != _NEVER) & (rf >= now_ns - int(cfg.refused_hold_s * 1e9)),
+            int(HealthReason.REFUSED),
+            0,
+        )
+        for fast, slow, bit in (
+            ("pd_fast", "pd_slow", HealthReason.PROBER_DELAY),
+            ("rd_fast", "rd_slow", HealthReason.RESPONDER_DELAY),
+        ):
+            f, sl = s[fast], s[slow]
+            with np.errstate(invalid="ignore"):
+                rising = (f > cfg.delay_factor * sl) & (f - sl > cfg.delay_floor_us)
+            reasons |= np.where(live & rising, int(bit), 0)
+        return reasons

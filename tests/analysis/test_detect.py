@@ -1,0 +1,327 @@
+"""The streaming detector on a small synthetic cluster (all ordered pairs of a few endpoints,
+one probe per pair per second at a fixed phase), fault by fault."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from skh.analysis.detect import KINDS, Detector, DetectorConfig, SuspectEvent
+from skh.analysis.longterm import LongTermConfig
+from skh.errors import ConfigError
+from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
+
+T0 = 1_700_000_000 * 10**9
+S = 10**9
+
+
+class Synth:
+    """One PROBE_DTYPE batch per second; faults are per-pair arrays passed to :meth:`second`."""
+
+    def __init__(self, n_eps: int = 10, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        s, d = np.meshgrid(np.arange(n_eps), np.arange(n_eps), indexing="ij")
+        off = s != d
+        self.src, self.dst = s[off].astype(np.uint32), d[off].astype(np.uint32)
+        self.n = self.src.size
+        self.base_us = self.rng.uniform(12.0, 16.0, self.n)
+        self.phase = self.rng.uniform(0.0, 1.0, self.n)
+
+    def second(
+        self, sec: int, *, extra_us=None, lost=None, status=None, prober_extra_us=None, keep=None
+    ) -> np.ndarray:
+        b = empty_probes(self.n)
+        b["src_ep"], b["dst_ep"] = self.src, self.dst
+        b["seq"] = sec
+        b["t_wall_ns"] = T0 + ((sec + self.phase) * S).astype(np.int64)
+        rtt = self.base_us * np.exp(0.05 * self.rng.standard_normal(self.n))
+        if extra_us is not None:
+            rtt = rtt + extra_us
+        st = np.zeros(self.n, np.uint8)
+        if lost is not None:
+            st[lost] = ProbeStatus.LOST
+        if status is not None:
+            st[status[0]] = status[1]
+        ok = st == ProbeStatus.OK
+        b["status"] = st
+        b["rtt_ns"] = np.where(ok, rtt * 1e3, -1)
+        pd = 4.0 + (prober_extra_us if prober_extra_us is not None else 0.0)
+        b["prober_delay_ns"] = np.where(ok, pd * 1e3, -1)
+        b["responder_delay_ns"] = np.where(ok, 2000, -1)
+        return b if keep is None else b[keep]
+
+
+def run(
+    det: Detector, syn: Synth, seconds: range, faults=None, *, heartbeats=True, dead=()
+) -> list[SuspectEvent]:
+    """Feed ``seconds``; ``faults(sec) -> dict`` of :meth:`Synth.second` keyword arguments."""
+    events = []
+    for sec in seconds:
+        kw = faults(sec) if faults else {}
+        det.ingest(syn.second(sec, **kw))
+        if heartbeats:
+            alive = np.setdiff1d(
+                np.unique(syn.src), np.asarray(dead(sec) if callable(dead) else dead, np.uint32)
+            )
+            det.heartbeat(alive, T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    return events
+
+
+WARM = range(0, 400)  # look-back fills after 6 windows (3 min) plus the lateness
+
+
+_WARM: list = []
+
+
+def fresh() -> tuple[Synth, Detector]:
+    """A private copy of a detector that has seen 400 s of healthy traffic (and its generator)."""
+    if not _WARM:
+        syn, det = Synth(), Detector()
+        _WARM.append((syn, det, run(det, syn, WARM)))
+    syn, det, _ = copy.deepcopy(_WARM[0])
+    return syn, det
+
+
+def test_healthy_traffic_raises_nothing():
+    fresh()
+    _, det, events = _WARM[0]
+    assert events == []
+    assert det.stats.windows_scored > 0
+
+
+def test_latency_shift_of_one_endpoint_is_caught_within_one_window():
+    syn, det = fresh()
+    onset = 400
+    slow = syn.src == 3
+    ev = run(det, syn, range(400, 460), lambda s: {"extra_us": np.where(slow, 10.0, 0.0)})
+    lat = [e for e in ev if e.kind == "latency-short"]
+    assert lat and {e.kind for e in ev} == {"latency-short"}
+    first = lat[0]
+    assert first.detected_ns - (T0 + onset * S) <= 30 * S
+    assert set(first.pairs) <= set(zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True))
+    assert sum(len(e.pairs) for e in lat) == slow.sum()
+    assert (
+        "LOF" in first.explanation
+        and len(first.scores) == len(first.pairs)
+        and min(first.scores) >= 5.0
+    )
+    assert T0 + (onset - 5) * S <= first.first_seen_ns <= first.detected_ns
+
+
+def test_small_shift_under_the_effect_floor_is_ignored():
+    syn, det = fresh()
+    ev = run(det, syn, range(400, 460), lambda s: {"extra_us": np.where(syn.src == 3, 0.8, 0.0)})
+    assert ev == []
+
+
+def test_unreachable_endpoint_is_flagged_within_two_seconds():
+    syn, det = fresh()
+    dead = (syn.dst == 7) | (syn.src == 7)
+    ev = run(det, syn, range(400, 410), lambda s: {"lost": dead})
+    un = [e for e in ev if e.kind == "unreachable"]
+    assert un and {e.kind for e in ev} == {"unreachable"}
+    assert un[0].detected_ns - (T0 + 400 * S) <= 2 * S
+    assert {p for e in un for p in e.pairs} == set(
+        zip(syn.src[dead].tolist(), syn.dst[dead].tolist(), strict=True)
+    )
+    assert un[0].first_seen_ns >= T0 + 400 * S
+
+
+def test_single_pair_outage_needs_two_failures_and_is_raised_once():
+    syn, det = fresh()
+    one = np.zeros(syn.n, bool)
+    one[5] = True
+    ev = run(det, syn, range(400, 420), lambda s: {"lost": one})
+    # a lone failure waits for the next probe; the second failure makes it an outage, once
+    assert [e.kind for e in ev] == ["unreachable"]
+    assert ev[0].scores[0] == 2
+    assert ev[0].detected_ns <= T0 + 403 * S
+    pair = (int(syn.src[5]), int(syn.dst[5]))
+    assert det.open_incidents() == ({pair}, set())
+    # it heals; the incident closes after clear_after_s of quiet
+    assert run(det, syn, range(420, 460)) == []
+    assert det.open_incidents() == (set(), set())
+
+
+def test_intermittent_loss_is_loss():
+    syn, det = fresh()
+    pair = syn.n // 2
+    # one probe in four lost (no two in a row: two in a row already read as an outage)
+    ev = run(
+        det, syn, range(400, 440), lambda s: {"lost": (np.arange(syn.n) == pair) & (s % 4 == 1)}
+    )
+    assert [e.kind for e in ev] == ["loss"]
+    assert ev[0].pairs == ((int(syn.src[pair]), int(syn.dst[pair])),)
+
+
+def test_dead_agent_is_an_agent_problem_not_a_network_one():
+    syn, det = fresh()
+    to7 = syn.dst == 7
+    ev = run(
+        det,
+        syn,
+        range(400, 420),
+        lambda s: {"lost": to7, "keep": syn.src != 7},  # it neither answers nor reports
+        dead=[7],
+    )
+    assert [e.kind for e in ev] == ["agent"]
+    assert ev[0].endpoints == (7,)
+    assert "MISSED_HEARTBEATS" in ev[0].explanation
+    assert set(ev[0].pairs) <= set(zip(syn.src[to7].tolist(), syn.dst[to7].tolist(), strict=True))
+    # when it comes back, what it missed is not replayed as loss
+    assert run(det, syn, range(420, 460)) == []
+
+
+def test_refused_means_the_responder_agent_is_gone():
+    syn, det = fresh()
+    to4 = np.flatnonzero(syn.dst == 4)
+    ev = run(det, syn, range(400, 405), lambda s: {"status": (to4, ProbeStatus.REFUSED)})
+    assert [e.kind for e in ev] == ["agent"] and ev[0].endpoints == (4,)
+
+
+def test_slow_prober_host_withholds_its_latency_verdicts():
+    syn, det = fresh()
+    from2 = syn.src == 2
+    ev = run(
+        det,
+        syn,
+        range(400, 460),
+        lambda s: {
+            "prober_extra_us": np.where(from2, 2000.0, 0.0),
+            "extra_us": np.where(from2, 15.0, 0.0),
+        },
+    )
+    assert [e.kind for e in ev] == ["agent"] and ev[0].endpoints == (2,)
+    assert "PROBER_DELAY" in ev[0].explanation
+
+
+def test_a_late_agent_cannot_fake_a_failure():
+    syn, det = fresh()
+    late = syn.src == 5
+    held: list[np.ndarray] = []
+    events = []
+    for sec in range(400, 460):
+        b = syn.second(sec)
+        det.ingest(b[~late[np.arange(syn.n)]])
+        held.append(b[late])
+        if sec % 15 == 14:  # its results arrive in bursts, 15 s late
+            for h in held:
+                det.ingest(h)
+            held.clear()
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    assert events == []
+    assert det.stats.late > 0
+
+
+def test_duplicates_and_reordering_change_nothing():
+    syn_a, det_a = Synth(seed=3), Detector()
+    syn_b, det_b = Synth(seed=3), Detector()
+    ev_a, ev_b = [], []
+    rng = np.random.default_rng(4)
+    for sec in range(0, 430):
+        kw = {"extra_us": np.where(syn_a.src == 1, 20.0, 0.0)} if sec >= 400 else {}
+        a = syn_a.second(sec, **kw)
+        b = syn_b.second(sec, **kw)
+        np.testing.assert_array_equal(a, b)
+        det_a.ingest(a)
+        halves = np.array_split(rng.permutation(b), 2)
+        det_b.ingest(halves[1])
+        det_b.ingest(b)  # a resent batch
+        det_b.ingest(halves[0])
+        for d, out in ((det_a, ev_a), (det_b, ev_b)):
+            d.heartbeat(np.unique(syn_a.src), T0 + sec * S)
+            out += d.tick(T0 + (sec + 1) * S)
+    assert ev_a and len(ev_a) == len(ev_b)
+    for x, y in zip(ev_a, ev_b, strict=True):
+        assert (x.kind, x.pairs, x.first_seen_ns, x.detected_ns) == (
+            y.kind,
+            y.pairs,
+            y.first_seen_ns,
+            y.detected_ns,
+        )
+        # the ring holds the same samples in another order: sums may differ in the last bits
+        np.testing.assert_allclose(x.scores, y.scores, rtol=1e-9)
+    assert det_b.stats.duplicates == 430 * syn_b.n
+    assert det_a.stats.duplicates == 0
+
+
+def test_stale_sequence_numbers_are_dropped():
+    syn, det = Synth(), Detector()
+    det.ingest(syn.second(100))
+    old = syn.second(10)  # 90 probes behind the newest: outside the 64-probe window
+    old["t_wall_ns"] = T0 + 100 * S
+    det.ingest(old)
+    assert det.stats.stale == syn.n
+
+
+def test_retired_containers_raise_nothing_and_free_their_pairs():
+    syn, det = fresh()
+    gone = (syn.src == 8) | (syn.dst == 8)
+    det.retire([8])
+    ev = run(
+        det, syn, range(400, 480), lambda s: {"keep": ~gone}, dead=[8]
+    )  # compaction runs every 64 ticks
+    assert ev == []
+    assert det.stats.pairs_live == syn.n - gone.sum()
+    assert det.stats.retired_rows == 0
+
+
+def test_idle_pairs_are_dropped_after_retire_idle_s():
+    syn = Synth()
+    det = Detector(DetectorConfig(retire_idle_s=60.0))
+    quiet = syn.src == 0
+    run(det, syn, range(0, 30))
+    run(det, syn, range(30, 200), lambda s: {"keep": ~quiet})
+    assert det.stats.pairs_live == syn.n - quiet.sum()
+    assert len(det.pairs) <= max(1024, 2 * syn.n)
+
+
+def test_slow_drift_is_caught_by_the_long_term_test():
+    cfg = DetectorConfig(longterm=LongTermConfig(block_s=120.0))
+    syn, det = Synth(), Detector(cfg)
+    drifting = syn.src == 6
+    # +0.5 us per 2-min block: 1.25 us per 5 min stays under the short-term effect floor
+    ev = run(
+        det,
+        syn,
+        range(0, 1000),
+        lambda s: {"extra_us": np.where(drifting, max(0, s - 300) * 0.5 / 120, 0.0)},
+    )
+    assert ev and {e.kind for e in ev} == {"latency-long"}
+    flagged = {p for e in ev for p in e.pairs}
+    assert flagged <= set(zip(syn.src[drifting].tolist(), syn.dst[drifting].tolist(), strict=True))
+    assert len(flagged) == drifting.sum()
+    assert "z=" in ev[0].explanation
+
+
+def test_a_short_incident_is_not_raised_again_as_a_drift():
+    cfg = DetectorConfig(longterm=LongTermConfig(block_s=120.0))
+    syn, det = Synth(), Detector(cfg)
+    slow = syn.src == 3
+    # +20 us for 60 s inside one 2-min block lifts that block's mean by about 50 %
+    ev = run(
+        det,
+        syn,
+        range(0, 900),
+        lambda s: {"extra_us": np.where(slow & (600 <= s < 660), 20.0, 0.0)},
+    )
+    assert ev and {e.kind for e in ev} == {"latency-short"}
+
+
+def test_api_validation():
+    det = Detector()
+    with pytest.raises(ConfigError, match="PROBE_DTYPE"):
+        det.ingest(np.zeros(3, np.int64))
+    with pytest.raises(ConfigError, match="'eps'"):
+        det.heartbeat(-1, 0)
+    with pytest.raises(ConfigError, match="multiple of 'hop_s'"):
+        DetectorConfig(window_s=30.0, hop_s=7.0)
+    with pytest.raises(ConfigError, match="min_lookback_windows"):
+        DetectorConfig(min_lookback_windows=11)
+    det.ingest(np.zeros(0, PROBE_DTYPE))
+    assert det.tick(T0) == []
+    assert KINDS == ("unreachable", "loss", "latency-short", "latency-long", "agent")
