@@ -1,0 +1,107 @@
+/* The probing engine: one background thread per engine that probes targets on a schedule, answers
+ * probes from others (responder), matches replies, times out losses and writes fixed-size records into
+ * a bounded ring. Plain C (no Python.h); every call returns 0 / a count, or -errno.
+ *
+ * Threads: skh_engine_create/start/stop/destroy come from the owner; add/remove_target, drain, stats
+ * and local may come from any thread while the engine runs (they take short locks or read atomics).
+ */
+#ifndef SKH_ENGINE_H
+#define SKH_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto.h"
+#include "transport.h"
+
+/* One probe outcome; byte-for-byte skh.records.PROBE_DTYPE (little-endian x86-64/arm64). */
+struct skh_record {
+    uint32_t src_ep;
+    uint32_t dst_ep;
+    uint32_t seq;
+    uint16_t path_id;
+    uint8_t status; /* enum skh_status */
+    uint8_t ts_source; /* enum skh_ts_source */
+    int64_t t_wall_ns;
+    int64_t rtt_ns;
+    int64_t responder_delay_ns;
+    int64_t prober_delay_ns;
+};
+
+/* Counters, in the order Python's EngineStats lists them. The drop_* block follows
+ * enum skh_drop_reason. Invariants the tests check:
+ *   sent + send_errors == ok + lost + refused + unreachable + invalid + in_flight
+ *   ok + lost + refused + unreachable + invalid == records + ring_overflow
+ *   received == probes_received + acks_received + icmp_errors + sum(drop_*)
+ */
+#define SKH_STATS(X)                                                                                     \
+    X(sent)                 /* probes handed to the transport */                                         \
+    X(send_errors)          /* probes the transport refused (recorded as LOST/UNREACHABLE) */            \
+    X(received)             /* datagrams and error reports read */                                       \
+    X(probes_received)      /* valid PROBEs answered with ACK1 (+ ACK2) */                               \
+    X(replies_sent)         /* ACK1 + ACK2 sent */                                                       \
+    X(reply_errors)         /* ACKs the transport refused */                                             \
+    X(replies_user_stamps)  /* ACK2s carrying user-clock T3/T4 (no kernel/NIC stamp of ACK1) */         \
+    X(acks_received)        /* valid ACK1/ACK2 matched to a pending probe */                             \
+    X(ok) X(lost) X(refused) X(unreachable) X(invalid) /* probe outcomes */                              \
+    X(icmp_errors)          /* error reports (ICMP unreachable) about our datagrams */                   \
+    X(tx_stamps)            /* send stamps matched to a probe or ACK1 */                                 \
+    X(tx_stamps_unmatched)  /* send stamps for nothing pending (arrived after a fallback) */             \
+    X(records)              /* records written to the ring */                                            \
+    X(ring_overflow)        /* records lost because the ring was full */                                 \
+    X(drop_truncated) X(drop_bad_magic) X(drop_bad_version) X(drop_bad_type) X(drop_malformed)           \
+    X(drop_unsolicited) X(drop_replay) X(drop_late)                                                      \
+    X(in_flight)            /* gauge: probes sent and not yet decided */                                 \
+    X(inflight_full)        /* times a due probe waited because the in-flight table was full */         \
+    X(wakeups)              /* engine loop iterations (it sleeps between events) */
+
+enum skh_stat {
+#define SKH_STAT_ENUM(name) SKH_STAT_##name,
+    SKH_STATS(SKH_STAT_ENUM)
+#undef SKH_STAT_ENUM
+    SKH_STAT__COUNT
+};
+
+extern const char *const skh_stat_names[SKH_STAT__COUNT];
+
+struct skh_engine_cfg {
+    uint32_t endpoint_id;
+    const char *transport; /* registered transport name ("udp", "verbs") */
+    struct skh_transport_cfg tcfg;
+    int64_t timeout_ns; /* a probe without both replies by then is decided */
+    uint32_t ring_records; /* ring capacity (rounded up to a power of two) */
+    uint32_t probe_len; /* PROBE datagram size, SKH_PROBE_MIN_LEN..SKH_PROBE_MAX_LEN */
+    uint32_t max_in_flight; /* probes awaiting a decision before due probes wait; 0 = the default */
+};
+
+/* Probes one engine keeps undecided, the default and the most. The in-flight table is sized from it
+ * and decided in send order, so it must hold probes/s x timeout_s (a lost probe keeps its place until
+ * its timeout); every slot gets touched as sequence numbers cycle, so a generous limit costs resident
+ * memory (under 100 B a slot) for the engine's life. */
+#define SKH_DEFAULT_IN_FLIGHT 2048u
+#define SKH_MAX_IN_FLIGHT 65536u
+
+struct skh_engine;
+
+int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out);
+int skh_engine_start(struct skh_engine *e);
+int skh_engine_stop(struct skh_engine *e); /* joins the thread; pending probes stay pending */
+void skh_engine_destroy(struct skh_engine *e);
+
+/* Adds (or replaces, same dst_ep) a target probed every interval_ns, first probe at once; after
+ * count probes (0 = no limit) the target retires by itself. */
+int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
+                          const char *gid, uint32_t qpn, uint16_t path_id, int64_t interval_ns,
+                          uint32_t count);
+/* -ENOENT when absent. Probes already in flight are still decided and recorded. */
+int skh_engine_remove_target(struct skh_engine *e, uint32_t dst_ep);
+
+size_t skh_engine_pending_records(struct skh_engine *e);
+/* Copies up to max records out of the ring (oldest first); returns how many. */
+size_t skh_engine_drain(struct skh_engine *e, struct skh_record *out, size_t max);
+void skh_engine_stats(struct skh_engine *e, uint64_t out[SKH_STAT__COUNT]);
+int skh_engine_local(struct skh_engine *e, skh_addr *out);
+unsigned skh_engine_transport_caps(struct skh_engine *e);
+uint32_t skh_engine_session(struct skh_engine *e);
+
+#endif

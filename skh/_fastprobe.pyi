@@ -1,0 +1,79 @@
+"""Type stubs of the compiled engine wrapper (skh/_fastprobe.pyx). Use skh.probe instead."""
+
+import numpy as np
+
+PROBE_MIN_LEN: int
+PROBE_MAX_LEN: int
+ACK_LEN: int
+HDR_LEN: int
+CAP_TX_STAMPS: int
+CAP_RX_STAMPS: int
+MAX_IN_FLIGHT: int
+DEFAULT_IN_FLIGHT: int
+
+def stat_names() -> tuple[str, ...]: ...
+def transports() -> dict[str, int]: ...
+def verbs_strerror() -> str: ...
+def proto_encode(
+    type: int,
+    *,
+    flags: int = 0,
+    ts_source: int = 0,
+    session: int = 0,
+    seq: int = 0,
+    path_id: int = 0,
+    resp_session: int = 0,
+    t1: int = 0,
+    t3: int = 0,
+    t4: int = 0,
+    probe_len: int = ...,
+) -> bytes: ...
+def proto_decode(data: bytes | bytearray | memoryview) -> dict[str, int] | int: ...
+def proto_rtt(
+    t1: int, t2: int, src_p: int, t3: int, t4: int, src_r: int, t5: int, t6: int
+) -> tuple[int, int, int, int, int]: ...
+
+class FastEngine:
+    transport: str
+    def __init__(
+        self,
+        *,
+        endpoint_id: int,
+        transport: str,
+        bind: str,
+        port: int,
+        device: str,
+        gid_index: int,
+        netns_fd: int,
+        hw_timestamps: bool,
+        kernel_timestamps: bool,
+        timeout_ns: int,
+        ring_records: int,
+        probe_len: int,
+        max_in_flight: int = 0,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def session(self) -> int: ...
+    @property
+    def caps(self) -> int: ...
+    def add_target(
+        self,
+        dst_ep: int,
+        host: str,
+        port: int,
+        gid: str,
+        qpn: int,
+        path_id: int,
+        interval_ns: int,
+        count: int = 0,
+    ) -> None: ...
+    def remove_target(self, dst_ep: int) -> None: ...
+    def pending_records(self) -> int: ...
+    def drain(self, max_records: int) -> np.ndarray: ...
+    def stats(self) -> tuple[int, ...]: ...
+    def local(self) -> tuple[int, str, int, int]: ...

@@ -1,0 +1,30 @@
+"""Helpers shared by the engine tests (imported after tests/engine is put on sys.path)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from skh.probe import Engine, EngineStats
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step_s)
+    return cond()
+
+
+def assert_accounted(s: EngineStats) -> None:
+    """Every probe and every received datagram is in exactly one counter."""
+    assert s.sent + s.send_errors == s.decided + s.in_flight, s
+    assert s.decided == s.records + s.ring_overflow, s
+    assert s.received == s.probes_received + s.acks_received + s.icmp_errors + s.drops, s
+
+
+def quiesce(eng: Engine, timeout_s: float = 5.0) -> EngineStats:
+    """Stops probing-side activity from mattering: waits until nothing is in flight."""
+    wait_for(lambda: eng.stats().in_flight == 0, timeout_s)
+    return eng.stats()

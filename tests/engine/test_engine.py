@@ -1,0 +1,395 @@
+"""The engine on loopback with real sockets: RTTs, clock labels, outcomes, counters, matching."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skh import _fastprobe as fp
+from skh.errors import CapabilityError, EngineError, InvalidProbeSpec
+from skh.probe import Engine, EngineStats, capabilities
+from skh.records import PROBE_DTYPE, ProbeStatus, TsSource
+
+sys.path.insert(0, str(Path(__file__).parent))
+from skhe_helpers import assert_accounted, quiesce, wait_for  # noqa: E402
+
+
+def probe_for(
+    prober: Engine, dst_ep: int, port: int, n: int, interval_s: float = 0.002, host="127.0.0.1"
+):
+    before = prober.stats().decided
+    prober.add_target(dst_ep, host, port, interval_s=interval_s, count=n)
+    assert wait_for(lambda: prober.stats().decided - before >= n, timeout_s=10)
+    rows = prober.drain()
+    assert len(rows) == n
+    return rows
+
+
+def test_capabilities_and_stats_names():
+    caps = capabilities()
+    assert {"udp", "kernel_timestamps"} <= caps
+    assert [f for f in EngineStats.__dataclass_fields__] == list(fp.stat_names())
+
+
+def test_network_rtt_is_positive_sane_and_kernel_stamped(make_engine):
+    responder = make_engine(endpoint_id=2)
+    prober = make_engine(endpoint_id=1)
+    responder.start()
+    prober.start()
+    t_before = time.time_ns()
+    rows = probe_for(prober, 7, responder.local_port, 200)
+    assert rows.dtype == PROBE_DTYPE
+    ok = rows[rows["status"] == ProbeStatus.OK]
+    why = (
+        f"status {np.unique(rows['status'], return_counts=True)} "
+        f"clock {np.unique(ok['ts_source'], return_counts=True)}\n"
+        f"prober {prober.stats()}\nresponder {responder.stats()}"
+    )
+    # the one test that must fail when the engine produces no valid RTT at all
+    assert len(ok) >= 0.95 * len(rows) > 0, why
+    assert (ok["ts_source"] == TsSource.KERNEL).all(), why
+    assert (rows["src_ep"] == 1).all() and (rows["dst_ep"] == 7).all()
+    assert np.array_equal(np.sort(rows["seq"]), np.arange(len(rows)))
+    assert (ok["rtt_ns"] > 0).all() and np.median(ok["rtt_ns"]) < 200_000, why  # loopback: µs
+    assert (ok["responder_delay_ns"] >= 0).all() and (ok["prober_delay_ns"] >= 0).all(), ok
+    assert (rows["t_wall_ns"] >= t_before).all() and (rows["t_wall_ns"] <= time.time_ns()).all()
+    # network RTT excludes both hosts' scheduling; the app-level RTT includes it
+    app = ok["rtt_ns"] + ok["responder_delay_ns"] + ok["prober_delay_ns"]
+    assert np.median(app) > np.median(ok["rtt_ns"])
+    for eng in (prober, responder):
+        assert_accounted(quiesce(eng))
+    assert responder.stats().probes_received == prober.stats().sent
+    assert responder.stats().replies_sent == 2 * responder.stats().probes_received
+
+
+def test_ipv6_loopback(make_engine):
+    responder = make_engine(bind="::1")
+    prober = make_engine(bind="::")
+    responder.start(), prober.start()
+    rows = probe_for(prober, 1, responder.local_port, 20, host="::1")
+    assert (rows["status"] == ProbeStatus.OK).sum() >= 19
+
+
+@pytest.mark.parametrize(
+    ("prober_kernel", "responder_kernel"), [(False, True), (True, False), (False, False)]
+)
+def test_user_clock_fallback_is_labelled_user(make_engine, prober_kernel, responder_kernel):
+    responder = make_engine(kernel_timestamps=responder_kernel)
+    prober = make_engine(kernel_timestamps=prober_kernel)
+    assert prober.kernel_timestamps is prober_kernel
+    responder.start(), prober.start()
+    rows = probe_for(prober, 1, responder.local_port, 30)
+    ok = rows[rows["status"] == ProbeStatus.OK]
+    assert len(ok) >= 28
+    assert (ok["ts_source"] == TsSource.USER).all()
+    assert (ok["rtt_ns"] > 0).all()
+    if not responder_kernel:
+        assert responder.stats().replies_user_stamps == responder.stats().probes_received
+
+
+def test_nothing_listening_is_refused_not_lost(make_engine):
+    dead = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # now nothing listens there: the kernel answers ICMP port unreachable
+    prober = make_engine()
+    prober.start()
+    rows = probe_for(prober, 3, port, 10, interval_s=0.01)
+    assert len(rows) >= 10
+    assert (rows["status"] == ProbeStatus.REFUSED).all()
+    assert (rows["rtt_ns"] == -1).all()
+    s = prober.stats()
+    assert s.icmp_errors == s.refused == len(rows)
+    assert_accounted(s)
+
+
+def test_silent_target_is_all_lost(make_engine):
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # receives, never answers
+    sink.bind(("127.0.0.1", 0))
+    try:
+        prober = make_engine(timeout_s=0.1)
+        prober.start()
+        rows = probe_for(prober, 4, sink.getsockname()[1], 20, interval_s=0.005)
+    finally:
+        sink.close()
+    assert len(rows) >= 20
+    assert (rows["status"] == ProbeStatus.LOST).all()
+    assert (rows["rtt_ns"] == -1).all() and (rows["ts_source"] == TsSource.NONE).all()
+    assert_accounted(prober.stats())
+
+
+def test_ring_overflow_is_counted(make_engine):
+    responder = make_engine()
+    prober = make_engine(ring_records=8)
+    responder.start(), prober.start()
+    prober.add_target(1, "127.0.0.1", responder.local_port, interval_s=0.001)
+    assert wait_for(lambda: prober.stats().ring_overflow >= 20)
+    prober.remove_target(1)
+    s = quiesce(prober)
+    assert s.records == 8 and len(prober.drain()) == 8
+    assert_accounted(s)
+    # once drained the ring takes records again
+    prober.add_target(1, "127.0.0.1", responder.local_port, interval_s=0.001)
+    assert wait_for(lambda: prober.pending_records() > 0)
+
+
+def test_responder_restart_changes_session_and_probing_recovers(make_engine):
+    first = make_engine()
+    first.start()
+    port = first.local_port
+    session = first.session
+    prober = make_engine(timeout_s=0.2)
+    prober.start()
+    prober.add_target(1, "127.0.0.1", port, interval_s=0.01)
+    assert wait_for(lambda: prober.stats().ok >= 10)
+    first.close()
+    assert wait_for(lambda: prober.stats().refused >= 5)
+    second = make_engine(port=port)
+    assert second.session != session
+    second.start()
+    ok_before = prober.stats().ok
+    assert wait_for(lambda: prober.stats().ok >= ok_before + 10)
+    prober.remove_target(1)
+    # a probe the closing responder took but never answered is still waiting for its timeout
+    assert_accounted(quiesce(prober))
+    rows = prober.drain()
+    assert {ProbeStatus.OK, ProbeStatus.REFUSED} <= set(rows["status"].tolist())
+    # one sequence across the restart, every probe decided
+    assert np.array_equal(np.sort(rows["seq"]), np.arange(len(rows)))
+
+
+class FakeResponder:
+    """A scripted responder in Python that answers the engine's probes however a test wants."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(2)
+        self.port = self.sock.getsockname()[1]
+
+    def next_probe(self):
+        data, addr = self.sock.recvfrom(2048)
+        return fp.proto_decode(data), addr
+
+    def answer(self, probe, addr, *kinds, resp_session=99, session=None):
+        for kind in kinds:
+            kw = dict(
+                session=probe["session"] if session is None else session,
+                seq=probe["seq"],
+                path_id=probe["path_id"],
+                t1=probe["t1"],
+                resp_session=resp_session,
+            )
+            if kind == 3:
+                kw.update(flags=1, ts_source=TsSource.USER, t3=1000, t4=1500)
+            self.sock.sendto(fp.proto_encode(kind, **kw), addr)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_prober_drops_replays_late_and_unsolicited_acks(make_engine):
+    fake = FakeResponder()
+    try:
+        prober = make_engine(timeout_s=0.3)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.5)
+        probe, addr = fake.next_probe()
+        fake.answer(probe, addr, 2, 2, 3, 3)  # ACK1 twice, ACK2 twice: the copies are replays
+        fake.answer(probe, addr, 2, session=probe["session"] ^ 1)  # another prober's session
+        assert wait_for(
+            lambda: prober.stats().drop_replay == 2 and prober.stats().drop_unsolicited == 1
+        )
+        probe2, addr = fake.next_probe()
+        time.sleep(0.45)  # past the timeout: the probe is decided LOST first
+        fake.answer(probe2, addr, 2, 3)
+        assert wait_for(lambda: prober.stats().drop_late == 2)
+        probe3, addr = fake.next_probe()
+        fake.answer(probe3, addr, 2, resp_session=1)
+        fake.answer(probe3, addr, 3, resp_session=2)  # ACK2 from another responder life: not paired
+        assert wait_for(lambda: prober.stats().drop_unsolicited == 2)
+        prober.remove_target(5)
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    rows = prober.drain()
+    by_seq = dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True))
+    assert by_seq[0] == ProbeStatus.OK and by_seq[1] == ProbeStatus.LOST
+    assert (
+        by_seq[2] == ProbeStatus.INVALID
+    )  # ACK1 arrived, ACK2 never paired: path works, stamps do not
+    assert rows[rows["seq"] == 0]["rtt_ns"][0] > 0
+    assert s.acks_received == 3
+    assert_accounted(s)
+
+
+def test_idle_engine_sleeps(make_engine):
+    eng = make_engine()
+    eng.start()
+    time.sleep(0.5)
+    assert eng.stats().wakeups <= 3
+    fake_port = make_engine().local_port  # never started: probes to it are simply lost
+    eng.add_target(1, "127.0.0.1", fake_port, interval_s=0.05)
+    time.sleep(0.5)
+    s = eng.stats()
+    # one wake per probe sent, per stamp/timeout event, never a spin
+    assert s.wakeups <= 4 * s.sent + 5, s
+
+
+def test_validation_messages(make_engine):
+    with pytest.raises(
+        InvalidProbeSpec, match="The 'port' parameter of Engine must be an int in the range"
+    ):
+        Engine(port=70000)
+    with pytest.raises(InvalidProbeSpec, match="'transport'"):
+        Engine(transport="tcp")
+    with pytest.raises(InvalidProbeSpec, match="'bind'"):
+        Engine(bind="localhost")
+    with pytest.raises(InvalidProbeSpec, match="'timeout_s'"):
+        Engine(timeout_s=0)
+    eng = make_engine()
+    with pytest.raises(InvalidProbeSpec, match="'interval_s' parameter of Engine.add_target"):
+        eng.add_target(1, "127.0.0.1", 1, interval_s=float("nan"))
+    with pytest.raises(InvalidProbeSpec, match="'host'"):
+        eng.add_target(1, "no-such-host.invalid", 1, interval_s=1)
+    with pytest.raises(InvalidProbeSpec, match="no target 42"):
+        eng.remove_target(42)
+    with pytest.raises(ValueError):  # InvalidProbeSpec is also a ValueError
+        eng.drain(-1)
+
+
+def test_capability_errors():
+    if "verbs" not in capabilities():
+        with pytest.raises(CapabilityError):
+            Engine(transport="verbs")
+    with pytest.raises(CapabilityError):  # loopback has no NIC clock
+        Engine(bind="127.0.0.1", hw_timestamps=True, device="lo")
+
+
+def test_bind_conflict_and_close_are_clean(make_engine):
+    a = make_engine()
+    with pytest.raises(EngineError) as info:
+        Engine(bind="127.0.0.1", port=a.local_port)
+    assert info.value.errno == errno.EADDRINUSE
+    a.start()
+    a.stop()
+    a.stop()
+    a.start()
+    a.close()
+    a.close()
+    assert a.closed
+    with pytest.raises(EngineError):
+        a.drain()
+    with Engine(bind="127.0.0.1") as b:
+        assert not b.closed
+    assert b.closed
+
+
+def test_in_flight_limit_holds_probes_back_without_spinning(make_engine):
+    sink = socket.socket(
+        socket.AF_INET, socket.SOCK_DGRAM
+    )  # never answers: every probe waits its timeout
+    sink.bind(("127.0.0.1", 0))
+    try:
+        eng = make_engine(timeout_s=0.2, max_in_flight=4)
+        eng.start()
+        eng.add_target(1, "127.0.0.1", sink.getsockname()[1], interval_s=0.001)
+        peak = 0
+        deadline = time.monotonic() + 0.7
+        while time.monotonic() < deadline:
+            peak = max(peak, eng.stats().in_flight)
+            time.sleep(0.005)
+        eng.remove_target(1)
+        s = quiesce(eng)
+    finally:
+        sink.close()
+    assert 0 < peak <= 4
+    assert s.sent <= 4 * (0.7 / 0.2 + 2) and s.inflight_full > 0
+    assert s.wakeups < 100, s  # held-back probes wait for the timeout, they do not poll for it
+    assert_accounted(s)
+    with pytest.raises(InvalidProbeSpec, match="max_in_flight"):
+        Engine(max_in_flight=0)
+
+
+def test_probe_size_is_configurable_and_replies_stay_small(make_engine):
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.settimeout(2)
+    try:
+        prober = make_engine(probe_bytes=1000)
+        prober.start()
+        prober.add_target(1, "127.0.0.1", sink.getsockname()[1], interval_s=1, count=1)
+        data, _ = sink.recvfrom(4096)
+    finally:
+        sink.close()
+    assert len(data) == 1000 and fp.proto_decode(data)["type"] == 1
+    responder = make_engine()
+    responder.start()
+    rows = probe_for(prober, 2, responder.local_port, 5)
+    assert (rows["status"] == ProbeStatus.OK).all()
+    s = responder.stats()
+    assert s.probes_received == 5 and s.replies_sent == 10
+
+
+def test_each_path_id_gets_its_own_stable_source_port(make_engine):
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.settimeout(2)
+    prober = make_engine()
+    prober.start()
+    try:
+        for dst_ep, path_id in ((1, 0), (2, 5), (3, 9)):
+            prober.add_target(
+                dst_ep,
+                "127.0.0.1",
+                sink.getsockname()[1],
+                interval_s=0.02,
+                path_id=path_id,
+                count=3,
+            )
+        ports: dict[int, set[int]] = {}
+        for _ in range(9):
+            data, (_, sport) = sink.recvfrom(4096)
+            ports.setdefault(fp.proto_decode(data)["path_id"], set()).add(sport)
+    finally:
+        sink.close()
+    # one source port per path (ECMP hashes the 5-tuple), the same for every probe of that path
+    assert sorted(ports) == [0, 5, 9] and all(len(p) == 1 for p in ports.values())
+    assert ports[0] == {prober.local_port}
+    assert len(set().union(*ports.values())) == 3
+
+    responder = make_engine()
+    responder.start()
+    for path_id in (0, 5, 9, 12):
+        prober.add_target(
+            10 + path_id,
+            "127.0.0.1",
+            responder.local_port,
+            interval_s=0.005,
+            path_id=path_id,
+            count=10,
+        )
+    assert wait_for(lambda: prober.stats().ok >= 40)
+    rows = prober.drain()
+    rows = rows[rows["dst_ep"] >= 10]
+    assert sorted(set(rows["path_id"].tolist())) == [0, 5, 9, 12]
+    assert (rows["status"] == ProbeStatus.OK).all()
+    assert (rows["ts_source"] == TsSource.KERNEL).all()  # send stamps matched on every path socket
+    assert (rows["path_id"] == rows["dst_ep"] - 10).all()
+    assert_accounted(quiesce(prober))
+
+
+def test_path_sockets_are_bounded(make_engine):
+    eng = make_engine()
+    for path_id in range(1, 64):
+        eng.add_target(path_id, "127.0.0.1", 9, interval_s=10, path_id=path_id)
+    with pytest.raises(EngineError) as info:
+        eng.add_target(64, "127.0.0.1", 9, interval_s=10, path_id=64)
+    assert info.value.errno == errno.ENOSPC
+    eng.add_target(65, "127.0.0.1", 9, interval_s=10, path_id=7)  # an existing path is reused
