@@ -1,0 +1,473 @@
+"""The live demo (root): the namespace testbed, the real daemons, traffic, scripted faults.
+
+:class:`LiveDemo` is also what the end-to-end test drives: ``start()`` builds everything and
+waits until every job runs on its inferred skeleton, :meth:`LiveDemo.fault` injects one fault
+and follows the alert bus until it is localized and, once cleared, resolved, and ``stop()``
+tears everything down and checks nothing is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from skh.errors import ConfigError, TestbedError
+from skh.model import JobShape
+from skh.orchestrator.alerts import AlertFollower
+from skh.orchestrator.admin import ControllerClient
+from skh.orchestrator.pipeline import unpack_skeleton
+from skh.orchestrator.security import SecurityConfig
+
+__all__ = ["DemoSpec", "FaultOutcome", "LiveDemo", "truth_pairs", "matches"]
+
+log = logging.getLogger(__name__)
+
+_INSECURE = SecurityConfig(insecure=True)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSpec:
+    """The emulated cluster and the timing of the demo (defaults fit two cores)."""
+
+    hosts: int = 4
+    rnics_per_host: int = 4
+    hosts_per_segment: int = 2
+    spines: int = 2
+    prefix: str = "skht"
+    port_base: int = 7550
+    probe_interval_s: float = 0.25
+    period_s: float = 4.0
+    skeleton_timeout_s: float = 120.0
+    detect_timeout_s: float = 45.0
+    resolve_timeout_s: float = 45.0
+    hold_s: float = 3.0
+    settle_s: float = 4.0
+    slow_path_delay_ms: float = 5.0
+    faults: tuple[str, ...] = ("link_down", "fdb_blackhole", "slow_path", "agent_crash")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hosts, int) or self.hosts < 4 or self.hosts % 2:
+            raise ConfigError(f"The 'hosts' parameter of DemoSpec must be an even int >= 4. Got {self.hosts!r} instead.")
+        if not isinstance(self.rnics_per_host, int) or not 1 <= self.rnics_per_host <= 8:
+            raise ConfigError(
+                f"The 'rnics_per_host' parameter of DemoSpec must be an int in [1, 8]. Got {self.rnics_per_host!r} instead."
+            )
+        if not isinstance(self.port_base, int) or not 1024 <= self.port_base <= 65000:
+            raise ConfigError(
+                f"The 'port_base' parameter of DemoSpec must be an int in [1024, 65000]. Got {self.port_base!r} instead."
+            )
+
+    def testbed_spec(self) -> Any:
+        from skh.testbed import JobSpec, TestbedSpec
+
+        r = self.rnics_per_host
+        return TestbedSpec(
+            hosts=self.hosts,
+            rnics_per_host=r,
+            hosts_per_segment=self.hosts_per_segment,
+            spines=self.spines,
+            containers_per_host=2,
+            jobs=(
+                JobSpec("job0", JobShape(tp=r, pp=2, dp=self.hosts // 2)),
+                JobSpec("job1", JobShape(tp=r, pp=1, dp=self.hosts)),
+            ),
+        )
+
+    def pipeline_settings(self) -> dict[str, Any]:
+        """Detection and skeleton timing scaled to a demo of minutes (the defaults are the
+        production ones: 30 s windows, 5 min look-back, 90 s of counters)."""
+        return {
+            "detector": {
+                "window_s": 4.0, "hop_s": 2.0, "lookback_windows": 6, "min_lookback_windows": 4,
+                "lof_k": 3, "min_window_samples": 6, "allowed_lateness_s": 2.0, "clear_after_s": 6.0,
+                # two shared cores jitter namespace RTTs by hundreds of µs: only a real detour counts
+                "min_shift_us": 1000.0,
+                "fast": {"unreachable_after": 3, "loss_count": 3, "loss_window_s": 5.0},
+                # user-space stamps on two busy cores swing by milliseconds: only a stall counts
+                "health": {"delay_factor": 10.0, "delay_floor_us": 20000.0, "heartbeat_overdue_s": 3.0,
+                           "heartbeat_timeout_s": 6.0},
+            },
+            "skeleton": {
+                "window_s": 16, "hop_s": 4, "min_duration_s": 44, "min_period_s": 2.0, "max_period_s": 20.0,
+                "idle_bytes_per_s": 1e5,
+            },
+            "skeleton_every_s": 5.0,
+            "resolve_after_s": 8.0,
+            "command_timeout_s": 8.0,
+            "trace_max_ttl": 5,
+            "rnic_dump_interval_s": 5.0,
+        }
+
+
+@dataclass(slots=True)
+class FaultOutcome:
+    """One injected fault, scored against what the alert bus said."""
+
+    truth: dict[str, Any]
+    injected_ns: int
+    cleared_ns: int = 0
+    detected: dict[str, Any] | None = None  # the matching open alert
+    resolved: dict[str, Any] | None = None  # its resolution
+    others: list[dict[str, Any]] = field(default_factory=list)  # other alerts opened meanwhile
+
+    @property
+    def caught(self) -> bool:
+        return self.detected is not None
+
+    @property
+    def ok(self) -> bool:
+        return self.detected is not None and self.resolved is not None
+
+    @property
+    def detect_s(self) -> float | None:
+        if self.detected is None:
+            return None
+        return (self.detected["ts_ns"] - self.injected_ns) / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "truth": self.truth, "injected_ns": self.injected_ns, "cleared_ns": self.cleared_ns,
+            "detected": self.detected, "resolved": self.resolved, "others": self.others,
+            "caught": self.caught, "ok": self.ok, "detect_s": self.detect_s,
+        }
+
+
+def matches(truth: dict[str, Any], alert: dict[str, Any]) -> bool:
+    """Whether an alert places the fault on the truth's layer and component.
+
+    The testbed names a link ``(a, b)`` and an overlay FDB hop by its (VTEP, remote VTEP) pair;
+    the localizer names a link ``a|b`` and an overlay hop ``host/vtep:<dev>`` (the source host's
+    VTEP whose forwarding entry is missing); an agent is ``job/container`` on both sides.
+    """
+    comp, layer = truth["component"], truth["layer"]
+    if alert.get("kind") != "fault":
+        return False
+    if truth["kind"] in ("link_down", "link_flap", "loss") and layer == "underlay":
+        return alert["layer"] == "underlay" and alert["component"] == "|".join(sorted(comp))
+    if layer == "rnic":
+        return alert["layer"] == "rnic" and alert["component"] == comp
+    if truth["kind"] in ("fdb_blackhole", "overlay_loop"):
+        host, _, dev = comp[0].partition(":")
+        return alert["layer"] == "overlay" and alert["component"] in (f"{host}/vtep:{dev}", f"{host}/route")
+    if truth["kind"] in ("agent_crash", "agent_hang"):
+        return alert["layer"] == "agent" and alert["component"] == comp
+    if truth["kind"] == "container_crash":
+        return alert["component"].endswith("/" + comp)
+    return alert["component"] == comp
+
+
+def truth_pairs(cluster: Any, job: str) -> set[tuple[int, int]]:
+    """The ordered pairs the traffic generator really uses: every pair of a DP group and both
+    directions of each PP pair."""
+    from skh.testbed.traffic import job_skeleton
+
+    groups, pp = job_skeleton(cluster, job)
+    out = {(a, b) for g in groups for a in g for b in g if a != b}
+    out |= {(a, b) for a, b in pp} | {(b, a) for a, b in pp}
+    return out
+
+
+class _Bus:
+    """Follows the alert bus on a thread; keeps every record."""
+
+    def __init__(self, replay: str, alerts: str) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.cond = threading.Condition()
+        self._stop = threading.Event()
+        self._follower = AlertFollower(zmq.Context.instance(), replay=replay, alerts=alerts, security=_INSECURE)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._thread = threading.Thread(target=self._run, name="skh-demo-bus", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for rec in self._follower.follow(self.records[-1]["seq"] if self.records else 0, idle_timeout_s=0.5):
+                    flat = {**rec["alert"], "seq": rec["seq"], "ts_ns": rec["ts_ns"]}
+                    with self.cond:
+                        self.records.append(flat)
+                        self.cond.notify_all()
+                    for fn in self.listeners:
+                        fn(flat)
+                    if self._stop.is_set():
+                        break
+            except Exception as exc:  # the analyzer not up yet, a replay timeout: retry
+                log.debug("alert bus: %s", exc)
+                time.sleep(0.5)
+
+    def wait(self, pred: Callable[[dict[str, Any]], bool], timeout_s: float, since: int = 0) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while True:
+                for r in self.records:
+                    if r["seq"] > since and pred(r):
+                        return r
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, 0.5))
+
+    @property
+    def last_seq(self) -> int:
+        with self.cond:
+            return self.records[-1]["seq"] if self.records else 0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=3)
+        self._follower.close()
+
+
+class LiveDemo:
+    """The whole system on a namespace testbed. Root only."""
+
+    def __init__(self, spec: DemoSpec, run_dir: Path, *, say: Callable[[str], None] = print) -> None:
+        from skh.testbed import Testbed
+
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.say = say
+        self.tb = Testbed(spec.testbed_spec(), prefix=spec.prefix)
+        self.cluster = self.tb.cluster()
+        L = self.tb.layout
+        ip = L.mgmt_root_ip()
+        p = spec.port_base
+        self.addr = {
+            "router": f"tcp://{ip}:{p}", "pub": f"tcp://{ip}:{p + 1}",
+            "pull": f"tcp://{ip}:{p + 10}", "alerts": f"tcp://{ip}:{p + 11}", "replay": f"tcp://{ip}:{p + 12}",
+        }
+        self.procs: dict[str, Any] = {}
+        self.bus: _Bus | None = None
+        self.client: ControllerClient | None = None
+        self.outcomes: list[FaultOutcome] = []
+        self.skeletons: dict[str, dict[str, Any]] = {}
+        self.timeline: list[tuple[int, str]] = []
+        self.t_start_ns = 0
+        self.t_end_ns = 0
+
+    # -- set-up -------------------------------------------------------------------------------
+    def mark(self, what: str) -> None:
+        self.timeline.append((time.time_ns(), what))
+        self.say(what)
+
+    def tail_command(self) -> str:
+        return f"skh alerts tail --insecure --replay {self.addr['replay']} --alerts {self.addr['alerts']}"
+
+    def _wait_log(self, rec: Any, needle: bytes, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError):
+                if needle in Path(rec.log).read_bytes():
+                    return
+            if not rec.alive():
+                break
+            time.sleep(0.05)
+        tail = Path(rec.log).read_text(errors="replace")[-800:] if Path(rec.log).exists() else ""
+        raise TestbedError(f"{rec.role} did not start: {tail}")
+
+    def _pipeline_config(self) -> Path:
+        tb, L = self.tb, self.tb.layout
+        vf_devices = {e.name: tb.representor(e)[1] for e in self.cluster.endpoints}
+        cfg = {
+            "fabric": tb.fabric().to_mapping(),
+            "addr_owner": tb.ip_owners(),
+            "host_agents": {L.host_name(g): f"ul-{L.host_name(g)}" for g in range(self.spec.hosts)},
+            "vf_devices": vf_devices,
+            "controller": self.addr["router"],
+            **self.spec.pipeline_settings(),
+        }
+        path = self.run_dir / "pipeline.json"
+        path.write_text(json.dumps(cfg, indent=1))
+        return path
+
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            raise TestbedError("the live demo needs root (network namespaces); try --sim")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.t_start_ns = time.time_ns()
+        tb, L, spec = self.tb, self.tb.layout, self.spec
+        self.mark(f"building the testbed: {spec.hosts} hosts x {spec.rnics_per_host} RNICs, "
+                  f"{len(L.placements)} containers, {len(self.cluster.endpoints)} endpoints")
+        tb.up()
+        for name in ("registry.db", "alerts.log"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.run_dir / name).unlink()
+        spool = self.run_dir / "spool"
+        spool.mkdir(exist_ok=True)
+        for f in spool.glob("*.npy"):
+            f.unlink()
+        common = ["--insecure"]
+        ctl = tb.spawn(["python", "-m", "skh", "controller", *common, "--bind", self.addr["router"],
+                        "--pub-bind", self.addr["pub"], "--db", str(self.run_dir / "registry.db"),
+                        "--heartbeat-interval", "0.5", "--print-endpoints"], role="controller",
+                       log_path=self.run_dir / "controller.log")
+        self._wait_log(ctl, b'"router"')
+        self.procs["controller"] = ctl
+        self.client = ControllerClient(self.addr["router"])
+        for job in self.tb.spec.effective_jobs():
+            # submitted in the model's order, so the controller numbers endpoints as the model does
+            got = self.client.submit_job(self.cluster.jobs[job.name])
+            for e in self.cluster.job_endpoints(job.name):
+                if got.get(e.name) != e.ep_id:
+                    raise TestbedError(f"controller numbered {e.name} {got.get(e.name)}, the model {e.ep_id}")
+        an = tb.spawn(["python", "-m", "skh.orchestrator.pipeline", "-v", *common, "--pipeline",
+                       str(self._pipeline_config()), "--bind", self.addr["pull"], "--alerts-bind",
+                       self.addr["alerts"], "--replay-bind", self.addr["replay"], "--alert-log",
+                       str(self.run_dir / "alerts.log"), "--spool-dir", str(spool)], role="analyzer",
+                      log_path=self.run_dir / "analyzer.log")
+        self._wait_log(an, b'"pull"')
+        self.procs["analyzer"] = an
+        self.bus = _Bus(self.addr["replay"], self.addr["alerts"])
+        self.mark(f"controller and analyzer up; follow the alerts from another terminal: {self.tail_command()}")
+        link = ["--controller", self.addr["router"], "--controller-pub", self.addr["pub"],
+                "--analyzer", self.addr["pull"]]
+        for g in range(spec.hosts):
+            host = L.host_name(g)
+            argv = ["python", "-m", "skh.demo.agent", *common, "--name", f"ul-{host}", "--host", host, *link]
+            for e in self.cluster.endpoints:
+                if e.host == host:
+                    argv += ["--source", f"endpoint={e.name},kind=netdev,netdev={tb.representor(e)[1]}"]
+            self.procs[f"ul-{host}"] = tb.spawn(argv, ns=L.host_ns(g), role=f"ul-{host}")
+        for c in L.placements:
+            argv = ["python", "-m", "skh", "agent", *common, "--role", "overlay", "--name", f"ov-{c.name}",
+                    "--host", L.host_name(c.host), "--job", c.job, "--container", c.name,
+                    "--probe-interval", str(spec.probe_interval_s), *link]
+            for r in range(spec.rnics_per_host):
+                argv += ["--endpoint", f"rail={r},ip={L.vf_ip(c.host, c.slot, r)},netdev=vf{r}"]
+            self.procs[f"ov-{c.name}"] = tb.spawn(argv, ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}")
+        self._wait_ready()
+        from skh.testbed.traffic import TrafficConfig
+
+        cfg = TrafficConfig(period_s=spec.period_s, slot_s=spec.period_s / 4)
+        t0 = (time.time_ns() // 1_000_000_000 + 3) * 1_000_000_000
+        for job in self.tb.spec.effective_jobs():
+            tb.start_traffic(job.name, cfg, t0_ns=t0)
+        self.mark("training traffic started (DP all-reduce and PP bursts); inferring skeletons from counters")
+        self._wait_skeletons()
+
+    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+        assert self.client is not None
+        want = len(self.cluster.endpoints)
+        deadline = time.monotonic() + timeout_s
+        ready = 0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                st = self.client.status()
+                ready = sum(j["ready"] for j in st["jobs"].values())
+                agents = st["agents"]
+                ul = sum(1 for a in agents.values() if a["role"] == "underlay" and a["alive"])
+                if ready == want and ul == self.spec.hosts:
+                    self.mark(f"{len(agents)} agents registered, {ready} endpoints ready, probing the preload lists")
+                    return
+            time.sleep(0.5)
+        raise TestbedError(f"only {ready} of {want} endpoints became ready")
+
+    def _wait_skeletons(self) -> None:
+        assert self.bus is not None and self.client is not None
+        for job in self.tb.spec.effective_jobs():
+            rec = self.bus.wait(lambda r, j=job.name: r.get("kind") == "skeleton" and r.get("job") == j,
+                                self.spec.skeleton_timeout_s)
+            if rec is None:
+                raise TestbedError(f"no skeleton for {job.name} within {self.spec.skeleton_timeout_s:g} s")
+            snap = self.client.snapshot(job.name)
+            pairs = unpack_skeleton(snap)
+            applied = set() if pairs is None else {(int(a), int(b)) for a, b in pairs.tolist()}
+            truth = truth_pairs(self.cluster, job.name)
+            self.skeletons[job.name] = {
+                "alert": rec, "applied": sorted(applied), "truth": sorted(truth), "equal": applied == truth,
+                "endpoints": [e.ep_id for e in self.cluster.job_endpoints(job.name)],
+            }
+            self.mark(f"skeleton of {job.name}: {rec['mode']}, {len(applied)} pairs "
+                      f"(truth {len(truth)}, {'equal' if applied == truth else 'DIFFERENT'}), "
+                      f"confidence {rec['confidence']:.2f}")
+
+    # -- faults -------------------------------------------------------------------------------
+    def default_params(self, kind: str) -> dict[str, Any]:
+        L, r_last = self.tb.layout, self.spec.rnics_per_host - 1
+        if kind == "link_down":
+            return {"link": (L.rnic_key(1, 0), L.tor_name(L.segment(1), 0))}
+        if kind == "loss":
+            return {"link": (L.rnic_key(3, 1), L.tor_name(L.segment(3), 1)), "percent": 60.0}
+        if kind == "fdb_blackhole":
+            return {"host": L.host_name(0), "peer": L.host_name(self.spec.hosts - 1), "rail": r_last}
+        if kind == "slow_path":
+            return {"host": L.host_name(2), "rail": 0, "delay_ms": self.spec.slow_path_delay_ms}
+        if kind in ("agent_crash", "agent_hang"):
+            c = next(c for c in L.placements if c.job == "job1" and c.host == 1)
+            rec = self.tb.find_process(self.procs[f"ov-{c.name}"].pid) or self.procs[f"ov-{c.name}"]
+            return {"pid": rec.pid, "name": f"{c.job}/{c.name}"}
+        raise TestbedError(f"the demo has no script for fault kind {kind!r}")
+
+    def fault(self, kind: str, **params: Any) -> FaultOutcome:
+        from skh.testbed import Faults
+
+        assert self.bus is not None
+        faults = Faults(self.tb)
+        params = params or self.default_params(kind)
+        since = self.bus.last_seq
+        truth = faults.inject(kind, **params)
+        t = truth.to_dict()
+        out = FaultOutcome(t, truth.t_inject_ns)
+        self.mark(f"fault {truth.id}: {kind} on {t['layer']} {t['component']}")
+        det = self.bus.wait(lambda r: r.get("state") == "open" and matches(t, r), self.spec.detect_timeout_s, since)
+        out.detected = det
+        if det is not None:
+            self.mark(f"  detected in {(det['ts_ns'] - out.injected_ns) / 1e9:.1f} s: {det['layer']} "
+                      f"{det['component']} ({det['failure_type']}, {det['n_pairs']} pairs)")
+            time.sleep(self.spec.hold_s)
+        else:
+            self.mark(f"  NOT localized within {self.spec.detect_timeout_s:g} s")
+        cleared = faults.clear(truth.id)
+        out.cleared_ns = time.time_ns()
+        if cleared.detail.get("respawned_pid"):
+            self.procs["ov-" + str(t["component"]).rsplit("/", 1)[-1]] = \
+                self.tb.find_process(cleared.detail["respawned_pid"])
+        if det is not None:
+            res = self.bus.wait(lambda r: r.get("state") == "resolved" and r.get("alert_id") == det["alert_id"],
+                                self.spec.resolve_timeout_s, det["seq"])
+            out.resolved = res
+            if res is not None:
+                self.mark(f"  cleared; alert resolved {(res['ts_ns'] - out.cleared_ns) / 1e9:+.1f} s after the repair")
+            else:
+                self.mark(f"  cleared; alert NOT resolved within {self.spec.resolve_timeout_s:g} s")
+        with self.bus.cond:
+            out.others = [r for r in self.bus.records if r["seq"] > since and r.get("state") == "open"
+                          and (det is None or r["seq"] != det["seq"])]
+        self.outcomes.append(out)
+        time.sleep(self.spec.settle_s)
+        return out
+
+    def run_script(self) -> list[FaultOutcome]:
+        for kind in self.spec.faults:
+            self.fault(kind)
+        return self.outcomes
+
+    # -- teardown -----------------------------------------------------------------------------
+    def stop(self) -> dict[str, Any]:
+        self.t_end_ns = time.time_ns()
+        if self.bus is not None:
+            self.bus.close()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        for name in ("analyzer", "controller"):
+            rec = self.procs.get(name)
+            if rec is not None:
+                with contextlib.suppress(Exception):
+                    self.tb.stop(rec, grace_s=5.0)
+        counts = self.tb.down()
+        self.mark("testbed torn down")
+        return counts
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.bus.records) if self.bus is not None else []
