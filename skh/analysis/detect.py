@@ -30,7 +30,11 @@ Streaming rules:
   look-back 352 B), so 360K pairs take about 390 MB, plus about 60 B per endpoint id for
   health. Pairs silent for ``retire_idle_s`` or touching a retired endpoint are dropped.
 - Duplicates: per pair, an anti-replay window over ``seq`` (the highest seq and a 64-bit map
-  below it); rows 64 or more probes older than the newest are dropped as stale. Rows whose
+  below it); rows 64 or more probes older than the newest are dropped as stale. A row that
+  does not advance the seq but was sent after the pair's newest row is a restarted prober
+  (its engine numbers from 0 again): the pair's window restarts from it (``stats.restarts``),
+  while replays and duplicates, which carry their original send times, stay dropped (a row
+  that advances the seq but was sent before the pair's newest is a replay too). Rows whose
   send time is behind the watermark are dropped as late (counted): a window, once closed, is
   never revised.
 - A window is scored only when it is *complete*: its prober's results have advanced past its
@@ -164,6 +168,8 @@ class DetectorStats:
     duplicates: int = 0
     stale: int = 0
     late: int = 0
+    #: pairs whose prober restarted (seq numbering from 0 again at a newer send time)
+    restarts: int = 0
     retired_rows: int = 0
     windows_scored: int = 0
     pairs_live: int = 0
@@ -319,14 +325,20 @@ class Detector:
         if ok.any():
             self._store_samples(pid[ok], t[ok], b["rtt_ns"][ok] / 1e3)
 
-    def open_incidents(self) -> tuple[set[tuple[int, int]], set[int]]:
+    def open_incidents(self, now_ns: int | None = None) -> tuple[set[tuple[int, int]], set[int]]:
         """What is still open as of the last tick: pairs with a network incident of any kind,
-        and endpoints with an agent incident (both clear after ``clear_after_s`` of quiet)."""
+        and endpoints with an agent incident (both clear after ``clear_after_s`` of quiet).
+
+        With ``now_ns``, the endpoints also include those unhealthy at ``now_ns``: an alerting
+        health reason, or results that stopped arriving (a dead agent dropped from its peers'
+        lists is no longer refused, but it stays late until it is back)."""
         p = self.pairs[: self._n]
         act = (p["act_since"] != _NONE).any(axis=1) & ~p["dead"]
-        return set(zip(p["src"][act].tolist(), p["dst"][act].tolist(), strict=True)), set(
-            self._agent_since
-        )
+        eps = set(self._agent_since)
+        if now_ns is not None:
+            sick = self.health.evaluate(int(now_ns)) & int(ALERTING | HealthReason.LATE_RESULTS)
+            eps.update(np.flatnonzero(sick).tolist())
+        return set(zip(p["src"][act].tolist(), p["dst"][act].tolist(), strict=True)), eps
 
     # ------------------------------------------------------------------ pair index
 
@@ -394,6 +406,26 @@ class Detector:
             first.sort()
             b, pid, seq = b[first], pid[first], seq[first]
         p = self.pairs
+        known = p["seq_hi"][pid] >= 0
+        newer = b["t_wall_ns"] > p["last_rec_ns"][pid]
+        ahead = ((seq - p["seq_hi"][pid] + 2**31) % 2**32) - 2**31 > 0
+        # within one prober session seq rises with send time, so a row that does not advance
+        # the seq yet was sent after everything seen is a restarted prober numbering from 0
+        # again, and a row that advances it but was sent before is a replay of an earlier
+        # session (replays and duplicates carry their original send times)
+        restart = known & ~ahead & newer
+        drop = known & ahead & ~newer
+        if restart.any():
+            rp = np.unique(pid[restart])
+            self.stats.restarts += rp.size
+            log.info("%d pair(s) restarted their probe numbering (a restarted prober)", rp.size)
+            p["seq_hi"][rp] = -1
+            drop |= np.isin(pid, rp) & ~newer  # what was sent before the restart
+        if drop.any():
+            self.stats.stale += int(drop.sum())
+            b, pid, seq = b[~drop], pid[~drop], seq[~drop]
+            if b.size == 0:
+                return b, pid
         starts = _runs(pid)
         upid = pid[starts]
         fresh = p["seq_hi"][upid] < 0

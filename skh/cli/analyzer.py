@@ -1,4 +1,11 @@
-"""``skh analyzer``: run the analyzer daemon in the foreground."""
+"""``skh analyzer``: run the analyzer daemon in the foreground.
+
+By default (``detector = "pipeline"``) it runs the whole analysis: skeleton inference from the
+agents' counters, detection, localization through commands the controller relays to the host
+agents, and alerts. That needs the controller's address and the fabric (``--controller``,
+``--fabric``, and optionally ``--pipeline`` for the rest of the pipeline's settings);
+``--detector detect`` runs the streaming detector alone (suspect events, no localization).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +16,27 @@ from skh.cli._daemon_args import add_common, config_from
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyzer", help="run skh-analyzer (ingest, detection rounds, alert bus)")
+    p = sub.add_parser("analyzer", help="run skh-analyzer (ingest, analysis rounds, alert bus)")
     add_common(p)
     p.add_argument("--bind", help="PULL address for result and counter batches")
     p.add_argument("--alerts-bind", help="PUB address for alerts")
     p.add_argument("--replay-bind", help="REP address for alert replay")
     p.add_argument("--alert-log", help="durable alert log (JSON lines)")
     p.add_argument("--spool-dir", help="archive each round's raw records as .npy here")
-    p.add_argument("--detector", choices=("auto", "none"))
+    p.add_argument(
+        "--detector",
+        choices=("pipeline", "detect", "none"),
+        help="pipeline: skeleton, detection, localization, alerts (default); "
+        "detect: the detector alone; none: ingest only",
+    )
+    p.add_argument(
+        "--controller", help="controller ROUTER address (registry, skeleton lists, relayed commands)"
+    )
+    p.add_argument("--fabric", help="fabric file (TOML: hosts, RNICs, switches)")
+    p.add_argument(
+        "--pipeline",
+        help="pipeline settings (JSON or TOML: addr_owner, host_agents, vf_devices, tuning)",
+    )
     p.add_argument(
         "--controller-pub", help="controller PUB address (endpoint names, stopped containers)"
     )
@@ -33,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from skh.orchestrator.analyzer import Analyzer
     from skh.orchestrator.daemon import install_stop_signals
     from skh.orchestrator.metrics import CollectorRegistry, serve
+    from skh.orchestrator.pipeline import PipelineConfig, PipelineHook
 
     cfg = config_from(
         args,
@@ -43,21 +64,32 @@ def run(args: argparse.Namespace) -> int:
             "analyzer.alert_log": args.alert_log,
             "analyzer.spool_dir": args.spool_dir,
             "analyzer.detector": args.detector,
+            "analyzer.controller": args.controller,
+            "analyzer.fabric": args.fabric,
+            "analyzer.pipeline": args.pipeline,
             "analyzer.metrics": args.metrics,
             "analyzer.controller_pub": args.controller_pub,
         },
     )
-    cfg.security.check(server=True, client=False)
+    full = cfg.analyzer.detector == "pipeline"
+    pcfg = PipelineConfig.from_analyzer(cfg.analyzer) if full else None
+    # the pipeline is also the controller's client (registry, skeletons, relayed commands)
+    cfg.security.check(server=True, client=full)
     stop = threading.Event()
     install_stop_signals(stop)
     registry = CollectorRegistry()
-    an = Analyzer(cfg.analyzer, cfg.security, metrics=registry)
-    pull, pub, rep = an.bind()
-    port = serve(registry, cfg.analyzer.metrics)
-    if args.print_endpoints:
-        print(
-            json.dumps({"pull": pull, "alerts": pub, "replay": rep, "metrics_port": port}),
-            flush=True,
-        )
-    an.run(stop)
+    hook = PipelineHook(pcfg, cfg.security) if pcfg is not None else None
+    try:
+        an = Analyzer(cfg.analyzer, cfg.security, hook=hook, metrics=registry)
+        pull, pub, rep = an.bind()
+        port = serve(registry, cfg.analyzer.metrics)
+        if args.print_endpoints:
+            print(
+                json.dumps({"pull": pull, "alerts": pub, "replay": rep, "metrics_port": port}),
+                flush=True,
+            )
+        an.run(stop)
+    finally:
+        if hook is not None:
+            hook.close()
     return 0

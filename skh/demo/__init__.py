@@ -7,6 +7,6 @@
 * :mod:`skh.demo.simmode` — without root: the same :class:`skh.orchestrator.pipeline.Pipeline`
   over the simulator, in virtual time.
 * :mod:`skh.demo.report` — the self-contained HTML report (inline SVG, no scripts).
-* :mod:`skh.demo.agent` — the underlay agent with the testbed's host-side handlers
-  (host report, RNIC flow view, overlay state read with pyroute2).
+* :mod:`skh.demo.agent` — the underlay agent with the testbed's stand-in for an RNIC flow
+  table (the analyzer is the product's own ``skh analyzer``).
 """

@@ -283,7 +283,6 @@ class LiveDemo:
             "addr_owner": tb.ip_owners(),
             "host_agents": {L.host_name(g): f"ul-{L.host_name(g)}" for g in range(self.spec.hosts)},
             "vf_devices": vf_devices,
-            "controller": self.addr["router"],
             **self.spec.pipeline_settings(),
         }
         path = self.run_dir / "pipeline.json"
@@ -320,8 +319,9 @@ class LiveDemo:
             for e in self.cluster.job_endpoints(job.name):
                 if got.get(e.name) != e.ep_id:
                     raise TestbedError(f"controller numbered {e.name} {got.get(e.name)}, the model {e.ep_id}")
-        an = tb.spawn(["python", "-m", "skh.orchestrator.pipeline", "-v", *common, "--pipeline",
-                       str(self._pipeline_config()), "--bind", self.addr["pull"], "--alerts-bind",
+        an = tb.spawn(["python", "-m", "skh", "-v", "analyzer", *common, "--pipeline",
+                       str(self._pipeline_config()), "--controller", self.addr["router"],
+                       "--print-endpoints", "--bind", self.addr["pull"], "--alerts-bind",
                        self.addr["alerts"], "--replay-bind", self.addr["replay"], "--alert-log",
                        str(self.run_dir / "alerts.log"), "--spool-dir", str(spool)], role="analyzer",
                       log_path=self.run_dir / "analyzer.log")

@@ -2,15 +2,25 @@
 
 It samples the byte counters of every configured source at 1 Hz (the input of skeleton
 inference) and ships them to the analyzer, and it runs the localization commands the analyzer asks
-for through the controller: a flow-pinned traceroute, flow-table dumps and the overlay state of a
-namespace. Each command is a pluggable handler (``agent.handlers[name] = fn(args) -> result``);
-the defaults use the collectors of :mod:`skh.collect` where present and return raw command output
-otherwise.
+for through the controller. Each command is a pluggable handler
+(``agent.handlers[name] = fn(args) -> result``); the defaults (:func:`default_handlers`) read the
+host with the collectors of :mod:`skh.collect`:
+
+* ``traceroute``: a flow-pinned (Paris) traceroute between two RNICs;
+* ``dump_flows``: the OVS flow tables (the datapath cache stands in for the RNIC's offloaded one);
+* ``overlay_state``: routes, neighbours, bridge FDB, link kinds and oper-down links;
+* ``host_report``: the port state of this host's RNICs.
+
+Counters are sampled on the wall clock's grid, ``sample_phase_s`` into each second, so every host
+samples at the same instants: training traffic comes in bursts that often start on whole seconds
+(iteration boundaries of a job launched by one clock), and a 1 Hz sample at a random phase
+splits such a burst over two one-second bins, by a different share on each host, which blurs the
+stage shifts skeleton inference reads. The default 0.5 s keeps samples away from the seconds'
+edges.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import subprocess
 import sys
@@ -21,6 +31,9 @@ from typing import Any
 
 import zmq
 
+from skh.collect.linux import read_linux_state
+from skh.collect.ovs import parse_dpctl_flows, parse_ofctl_flows
+from skh.collect.trace import paris_trace
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.counters import CounterSampler, make_source
@@ -29,11 +42,13 @@ from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
 from skh.orchestrator.security import SecurityConfig
 from skh.wire import Envelope, MsgType, counter_batch_body
 
-__all__ = ["UnderlayAgent", "default_handlers"]
+__all__ = ["UnderlayAgent", "default_handlers", "next_sample_delay_s"]
 
 log = logging.getLogger(__name__)
 
 _CMD_TIMEOUT_S = 20.0
+_IFF_UP = 0x1
+_IFF_LOWER_UP = 0x10000  # carrier (the operstate follows it only after linkwatch's delay)
 
 
 def _plain(obj: Any) -> Any:
@@ -57,24 +72,14 @@ def _run(argv: list[str], netns: str = "") -> str:
     return done.stdout
 
 
-def _collector(module: str, func: str) -> Any:
-    try:
-        return getattr(importlib.import_module(f"skh.collect.{module}"), func, None)
-    except ImportError:
-        return None
-
-
 def traceroute(args: dict[str, Any]) -> Any:
     """Flow-pinned traceroute: ``{dst, src?, sport?, dport?, max_ttl?, netns?}``. Inside another
     namespace the collector runs as a subprocess under ``ip netns exec``."""
     dst = str(args["dst"])
     netns = str(args.get("netns", ""))
     opts = {k: args[k] for k in ("src", "sport", "dport", "max_ttl") if k in args}
-    paris = _collector("trace", "paris_trace")
-    if paris is None:  # no collector: the system traceroute, unpinned
-        return {"raw": _run(["traceroute", "-n", "-U", dst], netns)}
     if not netns:
-        return {"trace": _plain(paris(dst, **opts))}
+        return {"trace": _plain(paris_trace(dst, **opts))}
     argv = [
         sys.executable,
         "-m",
@@ -92,28 +97,67 @@ def dump_flows(args: dict[str, Any]) -> Any:
     netns = str(args.get("netns", ""))
     if args.get("datapath"):
         raw = _run(["ovs-appctl", "dpctl/dump-flows"], netns)
-        parse = _collector("ovs", "parse_dpctl_flows")
-    else:
-        raw = _run(["ovs-ofctl", "dump-flows", str(args["bridge"])], netns)
-        parse = _collector("ovs", "parse_ofctl_flows")
-    return {"raw": raw, "parsed": _plain(parse(raw))} if parse is not None else {"raw": raw}
+        return {"raw": raw, "parsed": _plain(parse_dpctl_flows(raw))}
+    raw = _run(["ovs-ofctl", "dump-flows", str(args["bridge"])], netns)
+    return {"raw": raw, "parsed": _plain(parse_ofctl_flows(raw))}
 
 
 def overlay_state(args: dict[str, Any]) -> Any:
-    """FDB, routes and neighbours of a namespace: ``{netns?}``."""
-    netns = str(args.get("netns", ""))
-    reader = _collector("linux", "read_overlay_state")
-    if reader is not None:
-        return _plain(reader(netns) if netns else reader())
+    """Routes, neighbours, bridge FDB, link kinds and oper-down links of a namespace
+    (``{netns?}``), in the plain form of :class:`skh.collect.linux.LinuxState`."""
+    st = read_linux_state(str(args.get("netns", "")) or None)
     return {
-        "fdb": _run(["bridge", "-j", "fdb", "show"], netns),
-        "routes": _run(["ip", "-j", "route", "show", "table", "all"], netns),
-        "neigh": _run(["ip", "-j", "neigh", "show"], netns),
+        "routes": _plain(st.routes),
+        "neighs": _plain(st.neighs),
+        "fdb": _plain(st.fdb),
+        "links": dict(st.links),
+        "down": sorted(st.down),
     }
 
 
+def host_report(args: dict[str, Any]) -> Any:
+    """Port state of this host's RNICs: ``{rnics: {rail: netdev}, netns?}`` (the analyzer passes
+    the netdevs its fabric file names). A port set down is the RNIC's own failure
+    (``rnic_state = down``); a port that is up without carrier sees no light from its switch, so
+    the switch end of the access link is down (``peer_down``)."""
+    from pyroute2 import IPRoute
+
+    rails = {str(dev): int(rail) for rail, dev in dict(args.get("rnics", {})).items()}
+    netns = str(args.get("netns", ""))
+    state: dict[str, str] = {}
+    peer_down: list[int] = []
+    with IPRoute(**({"netns": netns} if netns else {})) as ipr:
+        for link in ipr.get_links():
+            rail = rails.get(link.get_attr("IFLA_IFNAME") or "")
+            if rail is None:
+                continue
+            if not link["flags"] & _IFF_UP:
+                state[str(rail)] = "down"
+                continue
+            state[str(rail)] = "up"
+            if not link["flags"] & _IFF_LOWER_UP:
+                peer_down.append(rail)
+    return {"rnic_state": state, "peer_down": sorted(peer_down)}
+
+
 def default_handlers() -> dict[str, Any]:
-    return {"traceroute": traceroute, "dump_flows": dump_flows, "overlay_state": overlay_state}
+    return {
+        "traceroute": traceroute,
+        "dump_flows": dump_flows,
+        "overlay_state": overlay_state,
+        "host_report": host_report,
+    }
+
+
+def next_sample_delay_s(wall_s: float, phase_s: float, interval_s: float) -> float:
+    """Seconds from wall-clock time ``wall_s`` to the next counter sample: on the grid
+    ``whole second + phase_s``, about ``interval_s`` after the last one. A sample taken late
+    (a slow tick) keeps the grid; one more than half a second late skips a grid point rather
+    than sampling twice within half a second."""
+    delay = (phase_s - wall_s) % 1.0
+    if delay < 0.5:
+        delay += 1.0
+    return delay + max(0, int(interval_s) - 1)
 
 
 class UnderlayAgent(AgentBase):
@@ -135,7 +179,7 @@ class UnderlayAgent(AgentBase):
         security.client(self.push)
         self.push.connect(cfg.analyzer)
         self.handlers.update(default_handlers())
-        self._next_sample = time.monotonic()
+        self._next_sample = time.monotonic() + (cfg.sample_phase_s - time.time()) % 1.0
         if metrics is not None:
             metrics.register(
                 CallbackCollector(
@@ -215,10 +259,11 @@ class UnderlayAgent(AgentBase):
                 now = time.monotonic()
                 self.session_tick(now)
                 if now >= self._next_sample:
-                    # 1 Hz on a fixed grid: a slow tick does not shift every later sample
-                    self._next_sample += max(1.0, self.cfg.batch_interval_s)
-                    if self._next_sample < now:
-                        self._next_sample = now + 1.0
+                    # re-aimed at the wall clock's grid each time: a slow tick shifts no later
+                    # sample, and the monotonic clock drifting from the wall clock cannot either
+                    self._next_sample = now + next_sample_delay_s(
+                        time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s)
+                    )
                     self.sample_and_ship()
                 self.notifier.watchdog()
         finally:

@@ -9,9 +9,10 @@ Sockets:
 
 The hook is where detection plugs in: every ``round_s`` the analyzer hands it the round's probe
 and counter records as two structured arrays (:data:`~skh.records.PROBE_DTYPE`,
-:data:`~skh.records.COUNTER_DTYPE`) and publishes the alerts it returns. With
-``detector = "auto"`` the streaming detector of :mod:`skh.analysis.detect` is used when that
-module is present (:class:`DetectorHook`); ``spool_dir`` additionally archives each round's raw
+:data:`~skh.records.COUNTER_DTYPE`) and publishes the alerts it returns. ``skh analyzer``
+passes the full pipeline (:class:`skh.orchestrator.pipeline.PipelineHook`); without a hook and
+unless ``detector = "none"`` the streaming detector of :mod:`skh.analysis.detect` is used
+(:class:`DetectorHook`); ``spool_dir`` additionally archives each round's raw
 records as ``.npy``.
 """
 

@@ -97,7 +97,18 @@ class AnalyzerConfig:
     alert_log: str = "/var/lib/skh/alerts.log"
     round_s: float = 1.0
     spool_dir: str = ""  # write each round's raw batches as .npy ("" = off)
-    detector: str = "auto"  # auto | none
+    #: pipeline: skeleton inference, detection, localization and alerts (needs ``controller``
+    #: and a fabric); detect: the streaming detector alone (network and agent suspects, no
+    #: localization); none: ingest and spool only
+    detector: str = "pipeline"
+    #: the controller's ROUTER address: the pipeline reads the endpoint registry, installs
+    #: skeleton lists and relays localization commands to the host agents through it
+    controller: str = "tcp://127.0.0.1:5550"
+    #: fabric file (:meth:`skh.model.Fabric.from_toml`): hosts, RNICs and switches by name
+    fabric: str = ""
+    #: pipeline settings file, JSON or TOML (:class:`skh.orchestrator.pipeline.PipelineConfig`
+    #: less ``controller``: addr_owner, host_agents, vf_devices, detector and skeleton tuning)
+    pipeline: str = ""
     #: the controller's PUB address: endpoint-to-job names and stopped containers for detection
     controller_pub: str = ""
     hwm: int = 10_000
@@ -121,6 +132,9 @@ class AgentConfig:
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 1.0
     batch_interval_s: float = 1.0
+    #: underlay: counters are sampled this far into each wall-clock second, on every host alike
+    #: (see :mod:`skh.orchestrator.agent_underlay` for why)
+    sample_phase_s: float = 0.5
     buffer_s: float = 300.0  # results kept while the analyzer is unreachable
     max_probe_rate: float = 1000.0  # sizes the buffer: buffer_s x rate records
     ready_file: str = ""  # report ready only once this file exists ("" = at once)
@@ -267,6 +281,10 @@ def _validate(cfg: Config) -> None:
             "The 'controller.command_retries' setting must be >= 0. "
             f"Got {c.command_retries} instead."
         )
+    if not 0.0 <= g.sample_phase_s < 1.0:
+        raise ConfigError(
+            f"The 'agent.sample_phase_s' setting must be in [0, 1). Got {g.sample_phase_s!r} instead."
+        )
     if g.role not in ("overlay", "underlay"):
         raise ConfigError(
             f"The 'agent.role' setting must be 'overlay' or 'underlay'. Got {g.role!r} instead."
@@ -275,9 +293,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"The 'agent.transport' setting must be 'udp' or 'verbs'. Got {g.transport!r} instead."
         )
-    if a.detector not in ("auto", "none"):
+    if a.detector not in ("pipeline", "detect", "none"):
         raise ConfigError(
-            f"The 'analyzer.detector' setting must be 'auto' or 'none'. Got {a.detector!r} instead."
+            "The 'analyzer.detector' setting must be 'pipeline', 'detect' or 'none'. "
+            f"Got {a.detector!r} instead."
         )
     rails = [e.rail for e in g.endpoints]
     if len(set(rails)) != len(rails):

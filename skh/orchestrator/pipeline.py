@@ -9,8 +9,7 @@
   and, when the list changed (:meth:`Skeleton.replaces`), submitted to the controller with the next
   skeleton version; the controller replaces the preload list and agents add before they drop, so
   no pair kept across the change is left unprobed.
-* **Detection** is the streaming :class:`~skh.analysis.detect.Detector` (with each pair's probe
-  sequence kept rising across prober restarts, :class:`SeqContinuity`).
+* **Detection** is the streaming :class:`~skh.analysis.detect.Detector`.
 * **Localization** asks the controller to relay commands to the host (underlay) agents: a
   flow-pinned traceroute between the two RNICs of a pair, the host's overlay forwarding state,
   a host report (RNIC link states) and, last and rate-limited, the RNIC flow tables.
@@ -22,19 +21,18 @@
 
 :class:`Pipeline` is synchronous (the simulator drives it in virtual time); :class:`PipelineHook`
 runs it on a worker thread behind the analyzer daemon's round hook, so traceroutes that take
-seconds never stall ingest. ``python -m skh.orchestrator.pipeline --pipeline FILE`` runs the
-analyzer daemon with this hook (every ``skh analyzer`` option applies).
+seconds never stall ingest. ``skh analyzer`` runs the daemon with this hook (its default
+``detector = "pipeline"``; see :meth:`PipelineConfig.from_analyzer` for its settings).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import queue
-import sys
 import threading
 import time
+import tomllib
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -45,7 +43,7 @@ import numpy as np
 
 from skh.analysis.detect import Detector, DetectorConfig, SuspectEvent
 from skh.analysis.fastpath import FastPathConfig
-from skh.analysis.health import ALERTING, HealthConfig, HealthReason
+from skh.analysis.health import HealthConfig
 from skh.analysis.localize import (
     AlertTracker,
     FlowRule,
@@ -63,6 +61,7 @@ from skh.analysis.skeleton import Skeleton, SkeletonParams, infer_skeleton, traf
 from skh.errors import ConfigError, ProtocolError, RequestRefused, RequestTimeout
 from skh.model import Cluster, Fabric
 from skh.orchestrator.admin import ControllerClient
+from skh.orchestrator.config import AnalyzerConfig
 from skh.records import COUNTER_DTYPE, PROBE_DTYPE
 from skh.wire import unpack_pairs
 
@@ -70,16 +69,12 @@ __all__ = [
     "PipelineConfig",
     "AgentStateSource",
     "CounterHistory",
-    "SeqContinuity",
     "Pipeline",
     "PipelineHook",
     "verdict_alert",
-    "main",
 ]
 
 log = logging.getLogger(__name__)
-
-_NONE = np.iinfo(np.int64).min
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +110,11 @@ class PipelineConfig:
 
     ``fabric`` is the :meth:`Fabric.to_mapping` form; ``addr_owner`` maps underlay addresses
     (what a traceroute hop answers from) to fabric node names; ``host_agents`` names each host's
-    underlay agent (the one that runs traceroutes and dumps there); ``vf_devices`` maps an
-    endpoint name (``job/container/rail``) to the host-side device of its VF (representor).
+    underlay agent (the one that runs traceroutes and dumps there; default ``underlay-<host>``,
+    the agent's default name); ``vf_devices`` maps an endpoint name (``job/container/rail``) to
+    the host-side device of its VF (representor).
+
+    ``skh analyzer`` builds it with :meth:`from_analyzer` from its ``[analyzer]`` settings.
     """
 
     fabric: Mapping[str, Any]
@@ -162,12 +160,38 @@ class PipelineConfig:
         return cls(detector=det, skeleton=skel, **data)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> PipelineConfig:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read pipeline configuration {path}: {exc}") from exc
-        return cls.from_mapping(data)
+    def from_analyzer(cls, a: AnalyzerConfig) -> PipelineConfig:
+        """The pipeline ``skh analyzer`` runs: the settings file ``a.pipeline`` (JSON or TOML; it
+        may hold the fabric as a ``fabric`` table instead of ``a.fabric``), the fabric file
+        ``a.fabric`` and the controller ``a.controller``."""
+        data = _read_settings(a.pipeline) if a.pipeline else {}
+        if "controller" in data:
+            raise ConfigError(
+                f"the pipeline settings file {a.pipeline} sets 'controller': set analyzer.controller instead"
+            )
+        if a.fabric:
+            if "fabric" in data:
+                raise ConfigError(f"the fabric is given twice: analyzer.fabric and in {a.pipeline}")
+            data["fabric"] = Fabric.from_toml(a.fabric).to_mapping()
+        if "fabric" not in data:
+            raise ConfigError(
+                "the analyzer's pipeline needs a fabric: set analyzer.fabric (--fabric FILE), "
+                "or run detection only (analyzer.detector = 'detect')"
+            )
+        if not a.controller:
+            raise ConfigError("the analyzer's pipeline needs the controller's address (analyzer.controller)")
+        return cls.from_mapping({**data, "controller": a.controller})
+
+
+def _read_settings(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+        data = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(f"cannot read the pipeline settings {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"the pipeline settings {path} must be a table. Got {type(data).__name__} instead.")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,7 +259,10 @@ class AgentStateSource:
         self._vtep_hosts = {r.ip: h.name for h in fab.hosts.values() for r in h.rnics if r.ip}
 
     def _agent(self, host: str) -> str | None:
-        return self.cfg.host_agents.get(host)
+        if host in self.cfg.host_agents:
+            return self.cfg.host_agents[host]
+        # an underlay agent's default name (AgentConfig.agent_name)
+        return f"underlay-{host}" if host in self.cluster.fabric.hosts else None
 
     def _run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
         for _agent, name, _args in calls:
@@ -308,7 +335,11 @@ class AgentStateSource:
     # -- host state ---------------------------------------------------------------------------
     def prefetch_hosts(self, hosts: Iterable[str]) -> None:
         hosts = [h for h in dict.fromkeys(hosts) if h not in self._tables and self._agent(h)]
-        calls = [(self._agent(h), n, {}) for h in hosts for n in ("overlay_state", "host_report")]
+        fab = self.cluster.fabric
+        calls = []
+        for h in hosts:
+            rnics = {str(r.rail): r.netdev for r in fab.hosts[h].rnics if r.netdev}
+            calls += [(self._agent(h), "overlay_state", {}), (self._agent(h), "host_report", {"rnics": rnics})]
         replies = self._run(calls) if calls else []
         for i, h in enumerate(hosts):
             self._tables[h] = self._tables_from(h, replies[2 * i])
@@ -474,53 +505,6 @@ def verdict_alert(v: Verdict, state: str, event: SuspectEvent | None = None, *, 
 # the pipeline
 
 
-class SeqContinuity:
-    """Keeps each pair's probe sequence numbers rising across prober restarts.
-
-    A restarted agent's engine numbers its probes from 0 again, and the detector's per-pair
-    anti-replay window would take every probe of the new session for a stale replay (and the
-    endpoint for a late one, for as long as the old session ran). A pair whose sequence drops far
-    below what it reached is a new session: its numbers are shifted to continue after the old.
-    """
-
-    def __init__(self, window: int = 64) -> None:
-        self.window = window
-        self._keys = np.zeros(0, np.uint64)
-        self._last = np.zeros(0, np.int64)  # highest raw seq of the current session
-        self._off = np.zeros(0, np.int64)
-
-    def apply(self, probes: np.ndarray) -> np.ndarray:
-        if probes.size == 0:
-            return probes
-        key = probes["src_ep"].astype(np.uint64) << np.uint64(32) | probes["dst_ep"].astype(np.uint64)
-        raw = probes["seq"].astype(np.int64)
-        uk, inv = np.unique(key, return_inverse=True)
-        lo = np.full(uk.size, np.iinfo(np.int64).max)
-        hi = np.full(uk.size, -1, np.int64)
-        np.minimum.at(lo, inv, raw)
-        np.maximum.at(hi, inv, raw)
-        last = np.full(uk.size, -1, np.int64)
-        off = np.zeros(uk.size, np.int64)
-        if self._keys.size:
-            pos = np.minimum(np.searchsorted(self._keys, uk), self._keys.size - 1)
-            known = self._keys[pos] == uk
-            last[known], off[known] = self._last[pos[known]], self._off[pos[known]]
-        restart = (last >= 0) & (lo + self.window < last)
-        off = np.where(restart, last + off + 1, off)
-        last = np.where(restart, hi, np.maximum(last, hi))
-        other = ~np.isin(self._keys, uk)
-        keys = np.concatenate([self._keys[other], uk])
-        lasts = np.concatenate([self._last[other], last])
-        offs = np.concatenate([self._off[other], off])
-        order = np.argsort(keys)
-        self._keys, self._last, self._off = keys[order], lasts[order], offs[order]
-        if not off.any():
-            return probes
-        out = probes.copy()
-        out["seq"] = ((raw + off[inv]) % 2**32).astype(np.uint32)
-        return out
-
-
 @dataclass(slots=True)
 class _JobState:
     ep_id: np.ndarray  # sorted
@@ -554,7 +538,6 @@ class Pipeline:
         self.fabric = Fabric.from_mapping(cfg.fabric)
         self.detector = Detector(cfg.detector)
         self.counters = CounterHistory(cfg.history_s)
-        self.seqs = SeqContinuity()
         self.tracker = AlertTracker(resolve_after_s=cfg.resolve_after_s)
         self.source_factory = source_factory
         self.apply_skeleton = apply_skeleton
@@ -633,7 +616,6 @@ class Pipeline:
             if self.cluster is not None:
                 n = len(self.cluster.endpoints)
                 probes = probes[(probes["src_ep"] < n) & (probes["dst_ep"] < n)]
-            probes = self.seqs.apply(probes)
             self.detector.ingest(probes)
             self._recent.append((now_ns, probes))
         self._recent = [(t, p) for t, p in self._recent if t >= now_ns - 15_000_000_000]
@@ -752,19 +734,11 @@ class Pipeline:
             out.append((v, ev))
         return out
 
-    def _still_active(self, now_ns: int) -> tuple[set[tuple[int, int]], set[int]]:
-        """Pairs with an incident detection still holds open, and endpoints it still finds sick
-        (an alerting health reason, or results that stopped arriving: a dead agent dropped from
-        its peers' lists is no longer refused, but it stays late until it is back)."""
-        det = self.detector
-        p = det.pairs[: det.stats.pairs_live]
-        act = (p["act_since"] != _NONE).any(axis=1)
-        pairs = set(zip(p["src"][act].tolist(), p["dst"][act].tolist()))
-        sick = det.health.evaluate(now_ns) & int(ALERTING | HealthReason.LATE_RESULTS)
-        return pairs, set(np.flatnonzero(sick).tolist())
-
     def _track(self, verdicts: list[tuple[Verdict, SuspectEvent | None]], now_ns: int) -> list[dict[str, Any]]:
-        pairs, eps = self._still_active(now_ns)
+        # alerts stay open while detection holds one of their pairs, or finds one of their
+        # endpoints still sick (late results included: a dead agent dropped from its peers'
+        # lists is no longer refused, but it stays late until it is back)
+        pairs, eps = self.detector.open_incidents(now_ns)
         confirm = [v for v, _e in verdicts]
         fresh = {v.key for v in confirm}
         for v in self.tracker.open:
@@ -897,47 +871,3 @@ def unpack_skeleton(body: Mapping[str, Any]) -> np.ndarray | None:
     """The skeleton pairs of a JOB_SNAPSHOT body (None while the job runs on its preload list)."""
     raw = body.get("skeleton")
     return None if raw is None else unpack_pairs(raw)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m skh.orchestrator.pipeline --pipeline FILE [skh analyzer options]``."""
-    from skh.cli import analyzer as cli_analyzer
-    from skh.cli._daemon_args import config_from
-    from skh.logs import configure_logging
-    from skh.orchestrator.analyzer import Analyzer
-    from skh.orchestrator.daemon import install_stop_signals
-    from skh.orchestrator.metrics import CollectorRegistry, serve
-
-    top = argparse.ArgumentParser(prog="python -m skh.orchestrator.pipeline")
-    sub = top.add_subparsers(dest="command", required=True)
-    cli_analyzer.add_parser(sub)
-    p = sub.choices["analyzer"]
-    p.add_argument("--pipeline", required=True, help="pipeline configuration (JSON, see PipelineConfig)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
-    args = top.parse_args(["analyzer", *(sys.argv[1:] if argv is None else argv)])
-    configure_logging(verbosity=args.verbose)
-    cfg = config_from(args, {
-        "analyzer.bind": args.bind, "analyzer.alerts_bind": args.alerts_bind,
-        "analyzer.replay_bind": args.replay_bind, "analyzer.alert_log": args.alert_log,
-        "analyzer.spool_dir": args.spool_dir, "analyzer.metrics": args.metrics,
-        "analyzer.controller_pub": getattr(args, "controller_pub", None),
-    })
-    cfg.security.check(server=True, client=True)
-    pcfg = PipelineConfig.from_file(args.pipeline)
-    stop = threading.Event()
-    install_stop_signals(stop)
-    registry = CollectorRegistry()
-    hook = PipelineHook(pcfg, cfg.security)
-    an = Analyzer(cfg.analyzer, cfg.security, hook=hook, metrics=registry)
-    pull, pub, rep = an.bind()
-    port = serve(registry, cfg.analyzer.metrics)
-    print(json.dumps({"pull": pull, "alerts": pub, "replay": rep, "metrics_port": port}), flush=True)
-    try:
-        an.run(stop)
-    finally:
-        hook.close()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

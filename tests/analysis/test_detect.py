@@ -325,3 +325,46 @@ def test_api_validation():
     det.ingest(np.zeros(0, PROBE_DTYPE))
     assert det.tick(T0) == []
     assert KINDS == ("unreachable", "loss", "latency-short", "latency-long", "agent")
+
+
+def test_a_restarted_prober_is_taken_back_and_its_incident_resolves():
+    """A restarted agent numbers its probes from 0 again: at newer send times that is a new
+    session, not a replay, so its results count again and its agent incident closes."""
+    syn, det = fresh()
+    from7 = syn.src == 7
+    ev = run(det, syn, range(400, 420), lambda s: {"lost": syn.dst == 7, "keep": ~from7}, dead=[7])
+    assert [e.kind for e in ev] == ["agent"] and 7 in det.open_incidents(T0 + 420 * S)[1]
+    events = []
+    for sec in range(420, 470):
+        b = syn.second(sec)
+        b["seq"][from7] = sec - 420  # the new session's numbering
+        det.ingest(b)
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    assert events == []
+    assert det.stats.restarts == from7.sum()
+    assert det.open_incidents(T0 + 470 * S) == (set(), set())
+
+
+def test_replays_stay_dropped_across_a_restart():
+    syn, det = Synth(), Detector()
+    for sec in range(100, 111):
+        det.ingest(syn.second(sec))
+    old = syn.second(105)
+    det.ingest(old)  # a resent batch: same seqs, same send times
+    assert det.stats.duplicates == syn.n and det.stats.restarts == 0
+    det.ingest(syn.second(20))  # far behind, and sent long before: a replay, not a restart
+    assert det.stats.stale == syn.n and det.stats.restarts == 0
+    new = syn.second(111)
+    new["seq"] = 0  # the prober restarted
+    det.ingest(new)
+    assert det.stats.restarts == syn.n
+    det.ingest(old)  # the old session replayed: its seqs are ahead now, its send times are not
+    assert det.stats.stale == 2 * syn.n
+    n_in = det.stats.records_in
+    det.ingest(new)
+    assert det.stats.duplicates == 2 * syn.n and det.stats.records_in == n_in + syn.n
+    later = syn.second(112)
+    later["seq"] = 1
+    det.ingest(later)
+    assert (det.stats.stale, det.stats.duplicates, det.stats.restarts) == (2 * syn.n, 2 * syn.n, syn.n)

@@ -67,27 +67,6 @@ def test_the_pipeline_over_the_simulator_catches_localizes_and_resolves_each_fau
         assert set(map(tuple, s["truth"])) <= set(map(tuple, s["applied"]))
 
 
-def test_a_restarted_probers_sequence_continues_after_the_old_session():
-    from skh.orchestrator.pipeline import SeqContinuity
-    from skh.records import empty_probes
-
-    def batch(pairs_seqs):
-        b = empty_probes(len(pairs_seqs))
-        b["src_ep"] = [p[0] for p in pairs_seqs]
-        b["dst_ep"] = [p[1] for p in pairs_seqs]
-        b["seq"] = [p[2] for p in pairs_seqs]
-        return b
-
-    sc = SeqContinuity()
-    first = sc.apply(batch([(0, 1, s) for s in range(500, 510)] + [(2, 3, 7)]))
-    assert first["seq"].tolist() == list(range(500, 510)) + [7]  # untouched
-    # (0, 1) restarted at 0; (2, 3) merely reordered a little
-    again = sc.apply(batch([(0, 1, 0), (0, 1, 1), (2, 3, 5)]))
-    assert again["seq"].tolist() == [510, 511, 5]
-    # the shift sticks to the new session
-    assert sc.apply(batch([(0, 1, 2)]))["seq"].tolist() == [512]
-
-
 class _FakeClient:
     """Answers relayed commands from a table; records what was asked."""
 

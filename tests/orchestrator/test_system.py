@@ -215,7 +215,7 @@ def test_sixteen_agents_on_four_rails(procs, tmp_path, client, wait):
         "--spool-dir",
         str(spool),
         "--detector",
-        "auto",
+        "detect",
         "--controller-pub",
         ctl["pub"],
         "--print-endpoints",

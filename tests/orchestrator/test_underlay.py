@@ -193,3 +193,22 @@ def test_underlay_agent_end_to_end(netns, cfg, ctx, client, run_daemon, wait):
             want={MsgType.COMMAND_REPLY},
         )
         assert not rep.body["ok"] and "unknown command" in rep.body["error"]
+
+
+@pytest.mark.root
+def test_host_report_reads_the_rnic_ports_the_analyzer_names(netns):
+    from skh.orchestrator.agent_underlay import host_report
+
+    def ip(*a):
+        subprocess.run(["ip", "-n", netns, *a], check=True, capture_output=True)
+
+    ip("link", "add", "vc", "type", "veth", "peer", "name", "vd")  # left down: the RNIC's own
+    rnics = {"0": "va", "1": "vc"}
+    assert host_report({"rnics": rnics, "netns": netns}) == {
+        "rnic_state": {"0": "up", "1": "down"},
+        "peer_down": [],
+    }
+    # the far end goes dark: va stays up but loses its carrier
+    subprocess.run(["ip", "-n", netns + "b", "link", "set", "vb", "down"], check=True)
+    assert host_report({"rnics": rnics, "netns": netns})["peer_down"] == [0]
+    assert host_report({"rnics": {}, "netns": netns}) == {"rnic_state": {}, "peer_down": []}

@@ -1,0 +1,125 @@
+"""``skh analyzer`` runs the whole pipeline: its settings ([analyzer] controller, fabric file,
+pipeline settings file), the daemon started through the CLI against a real controller, and the
+underlay agent's sampling grid."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+
+from skh.errors import ConfigError
+from skh.orchestrator.agent_underlay import next_sample_delay_s
+from skh.orchestrator.config import AnalyzerConfig, load_config
+from skh.orchestrator.controller import Controller
+from skh.orchestrator.pipeline import PipelineConfig
+from skh.wire import MsgType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FABRIC = """
+[[switch]]
+name = "tor0"
+tier = "tor"
+rail = 0
+segment = 0
+
+[[host]]
+name = "h0"
+segment = 0
+rnics = [{rail = 0, tor = "tor0", netdev = "eth2", ip = "10.0.0.1"}]
+
+[[host]]
+name = "h1"
+segment = 0
+rnics = [{rail = 0, tor = "tor0", netdev = "eth2", ip = "10.0.0.2"}]
+"""
+
+
+@pytest.fixture
+def fabric(tmp_path):
+    f = tmp_path / "fabric.toml"
+    f.write_text(FABRIC)
+    return str(f)
+
+
+def test_pipeline_settings_come_from_the_analyzer_table(tmp_path, fabric):
+    settings = tmp_path / "pipeline.toml"
+    settings.write_text('addr_owner = {"10.0.9.1" = "tor0"}\n[detector]\nwindow_s = 4.0\nhop_s = 2.0\n')
+    a = AnalyzerConfig(controller="tcp://127.0.0.1:5550", fabric=fabric, pipeline=str(settings))
+    cfg = PipelineConfig.from_analyzer(a)
+    assert sorted(cfg.fabric["host"][i]["name"] for i in range(2)) == ["h0", "h1"]
+    assert cfg.controller == a.controller and cfg.detector.window_s == 4.0
+    assert cfg.addr_owner == {"10.0.9.1": "tor0"}
+    # the fabric may sit in a JSON settings file instead (what a generated deployment writes)
+    js = tmp_path / "pipeline.json"
+    js.write_text(json.dumps({"fabric": cfg.fabric}))
+    assert PipelineConfig.from_analyzer(AnalyzerConfig(pipeline=str(js))).fabric == cfg.fabric
+    with pytest.raises(ConfigError, match="needs a fabric"):
+        PipelineConfig.from_analyzer(AnalyzerConfig())
+    with pytest.raises(ConfigError, match="given twice"):
+        PipelineConfig.from_analyzer(AnalyzerConfig(fabric=fabric, pipeline=str(js)))
+    js.write_text(json.dumps({"fabric": cfg.fabric, "controller": "tcp://x:1"}))
+    with pytest.raises(ConfigError, match="analyzer.controller"):
+        PipelineConfig.from_analyzer(AnalyzerConfig(pipeline=str(js)))
+    with pytest.raises(ConfigError, match="'analyzer.detector'"):
+        load_config(None, {"analyzer.detector": "auto"})
+
+
+def _analyzer(tmp_path, *args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("NOTIFY_SOCKET", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "skh", "analyzer", "--insecure", "--bind", "tcp://127.0.0.1:0",
+         "--alerts-bind", "tcp://127.0.0.1:0", "--replay-bind", "tcp://127.0.0.1:0",
+         "--alert-log", str(tmp_path / "alerts.log"), "--print-endpoints", *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_skh_analyzer_runs_the_pipeline_and_asks_the_controller(
+    tmp_path, fabric, cfg, ctx, client, run_daemon, wait
+):
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, _pub = ctl.bind()
+    with run_daemon(ctl):
+        p = _analyzer(tmp_path, "--fabric", fabric, "--controller", router)
+        try:
+            line = p.stdout.readline()
+            assert line, p.stderr.read()
+            rep = client(json.loads(line)["replay"], "t", kind=zmq.REQ)
+            st = rep.request(MsgType.STATUS, {}, timeout_s=10, want={MsgType.ACK}).body["data"]
+            assert st["detector"] == "PipelineHook"
+            # its worker polls the controller's registry (endpoint names for localization)
+            wait(lambda: ctl.counters[f"rx_{MsgType.STATUS.value}"] > 0, timeout_s=15,
+                 what="the pipeline asking the controller")
+        finally:
+            p.terminate()
+            assert p.wait(15) == 0
+
+
+def test_skh_analyzer_without_a_fabric_says_what_is_missing(tmp_path):
+    p = _analyzer(tmp_path, "--controller", "tcp://127.0.0.1:9")
+    _out, err = p.communicate(timeout=30)
+    assert p.returncode != 0 and "needs a fabric" in err
+    p = _analyzer(tmp_path, "--detector", "detect")
+    try:
+        assert p.stdout.readline()  # detection alone needs neither
+    finally:
+        p.terminate()
+        p.wait(15)
+
+
+def test_counter_samples_sit_on_the_wall_clock_grid():
+    # on time at x.5: the next one at (x+1).5; late by 0.3 s: still (x+1).5
+    assert next_sample_delay_s(100.5, 0.5, 1.0) == pytest.approx(1.0)
+    assert next_sample_delay_s(100.8, 0.5, 1.0) == pytest.approx(0.7)
+    # a hair early (monotonic and wall clocks disagree): not twice in a row
+    assert next_sample_delay_s(100.4999, 0.5, 1.0) == pytest.approx(1.0001)
+    assert next_sample_delay_s(100.5, 0.5, 3.0) == pytest.approx(3.0)
+    assert next_sample_delay_s(100.0, 0.0, 1.0) == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="sample_phase_s"):
+        load_config(None, {"agent.sample_phase_s": 1.0})
