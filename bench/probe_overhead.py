@@ -5,7 +5,8 @@ Every prober runs in its own process against a C responder (an engine) in anothe
 prober process's getrusage (user+sys) and RSS its VmRSS. Legs per path:
   - CPU µs per probe at the same fixed rate for both (2,000 probes/s over a list of 9 targets):
     ``c_cpu_us_per_probe`` / ``py_cpu_us_per_probe``, the Python prober doing the same kernel-stamp
-    and network-RTT work as the engine;
+    and network-RTT work as the engine (the engine with its defaults: batched, so each round of the
+    list leaves in one send batch, like the Python prober's ``--burst``);
   - saturation: probes/s answered and CPU µs per answered probe (``*_saturated``), both keeping
     32 probes in flight; the Python prober once more without kernel stamps (``py_nostamps_*``);
   - the agent at 100 and 1,000 probes/s over a target list of 9: CPU % of one core and RSS MB;

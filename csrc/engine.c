@@ -75,6 +75,7 @@ struct target {
     uint32_t dst_ep;
     uint16_t path_id;
     uint8_t active;
+    uint8_t on_grid; /* next_due follows the interval's grid (batching), set after the first probe */
     uint32_t seq;
     uint32_t remaining; /* probes left to send; 0 = no limit */
     int64_t interval_ns;
@@ -98,6 +99,7 @@ struct skh_engine {
     unsigned caps;
     int wake_fd;
     uint32_t session;
+    int64_t grid_ns; /* origin of the batching grid (random) */
 
     pthread_t thread;
     int thread_started;
@@ -320,10 +322,25 @@ static void flush(struct skh_engine *e)
     e->out.n = 0;
 }
 
-/* Sends every due probe (bounded per turn). Returns the next due time or INT64_MAX. */
+/* When probes are batched, a target's schedule sits on the grid of its interval (multiples of it
+ * from the engine's grid_ns), so targets that share an interval fall due together however far apart
+ * they were added, and one wake-up sends them all. The step onto the grid is at least half an
+ * interval. Each engine's grid has its own random origin: engines on one host do not burst in step. */
+static int64_t next_slot(const struct skh_engine *e, const struct target *t, int64_t now)
+{
+    if (e->cfg.batch_window_ns == 0)
+        return now + t->interval_ns;
+    int64_t x = now + t->interval_ns / 2 - e->grid_ns;
+    int64_t k = x / t->interval_ns - (x % t->interval_ns < 0); /* floor */
+    return e->grid_ns + (k + 1) * t->interval_ns;
+}
+
+/* Sends every due probe (bounded per turn), and with them each target's next probe that falls due
+ * within the batch window. Returns the next due time or INT64_MAX. */
 static int64_t send_due(struct skh_engine *e, int64_t now)
 {
     int64_t next = INT64_MAX;
+    int64_t early = now + e->cfg.batch_window_ns;
     unsigned budget = SEND_ROUNDS * BATCH;
     int blocked = 0;
 
@@ -337,7 +354,9 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
         struct target *t = &e->targets[i];
         if (!t->active)
             continue;
-        while (t->next_due <= now && budget > 0) {
+        /* one probe per target at most leaves early: a fast target's probes stay spaced, never a burst */
+        for (int joined = 0; budget > 0 && (t->next_due <= now || (!joined && t->next_due <= early));
+             joined = 1) {
             if (e->pending >= e->cfg.max_in_flight || e->next_seq - e->tail_seq > e->slot_mask) {
                 inc(e, SKH_STAT_inflight_full, 1);
                 blocked = 1;
@@ -363,9 +382,14 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
                 t->active = 0;
                 break;
             }
+            if (!t->on_grid && e->cfg.batch_window_ns) {
+                t->next_due = next_slot(e, t, now);
+                t->on_grid = 1;
+                continue;
+            }
             t->next_due += t->interval_ns;
             if (t->next_due < now) /* after a stall, resume the cadence instead of bursting */
-                t->next_due = now + t->interval_ns;
+                t->next_due = next_slot(e, t, now);
         }
     }
     for (size_t i = 0; i < e->n_targets; i++) {
@@ -691,7 +715,8 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     const struct skh_transport_ops *ops = skh_transport_find(cfg->transport ? cfg->transport : "udp");
     if (!ops)
         return -EPROTONOSUPPORT;
-    if (cfg->timeout_ns <= 0 || cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
+    if (cfg->timeout_ns <= 0 || cfg->batch_window_ns < 0 || cfg->batch_window_ns >= cfg->timeout_ns ||
+        cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
         cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT)
         return -EINVAL;
 
@@ -723,6 +748,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
         e->session = (uint32_t)now_ns(CLOCK_REALTIME) ^ (uint32_t)getpid();
     if (e->session == 0)
         e->session = 1;
+    e->grid_ns = (int64_t)e->session; /* a random point within ~4 s */
     /* start wire seqs at a random point so a restarted prober's old replies cannot match */
     e->next_seq = e->tail_seq = (uint32_t)now_ns(CLOCK_MONOTONIC);
     e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -831,6 +857,7 @@ int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *hos
     t->interval_ns = interval_ns;
     t->remaining = count;
     t->next_due = mono();
+    t->on_grid = 0;
     t->active = 1;
     pthread_mutex_unlock(&e->tlock);
     wake(e);

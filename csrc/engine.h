@@ -72,6 +72,12 @@ struct skh_engine_cfg {
     uint32_t ring_records; /* ring capacity (rounded up to a power of two) */
     uint32_t probe_len; /* PROBE datagram size, SKH_PROBE_MIN_LEN..SKH_PROBE_MAX_LEN */
     uint32_t max_in_flight; /* probes awaiting a decision before due probes wait; 0 = the default */
+    /* Batching: a target's probes fall on multiples of its interval (after the first, sent at once),
+     * so targets sharing an interval fall due together however far apart they were added; and a
+     * target whose next probe is due within this much of a send batch joins it (one probe early, its
+     * cadence kept). One wake-up and one send call per round of a target list rather than one per
+     * target. 0 = exact schedule: each target keeps the phase it was added with. */
+    int64_t batch_window_ns;
 };
 
 /* Probes one engine keeps undecided, the default and the most. The in-flight table is sized from it

@@ -83,6 +83,7 @@ cdef extern from "engine.h" nogil:
         uint32_t ring_records
         uint32_t probe_len
         uint32_t max_in_flight
+        int64_t batch_window_ns
 
     struct skh_engine:
         pass

@@ -98,7 +98,8 @@ cdef class FastEngine:
 
     def __cinit__(self, *, uint32_t endpoint_id, str transport, str bind, int port, str device,
                   int gid_index, int netns_fd, bint hw_timestamps, bint kernel_timestamps,
-                  int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0):
+                  int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0,
+                  int64_t batch_window_ns=0):
         cdef skh_engine_cfg cfg
         cdef bytes b_transport = transport.encode()
         cdef bytes b_bind = bind.encode()
@@ -120,6 +121,7 @@ cdef class FastEngine:
         cfg.ring_records = ring_records
         cfg.probe_len = probe_len
         cfg.max_in_flight = max_in_flight
+        cfg.batch_window_ns = batch_window_ns
         rc = skh_engine_create(&cfg, &self._e)
         if rc < 0:
             self._e = NULL

@@ -229,6 +229,43 @@ def test_prober_drops_replays_late_and_unsolicited_acks(make_engine):
     assert_accounted(s)
 
 
+@pytest.mark.parametrize("window_s", [0.0, 0.001])
+def test_batch_window_sends_every_probe_and_aligns_targets(make_engine, window_s):
+    responder = make_engine(endpoint_id=2)
+    prober = make_engine(endpoint_id=1, batch_window_s=window_s)
+    responder.start()
+    prober.start()
+    n, interval_s = 8, 0.03
+    for dst in range(4):  # phases 4 ms apart: more than the window, so only alignment joins them
+        prober.add_target(dst, "127.0.0.1", responder.local_port, interval_s=interval_s, count=n)
+        time.sleep(0.004)
+    assert wait_for(lambda: prober.stats().decided >= 4 * n, timeout_s=10)
+    rows = prober.drain()
+    assert len(rows) == 4 * n
+    ok = rows[rows["status"] == ProbeStatus.OK]
+    assert len(ok) >= 0.9 * len(rows), prober.stats()
+    assert (ok["ts_source"] == TsSource.KERNEL).all()
+    assert (ok["rtt_ns"] > 0).all() and np.median(ok["rtt_ns"]) < 200_000
+    for dst in range(4):
+        assert np.array_equal(np.sort(rows[rows["dst_ep"] == dst]["seq"]), np.arange(n))
+    # after each target's first probe: send batches, told apart by gaps of over 2 ms (a batch's
+    # probes leave µs apart, the phases are 4 ms apart)
+    t = np.sort(rows[rows["seq"] > 0]["t_wall_ns"])
+    batches = 1 + int((np.diff(t) > 2_000_000).sum())
+    if window_s:
+        assert batches <= n + 2, batches  # one per round: the targets share the interval's grid
+    else:
+        assert batches >= 2 * (n - 1), batches  # exact schedule: each target keeps its own phase
+    assert_accounted(quiesce(prober))
+
+
+def test_batch_window_validation(make_engine):
+    with pytest.raises(InvalidProbeSpec, match="'batch_window_s' parameter of Engine"):
+        make_engine(batch_window_s=-1e-3)
+    with pytest.raises(InvalidProbeSpec, match="shorter than timeout_s"):
+        make_engine(batch_window_s=1.0, timeout_s=1.0)
+
+
 def test_idle_engine_sleeps(make_engine):
     eng = make_engine()
     eng.start()
