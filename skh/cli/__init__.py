@@ -13,11 +13,15 @@ from skh import __version__
 from skh.errors import SkhError
 
 #: subcommand modules, in the order ``skh --help`` lists them
-SUBCOMMANDS: tuple[str, ...] = ()
+SUBCOMMANDS: tuple[str, ...] = ("probe", "respond", "controller", "agent", "analyzer", "alerts", "config", "testbed", "eval", "demo", "job", "status", "relay")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="skh", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="skh",
+        description="SkeletonHunter: find and localize network failures in containerized RDMA GPU "
+        "training clusters by probing only each job's traffic skeleton.",
+    )
     parser.add_argument("--version", action="version", version=f"skh {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")

@@ -1,0 +1,51 @@
+"""``skh eval``: the paper's evaluation on the simulator, side by side with the paper's figures."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval", help="evaluate detection, localization, skeleton and probing cost on the simulator"
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--quick", dest="profile", action="store_const", const="quick",
+        help="scaled-down cluster, minutes on two cores (CI; the default)",
+    )
+    g.add_argument(
+        "--full", dest="profile", action="store_const", const="full",
+        help="4,096 hosts x 8 RNICs, hours of virtual time, every fault type 3 times",
+    )
+    g.add_argument(
+        "--profile", dest="profile", choices=("tiny", "quick", "full"), help=argparse.SUPPRESS
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--seed", type=int, default=1, help="simulation seed (default 1)")
+    p.add_argument("--out", metavar="DIR", help="also write eval.json, eval.md and eval.html here")
+    p.add_argument("--no-agent", action="store_true", help="skip the agent-cost measurement")
+    p.add_argument(
+        "--check", action="store_true",
+        help="exit 1 when precision, recall, localization or skeleton coverage is below the CI "
+        "thresholds",
+    )
+    p.set_defaults(func=run, profile="quick")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from skh.eval import profile, run_eval
+    from skh.eval.report import to_html, to_markdown
+
+    res = run_eval(profile(args.profile), args.seed, agent=not args.no_agent)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(res, indent=1) + "\n")
+        (out / "eval.md").write_text(to_markdown(res))
+        (out / "eval.html").write_text(to_html(res))
+    print(json.dumps(res) if args.json else to_markdown(res))
+    return 1 if args.check and not res["meets_thresholds"] else 0
