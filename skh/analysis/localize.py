@@ -471,8 +471,12 @@ class Localizer:
                 res = back if back.status in ("loop", "down") else res
             if res.status != "ok":
                 groups.setdefault((res.status, res.hop), []).append(res)
+        walked = {x.pair for walks in groups.values() for x in walks}
         for (status, hop), walks in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             pairs = [x.pair for x in walks]
+            # a probe and its reply cross both directions: the reverse of a broken pair fails
+            # for the same reason, whatever its own (optimistic) back walk said
+            pairs += sorted({(b, a) for a, b in pairs} & w.left - walked)
             owner = self._owner(hop, tables)
             local = hop.split("/", 1)[1] if "/" in hop else hop
             kind = local.split(":", 1)[0] if ":" in local else local.rstrip("0123456789-#")

@@ -133,7 +133,7 @@ class PipelineConfig:
     trace_max_ttl: int = 6
     trace_base_port: int = 33434
     rnic_dump_interval_s: float = 60.0
-    max_exoneration_traces: int = 8
+    max_exoneration_traces: int = 16
 
     def __post_init__(self) -> None:
         for name in ("skeleton_every_s", "skeleton_change_s", "history_s", "resolve_after_s", "command_timeout_s"):
@@ -305,8 +305,12 @@ class AgentStateSource:
             result = parse_paris_json(str(res.get("raw", "")))
         src_node = self.cluster.fabric.rnic(key[0], key[1]).key
         nodes = trace_nodes(result, self.cfg.addr_owner, src_node=src_node)
-        rtt = [0] + [int(h.rtt_ms[0] * 1e6) if h.rtt_ms else -1 for h in result.hops]
-        return Trace(pair, nodes, result.reached, hop_rtt_ns=tuple(rtt[: len(nodes)]))
+        # no per-hop round trips: a hop's answer is an ICMP error its control plane builds (here
+        # timed in userspace, one probe per hop), so a step between two hops is mostly that
+        # noise, not forwarding delay, and the source's own "0" is no measurement at all. Given
+        # to the vote, every trace showed a delay onset at its first hop: failing traces blamed
+        # the first ToR and healthy ones cleared nothing past their source.
+        return Trace(pair, nodes, result.reached)
 
     def traceroute(self, pair: tuple[int, int], path_id: int) -> Trace | None:
         key = self._trace_key(pair, path_id)
@@ -680,6 +684,8 @@ class Pipeline:
         for pairs, eps in self._watch.values():
             held_pairs |= pairs
             held_eps |= eps
+        # a probe and its reply cross both directions: a pair and its reverse fail together
+        held_pairs |= {(b, a) for a, b in held_pairs}
         out = []
         for ev in events:
             pairs, eps = set(ev.pairs), set(ev.endpoints)

@@ -249,6 +249,18 @@ def test_overlay_break_names_the_hop():
     assert v.evidence["chain"][-1] == "host1/ovs"
 
 
+def test_the_reverse_of_a_broken_overlay_pair_is_the_same_fault():
+    # a probe's reply crosses the broken direction too: the reverse pair fails with it, though
+    # its own walk looks fine and its underlay trace reaches its destination
+    w = World()
+    dst = w.cluster.endpoint("j/c6/0")
+    w.overlay_drop["host1/ovs"] = {dst.name}
+    forward = w.failing()
+    v = only(w.run(extra=[(b, a) for a, b in forward]))
+    assert named(v) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
+    assert set(v.pairs) == set(forward) | {(b, a) for a, b in forward}
+
+
 def test_overlay_loop_names_where_it_closes():
     w = World()
     dst = w.cluster.endpoint("j/c6/0")

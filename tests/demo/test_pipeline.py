@@ -116,7 +116,8 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
     src = AgentStateSource(client, cluster, cfg)
     t = src.traceroute((a.ep_id, b.ep_id), 0)
     assert t.nodes == (ra.key, tor, rb.key) and t.reached
-    assert t.hop_rtt_ns == (0, 100_000, 5_200_000)
+    # ICMP answers' round trips are control-plane noise, not forwarding delay: not given to the vote
+    assert t.hop_rtt_ns == ()
     assert client.asked[0] == ("ul-a", "traceroute", {"dst": rb.ip, "src": ra.ip, "sport": client.asked[0][2]["sport"],
                                                       "dport": 33434, "max_ttl": 6})
     # one trace per RNIC pair and path id: asked again, answered from the cache
@@ -127,3 +128,18 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
     assert src.overlay_tables(b.host) is None  # a failed command is no evidence, not a crash
     diff = src.flow_tables(a.host, 0).diff()
     assert len(diff.missing) == 1 and not diff.stale
+
+
+def test_an_event_on_the_reverse_of_an_alerted_pair_confirms_that_alert():
+    # a probe and its reply cross both directions: (b, a) failing next to an open alert on
+    # (a, b) is the same fault, not a new one for the localizer to pin on something else
+    from types import SimpleNamespace
+
+    from skh.orchestrator.pipeline import Pipeline
+
+    fab = Fabric.from_params(hosts=2, rnics_per_host=1).to_mapping()
+    p = Pipeline(PipelineConfig(fabric=fab), source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+    p._watch[("overlay", "host0/vtep:vx0", 20)] = ({(1, 3)}, set())
+    reverse = SimpleNamespace(pairs=[(3, 1)], endpoints=[])
+    other = SimpleNamespace(pairs=[(3, 1), (2, 3)], endpoints=[])
+    assert p._unexplained([reverse, other]) == [other]
