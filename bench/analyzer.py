@@ -32,6 +32,7 @@ from skh.analysis.detect import Detector, DetectorConfig
 from skh.analysis.features import window_features
 from skh.analysis.lof import batched_lof, fit_lof, score_lof
 from skh.analysis.longterm import LongTermConfig, LongTermState
+from skh.eval.scoring import accepted_kinds
 from skh.records import PROBE_DTYPE, ProbeStatus
 
 T0_NS = 1_700_000_000 * 10**9
@@ -181,25 +182,6 @@ def bench_lof_vs_sklearn(n_pairs: int) -> dict:
 # ------------------------------------------------------------------------------------ suite
 
 
-#: event kinds that fit a fault's symptom (see the module doc)
-def _accepted(rec) -> set[str]:
-    sym, target, t = rec_symptom(rec), rec.target, int(rec.type)
-    if sym == "unreachable":
-        ok = {"unreachable"}
-        if target in ("link", "switch"):
-            ok.add("loss")
-        if t == 17:  # container crash: its agent dies with it
-            ok.add("agent")
-        return ok
-    if sym == "loss":
-        return {"loss"}
-    if sym == "flapping":
-        return {"unreachable", "loss"}
-    if sym == "latency":
-        return {"latency-short", "latency-long"}
-    return {"agent"}
-
-
 def rec_symptom(rec) -> str:
     from skh.sim.faults import FAULT_SPECS
 
@@ -342,17 +324,17 @@ def _score(sim, records, events, window_ns: int, fails: np.ndarray) -> dict:
     n_ev = len(events)
     n_match = sum(m is not None for m in matched_ev)
     n_match_kind = sum(
-        m is not None and ev.kind in _accepted(m) for m, ev in zip(matched_ev, events, strict=True)
+        m is not None and ev.kind in accepted_kinds(m) for m, ev in zip(matched_ev, events, strict=True)
     )
     found = [r for r in visible if detected[r.fault_id]]
-    found_kind = [r for r in visible if any(ev.kind in _accepted(r) for ev in detected[r.fault_id])]
+    found_kind = [r for r in visible if any(ev.kind in accepted_kinds(r) for ev in detected[r.fault_id])]
     per_kind = {}
     for kind in ("unreachable", "loss", "latency-short", "latency-long", "agent"):
         evk = [(m, ev) for m, ev in zip(matched_ev, events, strict=True) if ev.kind == kind]
         per_kind[kind] = {
             "events": len(evk),
             "precision": round(
-                sum(m is not None and kind in _accepted(m) for m, _ in evk) / len(evk), 4
+                sum(m is not None and kind in accepted_kinds(m) for m, _ in evk) / len(evk), 4
             )
             if evk
             else None,
