@@ -27,11 +27,13 @@ import contextlib
 import json
 import os
 import re
-import resource
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+# run as a script, so bench/ is on sys.path
+from _proc import _cpu_s, _rss_mb
 
 # The agent worker's RSS is measured: modules only the orchestrator needs (subprocess, shutil, uuid:
 # ~2 MB) are imported where they are used.
@@ -42,19 +44,6 @@ N_TARGETS = 9
 
 
 # -- worker: the C engine as an agent process ----------------------------------------------------
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def respond_worker(args: argparse.Namespace) -> None:

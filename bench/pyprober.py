@@ -18,11 +18,12 @@ import argparse
 import json
 import os
 import random
-import resource
 import select
 import socket
 import struct
 import time
+
+from _proc import _cpu_s, _rss_mb
 
 SO_TIMESTAMPING = 37  # x86-64 / arm64 value; Python 3.11 has no constant (rdma-probing.md §3.3)
 TS_FLAGS = (
@@ -36,19 +37,6 @@ HDR = struct.Struct(">IBBBBIIHHIQQQ")
 MAGIC, VERSION, PROBE, ACK1, ACK2 = 0x534B4850, 1, 1, 2, 3
 PROBE_LEN = 96
 PAD = bytes(PROBE_LEN - HDR.size)
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def _stamp(ancdata) -> int:
