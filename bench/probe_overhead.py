@@ -32,13 +32,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-# run as a script, so bench/ is on sys.path
-from _proc import _cpu_s, _rss_mb
+HERE = Path(__file__).resolve().parent
+# bench/ is on sys.path when this runs as a script, not when skh.eval loads it from its path
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from _proc import _cpu_s, _rss_mb  # noqa: E402
 
 # The agent worker's RSS is measured: modules only the orchestrator needs (subprocess, shutil, uuid:
 # ~2 MB) are imported where they are used.
 
-HERE = Path(__file__).resolve().parent
 PY = sys.executable
 N_TARGETS = 9
 

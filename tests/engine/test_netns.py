@@ -45,7 +45,11 @@ def test_rtt_across_veth(veth, pair):
     rows = run(prober, veth.ip_b, responder.local_port, 100)
     ok = rows[rows["status"] == ProbeStatus.OK]
     assert len(ok) >= 95, np.unique(rows["status"], return_counts=True)
-    assert (ok["ts_source"] == TsSource.KERNEL).all()
+    # A stamp that is late (a cold first packet on a loaded machine) falls back to the user clock,
+    # labelled as such; the kernel clock must carry all but a few.
+    kernel = ok["ts_source"] == TsSource.KERNEL
+    assert kernel.mean() >= 0.95, np.unique(ok["ts_source"], return_counts=True)
+    assert (ok["ts_source"][~kernel] == TsSource.USER).all()
     assert (ok["rtt_ns"] > 0).all() and np.median(ok["rtt_ns"]) < 500_000
     assert_accounted(prober.stats())
     assert_accounted(quiesce(responder))
