@@ -209,14 +209,25 @@ def _component_for(sim, ftype, src: int, dst: int, rng) -> str:
 
 
 def fault_suite(
-    *, hosts: int, rounds: int, fault_s: float, gap_s: float, warmup_s: int, seed: int
+    *,
+    hosts: int,
+    rounds: int,
+    fault_s: float,
+    gap_s: float,
+    warmup_s: int,
+    seed: int,
+    probe_interval_s: float,
 ) -> dict:
     from skh.model import Fabric
     from skh.sim.faults import Fault, FaultType
     from skh.sim.scenario import Simulation
 
     sim = Simulation.build(
-        Fabric.from_params(hosts=hosts), max(4, hosts // 6), seed=seed, arrivals_per_min=0.5
+        Fabric.from_params(hosts=hosts),
+        max(4, hosts // 6),
+        seed=seed,
+        arrivals_per_min=0.5,
+        probe_interval_s=probe_interval_s,
     )
     det = Detector()
     rng = np.random.default_rng(seed)
@@ -273,6 +284,7 @@ def fault_suite(
         else np.zeros(0, PROBE_DTYPE)[["src_ep", "dst_ep", "t_wall_ns"]]
     )
     return _score(sim, records, events, window_ns, fails) | {
+        "suite_probe_interval_s": probe_interval_s,
         "suite_virtual_s": duration,
         "suite_detector_s": round(t_ingest, 2),
     }
@@ -374,6 +386,11 @@ def _score(sim, records, events, window_ns: int, fails: np.ndarray) -> dict:
         for m, ev in zip(matched_ev, events, strict=True)
         if m is None
     ]
+    wrong_kind = [
+        f"{ev.kind} for {m.name}@{m.component}"
+        for m, ev in zip(matched_ev, events, strict=True)
+        if m is not None and ev.kind not in accepted_kinds(m)
+    ]
     return {
         "faults": len(visible),
         "faults_unobservable": unobservable,
@@ -400,6 +417,7 @@ def _score(sim, records, events, window_ns: int, fails: np.ndarray) -> dict:
         "ttd_latency_max_s": round(float(np.max(ttd["latency"])), 2) if ttd["latency"] else None,
         "missed": missed[:10],
         "false_events": false_ev[:10],
+        "wrong_kind_events": wrong_kind[:10],
     }
 
 
@@ -407,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller profile, under a minute")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--probe-interval",
+        type=float,
+        default=0.1,
+        help="seconds between two probes of one skeleton pair in the fault suite (default 0.1)",
+    )
     args = ap.parse_args(argv)
     q = args.quick
     out: dict = {"profile": "quick" if q else "full"}
@@ -421,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         gap_s=35.0 if q else 45.0,
         warmup_s=330,
         seed=args.seed,
+        probe_interval_s=args.probe_interval,
     )
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     json.dump(out, sys.stdout)

@@ -17,7 +17,10 @@ Two clocks decide (paper §5.2, ``shared/DESIGN.md`` §6):
   summarised by seven features (:mod:`skh.analysis.features`); the window *slides* every
   ``hop_s`` (5 s) and each slide is scored by batched LOF (:mod:`skh.analysis.lof`) against the
   pair's look-back: the last ``lookback_windows`` (10 → 5 min) tumbling 30 s windows that do
-  not overlap it. Every ``block_s`` (30 min) the long-term Z-test runs
+  not overlap it, less those its latency incident covered (a shift that persists past the
+  look-back thus becomes the new baseline about six minutes on, and the long-term test owns
+  it from there). RTTs are sampled once per ``latency_sample_s`` per pair, so a pair probed
+  faster for the fast path's sake keeps the same windows. Every ``block_s`` (30 min) the long-term Z-test runs
   (:mod:`skh.analysis.longterm`) on the pairs that had no short-term incident in that block
   (a one-minute outage or shift lifts a block's mean too, and was raised when it happened).
 
@@ -122,7 +125,9 @@ class DetectorConfig:
     min_shift_us: float = 2.0
     min_shift_rel: float = 0.10
     min_window_samples: int = 8
-    #: RTT ring per pair; must hold a window plus the lateness at the pair's probe rate
+    #: the latency features keep at most one RTT per pair per period, whatever the probe rate
+    latency_sample_s: float = 1.0
+    #: RTT ring per pair; must hold a window plus a hop at one sample per ``latency_sample_s``
     samples_per_pair: int = 48
     allowed_lateness_s: float = 2.0
     clear_after_s: float = 30.0
@@ -159,6 +164,15 @@ class DetectorConfig:
                 "DetectorConfig needs lof_k >= 1 and samples_per_pair >= min_window_samples >= 1. "
                 f"Got lof_k={self.lof_k!r}, samples_per_pair={self.samples_per_pair!r}, "
                 f"min_window_samples={self.min_window_samples!r} instead."
+            )
+        if not self.latency_sample_s > 0 or (
+            self.samples_per_pair * self.latency_sample_s < self.window_s + self.hop_s
+        ):
+            raise ConfigError(
+                "DetectorConfig needs latency_sample_s > 0 and samples_per_pair * "
+                "latency_sample_s >= window_s + hop_s (the ring must hold a sliding window). "
+                f"Got latency_sample_s={self.latency_sample_s!r}, "
+                f"samples_per_pair={self.samples_per_pair!r} instead."
             )
 
 
@@ -207,6 +221,8 @@ class Detector:
                 ("ring_rtt", "<f4", (M,)),
                 ("ring_hop", "<i4", (M,)),
                 ("ring_pos", "<i8"),
+                ("lat_phase", "<i8"),  # send time that starts the pair's sampling periods
+                ("lat_slot", "<i8"),  # newest sampling period that gave the ring an RTT
                 ("lb", "<f4", (self._lb_slots, N_FEATURES)),
                 ("lb_win", "<i4", (self._lb_slots,)),
                 ("fit_key", "<i8"),
@@ -222,6 +238,8 @@ class Detector:
         blank["ring_hop"] = -1
         blank["lb_win"] = -1
         blank["fit_key"] = _NONE
+        blank["lat_phase"] = _NONE
+        blank["lat_slot"] = _NONE
         blank["act_since"] = _NONE
         blank["act_last"] = _NONE
         self._blank = blank
@@ -462,7 +480,10 @@ class Detector:
         return b, pid
 
     def _store_samples(self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray) -> None:
-        """``pid`` sorted (runs of one pair)."""
+        """``pid`` sorted by pair, then send time."""
+        pid, t_ns, rtt_us = self._sample(pid, t_ns, rtt_us)
+        if pid.size == 0:
+            return
         M = self.config.samples_per_pair
         start = _runs(pid)
         size = np.diff(np.r_[start, pid.size])
@@ -474,6 +495,32 @@ class Detector:
         p["ring_pos"][pid[start]] += size
         first_block = self._lt_block if self._lt_block is not None else np.iinfo(np.int64).min
         self.longterm.add(pid, t_ns, rtt_us, first_block)
+
+    def _sample(
+        self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first OK of each pair's sampling period not sampled yet. A pair probed faster
+        than ``latency_sample_s`` (for loss detection) thus keeps the same windows, thresholds
+        and memory as one probed once per period. Periods are phased half a period before the
+        pair's first sample, so a probe schedule of exactly one per period, jitter and all,
+        lands one probe in each."""
+        p = self.pairs
+        period = int(self.config.latency_sample_s * 1e9)
+        start = _runs(pid)
+        new = p["lat_phase"][pid[start]] == _NONE
+        if new.any():
+            p["lat_phase"][pid[start][new]] = t_ns[start][new] - period // 2
+        slot = (t_ns - p["lat_phase"][pid]) // period
+        first = np.r_[True, (pid[1:] != pid[:-1]) | (slot[1:] != slot[:-1])]
+        keep = first & (slot > p["lat_slot"][pid])
+        if keep.all():
+            p["lat_slot"][pid[start]] = slot[np.r_[start[1:], pid.size] - 1]
+            return pid, t_ns, rtt_us
+        pid, t_ns, rtt_us, slot = pid[keep], t_ns[keep], rtt_us[keep], slot[keep]
+        if pid.size:
+            ends = np.r_[_runs(pid)[1:], pid.size] - 1
+            p["lat_slot"][pid[ends]] = slot[ends]
+        return pid, t_ns, rtt_us
 
     # ------------------------------------------------------------------ tick
 
@@ -534,8 +581,11 @@ class Detector:
         valid = (hop >= lo) & (hop < hi)
         cnt = valid.sum(axis=1)
         end_ns = (w + 1) * self._win_ns
+        # a window the pair's latency incident covers is not a baseline: a second fault soon
+        # after a first would otherwise hide behind the first one's windows in the look-back
+        shifted = p["act_last"][:, _NET_KINDS.index("latency-short")] >= w * self._win_ns
         rows = np.flatnonzero(
-            (cnt >= cfg.min_window_samples) & self._complete(p, end_ns) & ~p["dead"]
+            (cnt >= cfg.min_window_samples) & self._complete(p, end_ns) & ~p["dead"] & ~shifted
         )
         if rows.size == 0:
             return

@@ -4,10 +4,13 @@ A RoCE fabric is built to lose nothing, and a connectivity loss longer than 4 s 
 collective, so failed probes (``LOST`` or ``UNREACHABLE``) are acted on as soon as they arrive:
 
 - **unreachable**: the pair's most recent probes all failed, at least ``unreachable_after`` in
-  a row; or at least one failed and the failure is *corroborated*: ``corroborate_pairs`` pairs
-  (itself included) sharing one of its endpoints, in either direction, are failing right now
-  (one RNIC, port or switch failure breaks many pairs at once, which is why one failed probe
-  then suffices).
+  a row and spanning at least ``unreachable_after_s`` of send time (a pair probed ten times a
+  second loses two probes in a row to a 2 % loss every few minutes: that is still loss); or
+  at least one failed and the failure is *corroborated*: ``corroborate_pairs`` pairs (itself
+  included) sharing one of its endpoints, in either direction, are failing right now (one
+  RNIC, port or switch failure breaks many pairs at once, which is why one failed probe then
+  suffices; a lossy access link now and then fails two of them at once too, and is then
+  called unreachable, which localization still pins to the right link).
 - **loss**: at least ``loss_count`` failures within ``loss_window_s`` while the pair's latest
   probe succeeded (CRC errors; a dead link that only some of the pair's ECMP paths cross).
   ``loss_count`` defaults to 1 because a RoCE fabric's healthy loss is zero: one lost probe is
@@ -35,6 +38,7 @@ __all__ = ["FastPathConfig", "FastPathState", "FastFlags"]
 @dataclass(frozen=True, slots=True)
 class FastPathConfig:
     unreachable_after: int = 2
+    unreachable_after_s: float = 0.5
     corroborate_pairs: int = 2
     #: a failure corroborates others only while it is this recent
     corroborate_window_s: float = 2.0
@@ -50,6 +54,11 @@ class FastPathConfig:
                     f"The '{name}' parameter of FastPathConfig must be >= 1. "
                     f"Got {getattr(self, name)!r} instead."
                 )
+        if not self.unreachable_after_s >= 0:
+            raise ConfigError(
+                "The 'unreachable_after_s' parameter of FastPathConfig must be >= 0. "
+                f"Got {self.unreachable_after_s!r} instead."
+            )
         if self.history < self.loss_count:
             raise ConfigError(
                 "The 'history' parameter of FastPathConfig must be >= loss_count "
@@ -165,7 +174,9 @@ class FastPathState:
         corroborated = recent & (
             (by_ep[src] >= cfg.corroborate_pairs) | (by_ep[dst] >= cfg.corroborate_pairs)
         )
-        unreach = (consec >= cfg.unreachable_after) | corroborated
+        span_ns = np.where(failing, s["last_t_ns"] - s["run_first_ns"], -1)
+        outage = (consec >= cfg.unreachable_after) & (span_ns >= int(cfg.unreachable_after_s * 1e9))
+        unreach = outage | corroborated
         u = np.flatnonzero(unreach)
 
         horizon = now_ns - int(cfg.loss_window_s * 1e9)

@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--probe-interval",
         type=float,
         dest="probe_interval",
-        help="seconds between probes per target",
+        help="seconds between probes per target (default 0.1)",
     )
     p.add_argument("--ready-file", help="report ready only once this file exists")
     p.add_argument("--metrics", help="host:port of the Prometheus endpoint")

@@ -336,7 +336,7 @@ def random_sampling(sim: Simulation, records, seed: int) -> dict[str, Any]:
 
 
 def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[str, Any]:
-    sim = Simulation.build(fabric, profile.jobs, seed=seed)
+    sim = Simulation.build(fabric, profile.jobs, seed=seed, probe_interval_s=profile.probe_interval_s)
     res = localization_suite(
         sim,
         trials=profile.loc_trials,
@@ -408,7 +408,11 @@ def run_eval(profile: Profile, seed: int = 1, *, agent: bool = True) -> dict[str
     t0 = time.perf_counter()
     fabric = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=profile.hosts)
     sim = Simulation.build(
-        fabric, profile.jobs, seed=seed, arrivals_per_min=profile.arrivals_per_min
+        fabric,
+        profile.jobs,
+        seed=seed,
+        arrivals_per_min=profile.arrivals_per_min,
+        probe_interval_s=profile.probe_interval_s,
     )
     scale = {
         "topology": "Alibaba Lingjun 2023 (847 hosts, 48 ToR groups, 3 PSW, 1 DSW), "

@@ -41,6 +41,8 @@ class Profile:
     agent_s: float
     #: the fault types injected (None: every type the simulator models)
     types: tuple[FaultType, ...] | None = None
+    #: seconds between two probes of one skeleton pair (the agent's default)
+    probe_interval_s: float = 0.1
 
     @property
     def rnics(self) -> int:

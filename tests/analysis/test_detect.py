@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from skh.analysis.detect import KINDS, Detector, DetectorConfig, SuspectEvent
+from skh.analysis.fastpath import FastPathConfig
 from skh.analysis.longterm import LongTermConfig
 from skh.errors import ConfigError
 from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
@@ -322,6 +323,10 @@ def test_api_validation():
         DetectorConfig(window_s=30.0, hop_s=7.0)
     with pytest.raises(ConfigError, match="min_lookback_windows"):
         DetectorConfig(min_lookback_windows=11)
+    with pytest.raises(ConfigError, match="hold a sliding window"):
+        DetectorConfig(latency_sample_s=0.5)  # 48 samples cover 24 s, less than 30 + 5
+    with pytest.raises(ConfigError, match="unreachable_after_s"):
+        FastPathConfig(unreachable_after_s=-1.0)
     det.ingest(np.zeros(0, PROBE_DTYPE))
     assert det.tick(T0) == []
     assert KINDS == ("unreachable", "loss", "latency-short", "latency-long", "agent")
@@ -368,3 +373,53 @@ def test_replays_stay_dropped_across_a_restart():
     later["seq"] = 1
     det.ingest(later)
     assert (det.stats.stale, det.stats.duplicates, det.stats.restarts) == (2 * syn.n, 2 * syn.n, syn.n)
+
+
+def test_a_second_shift_soon_after_a_first_is_caught():
+    syn, det = fresh()
+    slow = np.where(syn.src == 3, 10.0, 0.0)
+    first = run(det, syn, range(400, 460), lambda s: {"extra_us": slow})
+    assert [e.kind for e in first] == ["latency-short"]
+    assert run(det, syn, range(460, 560)) == []
+    # the first shift's windows sit in the look-back now; they must not pass for normal
+    again = run(det, syn, range(560, 620), lambda s: {"extra_us": slow})
+    assert [e.kind for e in again] == ["latency-short"]
+    assert again[0].detected_ns - (T0 + 560 * S) <= 30 * S
+
+
+def _fast(syn: Synth, sec: int, per_s: int, **kw) -> np.ndarray:
+    """``per_s`` probes per pair in second ``sec``, evenly spaced, numbered on."""
+    parts = []
+    for j in range(per_s):
+        b = syn.second(sec, **{k: (v(j) if callable(v) else v) for k, v in kw.items()})
+        b["seq"] = sec * per_s + j
+        b["t_wall_ns"] += j * S // per_s
+        parts.append(b)
+    return np.concatenate(parts)
+
+
+def test_ten_probes_a_second_keep_one_latency_sample_a_second_and_find_loss_fast():
+    syn, det = Synth(seed=5), Detector()
+    events = []
+
+    def feed(seconds, **kw):
+        for sec in seconds:
+            det.ingest(_fast(syn, sec, 10, **kw.get("at", lambda s: {})(sec)))
+            det.heartbeat(np.unique(syn.src), T0 + sec * S)
+            events.extend(det.tick(T0 + (sec + 1) * S))
+
+    feed(range(0, 400))
+    assert events == [] and det.stats.windows_scored > 0
+    # the RTT ring holds one sample per second per pair, so it spans the window, not 5 s
+    hops = det.pairs["ring_hop"][: det.stats.pairs_live]
+    assert (np.ptp(hops, axis=1) >= 8).all()
+    # 2 % loss on the pairs into endpoint 6: loss (a few in a row at 10 Hz are not an outage)
+    into6 = syn.dst == 6
+    rng = np.random.default_rng(9)
+    feed(range(400, 430), at=lambda s: {"lost": lambda j: into6 & (rng.random(syn.n) < 0.02)})
+    kinds = {e.kind for e in events}
+    assert kinds == {"loss"}, [e.explanation for e in events]
+    assert min(e.detected_ns for e in events) - (T0 + 400 * S) <= 3 * S
+    assert {p for e in events for p in e.pairs} <= set(
+        zip(syn.src[into6].tolist(), syn.dst[into6].tolist(), strict=True)
+    )
