@@ -127,6 +127,8 @@ class DetectorConfig:
     min_window_samples: int = 8
     #: the latency features keep at most one RTT per pair per period, whatever the probe rate
     latency_sample_s: float = 1.0
+    #: flow labels a prober rotates through: the sampled RTT visits them in turn
+    latency_paths: int = 4
     #: RTT ring per pair; must hold a window plus a hop at one sample per ``latency_sample_s``
     samples_per_pair: int = 48
     allowed_lateness_s: float = 2.0
@@ -164,6 +166,11 @@ class DetectorConfig:
                 "DetectorConfig needs lof_k >= 1 and samples_per_pair >= min_window_samples >= 1. "
                 f"Got lof_k={self.lof_k!r}, samples_per_pair={self.samples_per_pair!r}, "
                 f"min_window_samples={self.min_window_samples!r} instead."
+            )
+        if self.latency_paths < 1:
+            raise ConfigError(
+                "The 'latency_paths' parameter of DetectorConfig must be >= 1. "
+                f"Got {self.latency_paths!r} instead."
             )
         if not self.latency_sample_s > 0 or (
             self.samples_per_pair * self.latency_sample_s < self.window_s + self.hop_s
@@ -341,7 +348,7 @@ class Detector:
         self.fast.update(pid[counted], t[counted], failed[counted])
         ok = (status == ProbeStatus.OK) & (b["rtt_ns"] > 0)
         if ok.any():
-            self._store_samples(pid[ok], t[ok], b["rtt_ns"][ok] / 1e3)
+            self._store_samples(pid[ok], t[ok], b["rtt_ns"][ok] / 1e3, b["path_id"][ok])
 
     def open_incidents(self, now_ns: int | None = None) -> tuple[set[tuple[int, int]], set[int]]:
         """What is still open as of the last tick: pairs with a network incident of any kind,
@@ -479,9 +486,11 @@ class Detector:
         p["seq_bits"][upid] = bits | np.bitwise_or.reduceat(mark, starts)
         return b, pid
 
-    def _store_samples(self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray) -> None:
+    def _store_samples(
+        self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray, path_id: np.ndarray
+    ) -> None:
         """``pid`` sorted by pair, then send time."""
-        pid, t_ns, rtt_us = self._sample(pid, t_ns, rtt_us)
+        pid, t_ns, rtt_us = self._sample(pid, t_ns, rtt_us, path_id)
         if pid.size == 0:
             return
         M = self.config.samples_per_pair
@@ -497,30 +506,38 @@ class Detector:
         self.longterm.add(pid, t_ns, rtt_us, first_block)
 
     def _sample(
-        self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray
+        self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray, path_id: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The first OK of each pair's sampling period not sampled yet. A pair probed faster
-        than ``latency_sample_s`` (for loss detection) thus keeps the same windows, thresholds
-        and memory as one probed once per period. Periods are phased half a period before the
-        pair's first sample, so a probe schedule of exactly one per period, jitter and all,
-        lands one probe in each."""
+        """One OK per pair and sampling period, so a pair probed faster than
+        ``latency_sample_s`` (for the fast path's sake) keeps the windows, thresholds and memory
+        of one probed once per period.
+
+        Periods are phased half a period before the pair's first sample, so a schedule of one
+        probe per period, jitter and all, lands one probe mid-period. Which OK: the first on the
+        path whose turn it is (``path_id % latency_paths == period % latency_paths``), else the
+        first after a quarter of the period. Taking simply the first would alias with a prober
+        that rotates its flow labels: ten probes a second over four paths start every second
+        on paths 0 and 2 only, and a slow path 1 would never be sampled."""
+        cfg = self.config
         p = self.pairs
-        period = int(self.config.latency_sample_s * 1e9)
+        period = int(cfg.latency_sample_s * 1e9)
         start = _runs(pid)
         new = p["lat_phase"][pid[start]] == _NONE
         if new.any():
             p["lat_phase"][pid[start][new]] = t_ns[start][new] - period // 2
-        slot = (t_ns - p["lat_phase"][pid]) // period
-        first = np.r_[True, (pid[1:] != pid[:-1]) | (slot[1:] != slot[:-1])]
-        keep = first & (slot > p["lat_slot"][pid])
-        if keep.all():
-            p["lat_slot"][pid[start]] = slot[np.r_[start[1:], pid.size] - 1]
-            return pid, t_ns, rtt_us
-        pid, t_ns, rtt_us, slot = pid[keep], t_ns[keep], rtt_us[keep], slot[keep]
-        if pid.size:
-            ends = np.r_[_runs(pid)[1:], pid.size] - 1
-            p["lat_slot"][pid[ends]] = slot[ends]
-        return pid, t_ns, rtt_us
+        since = t_ns - p["lat_phase"][pid]
+        slot = since // period
+        turn = (path_id.astype(np.int64) % cfg.latency_paths) == (slot % cfg.latency_paths)
+        late = since - slot * period >= period // 4
+        cand = np.flatnonzero((slot > p["lat_slot"][pid]) & (turn | late))
+        if cand.size == 0:
+            return pid[cand], t_ns[cand], rtt_us[cand]
+        pc, sc = pid[cand], slot[cand]
+        keep = cand[np.r_[True, (pc[1:] != pc[:-1]) | (sc[1:] != sc[:-1])]]
+        pk = pid[keep]
+        ends = np.r_[_runs(pk)[1:], pk.size] - 1
+        p["lat_slot"][pk[ends]] = slot[keep][ends]
+        return pk, t_ns[keep], rtt_us[keep]
 
     # ------------------------------------------------------------------ tick
 

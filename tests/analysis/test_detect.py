@@ -325,6 +325,8 @@ def test_api_validation():
         DetectorConfig(min_lookback_windows=11)
     with pytest.raises(ConfigError, match="hold a sliding window"):
         DetectorConfig(latency_sample_s=0.5)  # 48 samples cover 24 s, less than 30 + 5
+    with pytest.raises(ConfigError, match="latency_paths"):
+        DetectorConfig(latency_paths=0)
     with pytest.raises(ConfigError, match="unreachable_after_s"):
         FastPathConfig(unreachable_after_s=-1.0)
     det.ingest(np.zeros(0, PROBE_DTYPE))
@@ -387,19 +389,40 @@ def test_a_second_shift_soon_after_a_first_is_caught():
     assert again[0].detected_ns - (T0 + 560 * S) <= 30 * S
 
 
-def _fast(syn: Synth, sec: int, per_s: int, **kw) -> np.ndarray:
-    """``per_s`` probes per pair in second ``sec``, evenly spaced, numbered on."""
+def _fast(syn: Synth, sec: int, per_s: int, slow_paths=(), **kw) -> np.ndarray:
+    """``per_s`` probes per pair in second ``sec``, evenly spaced, numbered on, rotating over
+    four paths (flow labels) as the simulator does; ``slow_paths`` add 20 us."""
     parts = []
     for j in range(per_s):
-        b = syn.second(sec, **{k: (v(j) if callable(v) else v) for k, v in kw.items()})
-        b["seq"] = sec * per_s + j
+        seq = sec * per_s + j
+        args = {k: (v(j) if callable(v) else v) for k, v in kw.items()}
+        if seq % 4 in slow_paths:
+            args["extra_us"] = args.get("extra_us", 0.0) + 20.0
+        b = syn.second(sec, **args)
+        b["seq"] = seq
+        b["path_id"] = seq % 4
         b["t_wall_ns"] += j * S // per_s
         parts.append(b)
     return np.concatenate(parts)
 
 
+_WARM_FAST: list = []
+
+
+def fresh_fast() -> tuple[Synth, Detector]:
+    """Like :func:`fresh`, probed ten times a second over four paths."""
+    if not _WARM_FAST:
+        syn, det = Synth(seed=5), Detector()
+        for sec in range(0, 400):
+            det.ingest(_fast(syn, sec, 10))
+            det.heartbeat(np.unique(syn.src), T0 + sec * S)
+            assert det.tick(T0 + (sec + 1) * S) == []
+        _WARM_FAST.append((syn, det))
+    return copy.deepcopy(_WARM_FAST[0])
+
+
 def test_ten_probes_a_second_keep_one_latency_sample_a_second_and_find_loss_fast():
-    syn, det = Synth(seed=5), Detector()
+    syn, det = fresh_fast()
     events = []
 
     def feed(seconds, **kw):
@@ -408,8 +431,7 @@ def test_ten_probes_a_second_keep_one_latency_sample_a_second_and_find_loss_fast
             det.heartbeat(np.unique(syn.src), T0 + sec * S)
             events.extend(det.tick(T0 + (sec + 1) * S))
 
-    feed(range(0, 400))
-    assert events == [] and det.stats.windows_scored > 0
+    assert det.stats.windows_scored > 0
     # the RTT ring holds one sample per second per pair, so it spans the window, not 5 s
     hops = det.pairs["ring_hop"][: det.stats.pairs_live]
     assert (np.ptp(hops, axis=1) >= 8).all()
@@ -423,3 +445,18 @@ def test_ten_probes_a_second_keep_one_latency_sample_a_second_and_find_loss_fast
     assert {p for e in events for p in e.pairs} <= set(
         zip(syn.src[into6].tolist(), syn.dst[into6].tolist(), strict=True)
     )
+
+
+def test_ten_probes_a_second_over_four_paths_sample_every_path():
+    syn, det = fresh_fast()
+    # two of four ECMP paths slow: ten probes a second over four paths put the first probe of
+    # every sampling period on the same two paths (here 1 and 3), so sampling "the first" would
+    # never see paths 0 and 2
+    events = []
+    for sec in range(400, 460):
+        det.ingest(_fast(syn, sec, 10, slow_paths=(0, 2)))
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    lat = [e for e in events if e.kind == "latency-short"]
+    assert lat and {e.kind for e in events} == {"latency-short"}
+    assert lat[0].detected_ns - T0 - 400 * S <= 30 * S
