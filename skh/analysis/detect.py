@@ -19,8 +19,9 @@ Two clocks decide (paper §5.2, ``shared/DESIGN.md`` §6):
   pair's look-back: the last ``lookback_windows`` (10 → 5 min) tumbling 30 s windows that do
   not overlap it, less those its latency incident covered (a shift that persists past the
   look-back thus becomes the new baseline about six minutes on, and the long-term test owns
-  it from there). RTTs are sampled once per ``latency_sample_s`` per pair, so a pair probed
-  faster for the fast path's sake keeps the same windows. Every ``block_s`` (30 min) the long-term Z-test runs
+  it from there). Windows hold one RTT per pair and ``latency_sample_s``
+  (:mod:`skh.analysis.sampling`), so a pair probed ten times a second for the fast path's
+  sake keeps the same windows. Every ``block_s`` (30 min) the long-term Z-test runs
   (:mod:`skh.analysis.longterm`) on the pairs that had no short-term incident in that block
   (a one-minute outage or shift lifts a block's mean too, and was raised when it happened).
 
@@ -83,6 +84,7 @@ from skh.analysis.fastpath import FastPathConfig, FastPathState
 from skh.analysis.features import N_FEATURES, window_features
 from skh.analysis.health import ALERTING, EndpointHealth, HealthConfig, HealthReason
 from skh.analysis.lof import LofFit, fit_lof, score_lof
+from skh.analysis.sampling import LATENCY_PATHS, LATENCY_SAMPLE_S, NO_PHASE, period_samples
 from skh.analysis.longterm import LongTermConfig, LongTermState
 from skh.errors import ConfigError
 from skh.records import PROBE_DTYPE, ProbeStatus
@@ -125,10 +127,10 @@ class DetectorConfig:
     min_shift_us: float = 2.0
     min_shift_rel: float = 0.10
     min_window_samples: int = 8
-    #: the latency features keep at most one RTT per pair per period, whatever the probe rate
-    latency_sample_s: float = 1.0
+    #: the latency features keep one RTT per pair and period (:mod:`skh.analysis.sampling`)
+    latency_sample_s: float = LATENCY_SAMPLE_S
     #: flow labels a prober rotates through: the sampled RTT visits them in turn
-    latency_paths: int = 4
+    latency_paths: int = LATENCY_PATHS
     #: RTT ring per pair; must hold a window plus a hop at one sample per ``latency_sample_s``
     samples_per_pair: int = 48
     allowed_lateness_s: float = 2.0
@@ -245,8 +247,8 @@ class Detector:
         blank["ring_hop"] = -1
         blank["lb_win"] = -1
         blank["fit_key"] = _NONE
-        blank["lat_phase"] = _NONE
-        blank["lat_slot"] = _NONE
+        blank["lat_phase"] = NO_PHASE
+        blank["lat_slot"] = NO_PHASE
         blank["act_since"] = _NONE
         blank["act_last"] = _NONE
         self._blank = blank
@@ -490,54 +492,29 @@ class Detector:
         self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray, path_id: np.ndarray
     ) -> None:
         """``pid`` sorted by pair, then send time."""
-        pid, t_ns, rtt_us = self._sample(pid, t_ns, rtt_us, path_id)
-        if pid.size == 0:
+        p = self.pairs
+        keep = period_samples(
+            pid,
+            t_ns,
+            path_id,
+            p["lat_phase"],
+            p["lat_slot"],
+            period_ns=int(self.config.latency_sample_s * 1e9),
+            paths=self.config.latency_paths,
+        )
+        if keep.size == 0:
             return
+        pid, t_ns, rtt_us = pid[keep], t_ns[keep], rtt_us[keep]
         M = self.config.samples_per_pair
         start = _runs(pid)
         size = np.diff(np.r_[start, pid.size])
         rank = np.arange(pid.size) - np.repeat(start, size)
-        p = self.pairs
         pos = (p["ring_pos"][pid] + rank) % M
         p["ring_rtt"][pid, pos] = rtt_us
         p["ring_hop"][pid, pos] = (t_ns // self._hop_ns).astype(np.int32)
         p["ring_pos"][pid[start]] += size
         first_block = self._lt_block if self._lt_block is not None else np.iinfo(np.int64).min
         self.longterm.add(pid, t_ns, rtt_us, first_block)
-
-    def _sample(
-        self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray, path_id: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One OK per pair and sampling period, so a pair probed faster than
-        ``latency_sample_s`` (for the fast path's sake) keeps the windows, thresholds and memory
-        of one probed once per period.
-
-        Periods are phased half a period before the pair's first sample, so a schedule of one
-        probe per period, jitter and all, lands one probe mid-period. Which OK: the first on the
-        path whose turn it is (``path_id % latency_paths == period % latency_paths``), else the
-        first after a quarter of the period. Taking simply the first would alias with a prober
-        that rotates its flow labels: ten probes a second over four paths start every second
-        on paths 0 and 2 only, and a slow path 1 would never be sampled."""
-        cfg = self.config
-        p = self.pairs
-        period = int(cfg.latency_sample_s * 1e9)
-        start = _runs(pid)
-        new = p["lat_phase"][pid[start]] == _NONE
-        if new.any():
-            p["lat_phase"][pid[start][new]] = t_ns[start][new] - period // 2
-        since = t_ns - p["lat_phase"][pid]
-        slot = since // period
-        turn = (path_id.astype(np.int64) % cfg.latency_paths) == (slot % cfg.latency_paths)
-        late = since - slot * period >= period // 4
-        cand = np.flatnonzero((slot > p["lat_slot"][pid]) & (turn | late))
-        if cand.size == 0:
-            return pid[cand], t_ns[cand], rtt_us[cand]
-        pc, sc = pid[cand], slot[cand]
-        keep = cand[np.r_[True, (pc[1:] != pc[:-1]) | (sc[1:] != sc[:-1])]]
-        pk = pid[keep]
-        ends = np.r_[_runs(pk)[1:], pk.size] - 1
-        p["lat_slot"][pk[ends]] = slot[keep][ends]
-        return pk, t_ns[keep], rtt_us[keep]
 
     # ------------------------------------------------------------------ tick
 

@@ -133,6 +133,8 @@ class AgentConfig:
     #: >= 10 probes/s on every link); the analyzer keeps one RTT per pair and second anyway
     probe_interval_s: float = 0.1
     probe_timeout_s: float = 1.0
+    #: forward every failure but only one OK per pair and second (the analyzer's latency sample)
+    thin_results: bool = True
     batch_interval_s: float = 1.0
     #: underlay: counters are sampled this far into each wall-clock second, on every host alike
     #: (see :mod:`skh.orchestrator.agent_underlay` for why)
