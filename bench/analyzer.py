@@ -4,17 +4,19 @@ per-pair scikit-learn, peak RSS, and detection quality on the simulator's fault 
 Prints one JSON object. ``--quick`` keeps it under a minute on one core.
 
 Fault suite: a simulated cluster with job churn (jobs arriving and ending; ended containers are
-retired as the controller would report) runs healthy for a warm-up, then every fault type of
-:mod:`skh.sim.faults` is injected in turn on a component used by live ping pairs, one at a time
-with a gap, so each event is attributable. An event *matches* a fault when it names one of the
-fault's affected pairs (for ``agent`` events: an endpoint of the faulty container) and was
-detected between the fault's start and its end plus one window. Precision: matched events /
-events; recall: faults with a matched event / observable faults. A loss or outage is observable
-when at least one probe of its pairs failed (a 2 % loss on two pairs for a minute often loses
-none; such faults are listed in ``faults_unobservable``), faults no ping pair crosses are not.
-The ``_kind`` variants also require the
-event's kind to fit the fault's symptom (an unreachable switch link under ECMP is pair-level loss
-for pairs whose other paths still work, so link and switch outages accept both).
+retired as the controller would report), its skeleton pairs probed ten times a second
+(``--probe-interval``) and the results thinned as the agents ship them (every failure, one OK
+per pair and second: ``suite_records_forwarded_share``), runs healthy for a warm-up, then every
+fault type of :mod:`skh.sim.faults` is injected in turn on a component used by live ping pairs,
+one at a time with a gap, so each event is attributable. An event *matches* a fault when it
+names one of the fault's affected pairs (for ``agent`` events: an endpoint of the faulty
+container) and was detected between the fault's start and its end plus one window. Precision:
+matched events / events; recall: faults with a matched event / observable faults. A loss or
+outage is observable when at least one probe of its pairs failed (a 2 % loss on two pairs for a
+minute often loses none; such faults are listed in ``faults_unobservable``), faults no ping
+pair crosses are not. The ``_kind`` variants also require the event's kind to fit the fault's
+symptom (an unreachable switch link under ECMP is pair-level loss for pairs whose other paths
+still work, so link and switch outages accept both); ``wrong_kind_events`` lists the misfits.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from skh.analysis.features import window_features
 from skh.analysis.lof import batched_lof, fit_lof, score_lof
 from skh.analysis.longterm import LongTermConfig, LongTermState
 from skh.eval.scoring import accepted_kinds
+from skh.orchestrator.agent_overlay import ResultThinner
 from skh.records import PROBE_DTYPE, ProbeStatus
 
 T0_NS = 1_700_000_000 * 10**9
@@ -244,6 +247,8 @@ def fault_suite(
     retired_jobs: set[str] = set()
     failures: list[np.ndarray] = []  # every non-OK probe, to tell which loss faults showed at all
     t_ingest = 0.0
+    thinner = ResultThinner()
+    n_probes = n_forwarded = 0
     for step in sim.run(duration):
         t = step.t_s
         # this step is already simulated: inject what starts during the next one
@@ -272,9 +277,12 @@ def fault_suite(
         bad = step.probes["status"] != ProbeStatus.OK
         if bad.any():
             failures.append(step.probes[bad][["src_ep", "dst_ep", "t_wall_ns"]])
+        forwarded = thinner.thin(step.probes)  # what the agents ship, as deployed
+        n_probes += step.probes.size
+        n_forwarded += forwarded.size
         c = time.perf_counter()
         det.heartbeat(step.heartbeats, int(sim.clock.wall_ns(t)))
-        det.ingest(step.probes)
+        det.ingest(forwarded)
         for ev in det.tick(int(sim.clock.wall_ns(t + step.dt_s))):
             events.append(ev)
         t_ingest += time.perf_counter() - c
@@ -285,6 +293,7 @@ def fault_suite(
     )
     return _score(sim, records, events, window_ns, fails) | {
         "suite_probe_interval_s": probe_interval_s,
+        "suite_records_forwarded_share": round(n_forwarded / max(n_probes, 1), 4),
         "suite_virtual_s": duration,
         "suite_detector_s": round(t_ingest, 2),
     }

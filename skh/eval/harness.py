@@ -336,7 +336,9 @@ def random_sampling(sim: Simulation, records, seed: int) -> dict[str, Any]:
 
 
 def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[str, Any]:
-    sim = Simulation.build(fabric, profile.jobs, seed=seed, probe_interval_s=profile.probe_interval_s)
+    sim = Simulation.build(
+        fabric, profile.jobs, seed=seed, probe_interval_s=profile.probe_interval_s
+    )
     res = localization_suite(
         sim,
         trials=profile.loc_trials,
