@@ -36,7 +36,7 @@ from skh.analysis.lof import batched_lof, fit_lof, score_lof
 from skh.analysis.longterm import LongTermConfig, LongTermState
 from skh.eval.scoring import accepted_kinds
 from skh.orchestrator.agent_overlay import ResultThinner
-from skh.records import PROBE_DTYPE, ProbeStatus
+from skh.records import PROBE_DTYPE, ProbeStatus, pair_keys
 
 T0_NS = 1_700_000_000 * 10**9
 
@@ -312,10 +312,8 @@ def _observable(rec, fails: np.ndarray) -> bool:
         return True
     end = rec.end_ns if rec.end_ns >= 0 else 2**62
     f = fails[(fails["t_wall_ns"] >= rec.start_ns) & (fails["t_wall_ns"] < end)]
-    keys = (f["src_ep"].astype(np.uint64) << np.uint64(32)) | f["dst_ep"].astype(np.uint64)
-    aff = (rec.affected_pairs[:, 0].astype(np.uint64) << np.uint64(32)) | rec.affected_pairs[
-        :, 1
-    ].astype(np.uint64)
+    keys = pair_keys(f["src_ep"], f["dst_ep"])
+    aff = pair_keys(rec.affected_pairs[:, 0], rec.affected_pairs[:, 1])
     return bool(np.isin(keys, aff).any())
 
 

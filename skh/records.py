@@ -19,6 +19,8 @@ __all__ = [
     "COUNTER_DTYPE",
     "empty_probes",
     "empty_counters",
+    "pair_keys",
+    "split_pair_keys",
 ]
 
 
@@ -93,3 +95,15 @@ def empty_probes(n: int = 0) -> np.ndarray:
 def empty_counters(n: int = 0) -> np.ndarray:
     """A zeroed counter batch of ``n`` rows."""
     return np.zeros(n, dtype=COUNTER_DTYPE)
+
+
+def pair_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """One ``uint64`` per ordered endpoint pair, ``src << 32 | dst``: pairs sort, search and
+    set-combine as plain integers."""
+    return (np.asarray(src).astype(np.uint64) << np.uint64(32)) | np.asarray(dst).astype(np.uint64)
+
+
+def split_pair_keys(keys: np.ndarray) -> np.ndarray:
+    """The ``(n, 2)`` ``uint32`` (src, dst) pairs of :func:`pair_keys`."""
+    keys = np.asarray(keys, np.uint64)
+    return np.stack([keys >> np.uint64(32), keys & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32)

@@ -87,7 +87,7 @@ from skh.analysis.lof import LofFit, fit_lof, score_lof
 from skh.analysis.sampling import LATENCY_PATHS, LATENCY_SAMPLE_S, NO_PHASE, period_samples
 from skh.analysis.longterm import LongTermConfig, LongTermState
 from skh.errors import ConfigError
-from skh.records import PROBE_DTYPE, ProbeStatus
+from skh.records import PROBE_DTYPE, ProbeStatus, pair_keys
 
 __all__ = ["KINDS", "DetectorConfig", "SuspectEvent", "DetectorStats", "Detector"]
 
@@ -370,7 +370,7 @@ class Detector:
     # ------------------------------------------------------------------ pair index
 
     def _pair_ids(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        keys = (src.astype(np.uint64) << np.uint64(32)) | dst.astype(np.uint64)
+        keys = pair_keys(src, dst)
         pos = np.searchsorted(self._keys, keys)
         found = pos < self._keys.size
         found[found] = self._keys[pos[found]] == keys[found]
@@ -419,7 +419,7 @@ class Detector:
         self.longterm.clear_pairs(np.arange(keep.size, len(self.longterm.state)))
         self._n = keep.size
         q = self.pairs[: self._n]
-        keys = (q["src"].astype(np.uint64) << np.uint64(32)) | q["dst"].astype(np.uint64)
+        keys = pair_keys(q["src"], q["dst"])
         order = np.argsort(keys)
         self._keys, self._key_pid = keys[order], order.astype(np.int64)
         log.debug("compacted pair state: %d dropped, %d live", int(drop.sum()), self._n)

@@ -66,6 +66,7 @@ from skh.analysis._localize_types import (
 from skh.analysis._localize_underlay import UnderlayCulprit, link_name, vote
 from skh.errors import ConfigError
 from skh.model import Cluster, Endpoint
+from skh.records import pair_keys
 
 __all__ = [
     "AlertTracker",
@@ -205,8 +206,8 @@ def failing_path_ids(probes: np.ndarray, pairs: Iterable[Pair]) -> dict[Pair, tu
     want = np.asarray(list(pairs), np.int64).reshape(-1, 2)
     if want.size == 0 or probes.size == 0:
         return {}
-    key = probes["src_ep"].astype(np.int64) << 32 | probes["dst_ep"].astype(np.int64)
-    wkey = want[:, 0] << 32 | want[:, 1]
+    key = pair_keys(probes["src_ep"], probes["dst_ep"])
+    wkey = pair_keys(want[:, 0], want[:, 1])
     sel = np.isin(key, wkey)
     key, pid, bad = key[sel], probes["path_id"][sel].astype(np.int64), probes["status"][sel] != 0
     out: dict[Pair, tuple[int, ...]] = {}

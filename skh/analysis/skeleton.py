@@ -65,6 +65,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.signal import stft
 
 from skh.errors import ConfigError
+from skh.records import pair_keys, split_pair_keys
 from skh.model import same_rail_pairs
 
 __all__ = [
@@ -187,11 +188,8 @@ def _digest(pairs: np.ndarray) -> str:
 def _unique_pairs(chunks: list[np.ndarray]) -> np.ndarray:
     if not chunks:
         return np.zeros((0, 2), np.uint32)
-    p = np.concatenate(chunks).astype(np.uint64)
-    key = np.sort((p[:, 0] << np.uint64(32)) | p[:, 1])
-    if key.size:
-        key = key[np.r_[True, key[1:] != key[:-1]]]
-    return np.stack([key >> np.uint64(32), key & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32)
+    p = np.concatenate(chunks)
+    return split_pair_keys(np.unique(pair_keys(p[:, 0], p[:, 1])))
 
 
 def _all_pairs(ep: np.ndarray, host: np.ndarray) -> np.ndarray:
@@ -213,8 +211,8 @@ def pairs_coverage(used: np.ndarray, probed: np.ndarray) -> float:
     probed = np.asarray(probed, np.uint64).reshape(-1, 2)
     if used.shape[0] == 0:
         return 1.0
-    ku = (used[:, 0] << np.uint64(32)) | used[:, 1]
-    kp = (probed[:, 0] << np.uint64(32)) | probed[:, 1]
+    ku = pair_keys(used[:, 0], used[:, 1])
+    kp = pair_keys(probed[:, 0], probed[:, 1])
     return float(np.isin(ku, kp).mean())
 
 
@@ -863,7 +861,7 @@ def _missed_pairs(
     inferred structure does not explain. Rails above ``missed_scan_max`` RNICs are skipped
     (the dense scan is O(n²)); the count of scanned rails is returned."""
     thr = params.missed_z / np.sqrt(t_len)
-    have = (pairs[:, 0].astype(np.uint64) << np.uint64(32)) | pairs[:, 1]
+    have = pair_keys(pairs[:, 0], pairs[:, 1])
     found, scanned = [], 0
     for idx in rail_groups:
         if idx.size > params.missed_scan_max:
@@ -879,7 +877,7 @@ def _missed_pairs(
         keep = host[a] != host[b]
         a, b = ep_id[a[keep]], ep_id[b[keep]]
         cand = np.concatenate([np.stack([a, b], 1), np.stack([b, a], 1)])
-        key = (cand[:, 0].astype(np.uint64) << np.uint64(32)) | cand[:, 1]
+        key = pair_keys(cand[:, 0], cand[:, 1])
         pos = np.minimum(np.searchsorted(have, key), have.size - 1)
         found.append(cand[have[pos] != key])
     miss = np.concatenate(found) if found else np.zeros((0, 2), np.uint32)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from skh.records import pair_keys
+
 __all__ = ["rtt_summary", "render", "write_report"]
 
 _CSS = """
@@ -45,7 +47,7 @@ def rtt_summary(probes: np.ndarray) -> dict[str, list]:
     ok = probes[(probes["status"] == 0) & (probes["rtt_ns"] > 0)]
     if ok.size == 0:
         return {"pairs": [], "p50_us": [], "n": []}
-    key = ok["src_ep"].astype(np.int64) << 32 | ok["dst_ep"].astype(np.int64)
+    key = pair_keys(ok["src_ep"], ok["dst_ep"])
     order = np.argsort(key, kind="stable")
     key, rtt = key[order], ok["rtt_ns"][order] / 1e3
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])

@@ -33,7 +33,7 @@ from skh.orchestrator.daemon import make_socket
 from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
 from skh.orchestrator.security import SecurityConfig
-from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
+from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes, pair_keys
 from skh.wire import Envelope, MsgType, job_topic, probe_batch_body
 
 __all__ = ["OverlayAgent", "EngineLike", "ResultBuffer"]
@@ -149,7 +149,7 @@ class ResultThinner:
     def thin(self, batch: np.ndarray) -> np.ndarray:
         if batch.size == 0:
             return batch
-        keys = (batch["src_ep"].astype(np.int64) << 32) | batch["dst_ep"].astype(np.int64)
+        keys = pair_keys(batch["src_ep"], batch["dst_ep"])
         pid = self._pair_ids(keys)
         order = np.lexsort((batch["t_wall_ns"], pid))
         b, pid = batch[order], pid[order]

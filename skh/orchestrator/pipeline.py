@@ -62,7 +62,7 @@ from skh.errors import ConfigError, ProtocolError, RequestRefused, RequestTimeou
 from skh.model import Cluster, Fabric
 from skh.orchestrator.admin import ControllerClient
 from skh.orchestrator.config import AnalyzerConfig
-from skh.records import COUNTER_DTYPE, PROBE_DTYPE
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE, pair_keys, split_pair_keys
 from skh.wire import unpack_pairs
 
 __all__ = [
@@ -701,13 +701,13 @@ class Pipeline:
         if not self._recent:
             return np.zeros((0, 2), np.int64)
         p = np.concatenate([r for _t, r in self._recent])
-        key = p["src_ep"].astype(np.int64) << 32 | p["dst_ep"].astype(np.int64)
+        key = pair_keys(p["src_ep"], p["dst_ep"])
         bad = np.unique(key[p["status"] != 0])
         if failing:
             f = np.array(sorted(failing), np.int64)
-            bad = np.union1d(bad, f[:, 0] << 32 | f[:, 1])
+            bad = np.union1d(bad, pair_keys(f[:, 0], f[:, 1]))
         good = np.setdiff1d(np.unique(key[p["status"] == 0]), bad)
-        return np.stack([good >> 32, good & 0xFFFFFFFF], axis=1)
+        return split_pair_keys(good).astype(np.int64)
 
     def _localize(self, events: list[SuspectEvent], now_ns: int) -> list[tuple[Verdict, SuspectEvent | None]]:
         assert self.localizer is not None and self.cluster is not None
