@@ -34,8 +34,8 @@ from skh.analysis.detect import Detector, DetectorConfig
 from skh.analysis.features import window_features
 from skh.analysis.lof import batched_lof, fit_lof, score_lof
 from skh.analysis.longterm import LongTermConfig, LongTermState
+from skh.analysis.sampling import ResultThinner
 from skh.eval.scoring import accepted_kinds
-from skh.orchestrator.agent_overlay import ResultThinner
 from skh.records import PROBE_DTYPE, ProbeStatus, pair_keys
 
 T0_NS = 1_700_000_000 * 10**9

@@ -183,6 +183,13 @@ class DetectorConfig:
                 f"Got latency_sample_s={self.latency_sample_s!r}, "
                 f"samples_per_pair={self.samples_per_pair!r} instead."
             )
+        if self.window_s / self.latency_sample_s < self.min_window_samples:
+            raise ConfigError(
+                "DetectorConfig needs window_s / latency_sample_s >= min_window_samples (a "
+                f"window must be able to hold enough samples). Got window_s={self.window_s!r}, "
+                f"latency_sample_s={self.latency_sample_s!r}, "
+                f"min_window_samples={self.min_window_samples!r} instead."
+            )
 
 
 @dataclass(slots=True)
@@ -569,14 +576,15 @@ class Detector:
         cfg = self.config
         p = self.pairs[: self._n]
         slot = w % self._lb_slots
-        p["lb_win"][:, slot] = -1
         lo, hi = w * self._hops_per_win, (w + 1) * self._hops_per_win
         hop = p["ring_hop"]
         valid = (hop >= lo) & (hop < hi)
         cnt = valid.sum(axis=1)
         end_ns = (w + 1) * self._win_ns
         # a window the pair's latency incident covers is not a baseline: a second fault soon
-        # after a first would otherwise hide behind the first one's windows in the look-back
+        # after a first would otherwise hide behind the first one's windows in the look-back.
+        # A window not stored leaves the slot's older window in place, so the look-back is the
+        # pair's last clean windows, however old, rather than shrinking to nothing
         shifted = p["act_last"][:, _NET_KINDS.index("latency-short")] >= w * self._win_ns
         rows = np.flatnonzero(
             (cnt >= cfg.min_window_samples) & self._complete(p, end_ns) & ~p["dead"] & ~shifted
@@ -601,9 +609,13 @@ class Detector:
         p = self.pairs[: self._n]
         L = cfg.lookback_windows
         w_lim = (e - self._win_ns) // self._win_ns - 1  # newest window not overlapping the query
-        wins = w_lim - np.arange(L)[::-1]  # oldest first
-        slots = wins % self._lb_slots
-        lbv = p["lb_win"][:, slots] == wins[None, :].astype(np.int32)  # (P, L)
+        lbw = p["lb_win"]
+        lbv = (lbw >= 0) & (lbw <= w_lim)  # (P, L + 1) stored windows before the query
+        # at most the newest L: the slot of the window overlapping the query may hold an older one
+        over = np.flatnonzero(lbv.sum(axis=1) > L)
+        if over.size:
+            oldest = np.where(lbv[over], lbw[over], np.iinfo(np.int32).max).argmin(axis=1)
+            lbv[over, oldest] = False
         n_lb = lbv.sum(axis=1)
         hop_e = e // self._hop_ns
         hop = p["ring_hop"]
@@ -625,7 +637,7 @@ class Detector:
         for nv in np.unique(n_lb[rows]):
             g = np.flatnonzero(n_lb[rows] == nv)
             pr = rows[g]
-            train = p["lb"][pr][:, slots][lbv[pr]].reshape(pr.size, nv, N_FEATURES)
+            train = p["lb"][pr][lbv[pr]].reshape(pr.size, nv, N_FEATURES)
             stale = p["fit_key"][pr] != w_lim
             if stale.any():
                 f = fit_lof(train[stale], cfg.lof_k)

@@ -3,7 +3,7 @@
 Skeleton pairs are probed ten times a second so that a 2 % loss shows within about a second,
 but the latency windows, their thresholds and the detector's memory are sized for one sample a
 second. The detector keeps this sample and drops the other OKs; the agent forwards it with
-every failure and drops the rest before they cross the network (``AgentConfig.thin_results``),
+every failure and drops the rest before they cross the network (``AgentConfig.ok_sample_s``),
 so the analyzer ingests about one record per pair and second, not ten. Both use this rule, so
 what the agent forwards always holds what the detector would have picked.
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LATENCY_PATHS", "LATENCY_SAMPLE_S", "NO_PHASE", "period_samples"]
+from skh.records import ProbeStatus, pair_keys
+
+__all__ = ["LATENCY_PATHS", "LATENCY_SAMPLE_S", "NO_PHASE", "ResultThinner", "period_samples"]
 
 LATENCY_SAMPLE_S = 1.0
 #: flow labels a prober rotates through (the simulator's and the agents' path ids)
@@ -64,3 +66,67 @@ def period_samples(
     ends = np.r_[np.flatnonzero(pk[1:] != pk[:-1]), pk.size - 1]
     last_slot[pk[ends]] = slot[keep][ends]
     return keep
+
+
+class ResultThinner:
+    """What an agent forwards of its probes: every result but OK, the OK that ends a run of them
+    (so loss and outage stay told apart), each pair's latency sample (the analyzer would drop
+    the other OKs anyway) and each prober's newest result (its progress). At ten probes per pair and
+    second this cuts what crosses the network and what the analyzer ingests about ninefold."""
+
+    def __init__(self, period_s: float = LATENCY_SAMPLE_S, paths: int = LATENCY_PATHS) -> None:
+        self.period_ns = int(period_s * 1e9)
+        self.paths = paths
+        self._keys = np.zeros(0, np.uint64)  # sorted pair keys ...
+        self._key_id = np.zeros(0, np.int64)  # ... and their dense ids
+        self._phase = np.zeros(0, np.int64)
+        self._last_slot = np.zeros(0, np.int64)
+        self._last_failed = np.zeros(0, bool)
+
+    def _pair_ids(self, keys: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(self._keys, keys)
+        found = pos < self._keys.size
+        found[found] = self._keys[pos[found]] == keys[found]
+        if not found.all():
+            new = np.unique(keys[~found])
+            n0 = self._phase.size
+            allk = np.concatenate([self._keys, new])
+            order = np.argsort(allk, kind="stable")
+            self._keys = allk[order]
+            self._key_id = np.concatenate([self._key_id, np.arange(n0, n0 + new.size)])[order]
+            self._phase = np.r_[self._phase, np.full(new.size, NO_PHASE)]
+            self._last_slot = np.r_[self._last_slot, np.full(new.size, NO_PHASE)]
+            self._last_failed = np.r_[self._last_failed, np.zeros(new.size, bool)]
+            pos = np.searchsorted(self._keys, keys)
+        return self._key_id[pos]
+
+    def thin(self, batch: np.ndarray) -> np.ndarray:
+        if batch.size == 0:
+            return batch
+        keys = pair_keys(batch["src_ep"], batch["dst_ep"])
+        pid = self._pair_ids(keys)
+        order = np.lexsort((batch["t_wall_ns"], pid))
+        b, pid = batch[order], pid[order]
+        failed = b["status"] != ProbeStatus.OK
+        first = np.r_[True, pid[1:] != pid[:-1]]
+        prev_failed = np.where(first, self._last_failed[pid], np.r_[False, failed[:-1]])
+        keep = failed | prev_failed
+        ok = np.flatnonzero(~failed)
+        sampled = period_samples(
+            pid[ok],
+            b["t_wall_ns"][ok],
+            b["path_id"][ok],
+            self._phase,
+            self._last_slot,
+            period_ns=self.period_ns,
+            paths=self.paths,
+        )
+        keep[ok[sampled]] = True
+        # each prober's newest result: the analyzer scores a window only once the prober has
+        # reported past its end, and a sampled OK can be most of a second old
+        src = b["src_ep"]
+        newest = np.lexsort((b["t_wall_ns"], src))
+        keep[newest[np.r_[src[newest][1:] != src[newest][:-1], True]]] = True
+        ends = np.r_[np.flatnonzero(first[1:]), pid.size - 1]
+        self._last_failed[pid[ends]] = failed[ends]
+        return b[keep]

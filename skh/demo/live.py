@@ -91,6 +91,8 @@ class DemoSpec:
             "detector": {
                 "window_s": 4.0, "hop_s": 2.0, "lookback_windows": 6, "min_lookback_windows": 4,
                 "lof_k": 3, "min_window_samples": 6, "allowed_lateness_s": 2.0, "clear_after_s": 6.0,
+                # a 4 s window keeps every probe (the agents forward every OK at this period)
+                "latency_sample_s": self.probe_interval_s,
                 # two shared cores jitter namespace RTTs by hundreds of µs: only a real detour counts
                 "min_shift_us": 1000.0,
                 "fast": {"unreachable_after": 3, "loss_count": 3, "loss_window_s": 5.0},
@@ -345,7 +347,8 @@ class LiveDemo:
         for c in L.placements:
             argv = ["python", "-m", "skh", "agent", *common, "--role", "overlay", "--name", f"ov-{c.name}",
                     "--host", L.host_name(c.host), "--job", c.job, "--container", c.name,
-                    "--probe-interval", str(spec.probe_interval_s), *link]
+                    "--probe-interval", str(spec.probe_interval_s),
+                    "--set", f"agent.ok_sample_s={spec.probe_interval_s}", *link]
             for r in range(spec.rnics_per_host):
                 argv += ["--endpoint", f"rail={r},ip={L.vf_ip(c.host, c.slot, r)},netdev=vf{r}"]
             self.procs[f"ov-{c.name}"] = tb.spawn(argv, ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}")

@@ -37,6 +37,7 @@ import numpy as np
 
 from skh.analysis.detect import Detector, DetectorConfig
 from skh.analysis.localize import Suspect, failing_path_ids
+from skh.analysis.sampling import ResultThinner
 from skh.analysis.skeleton import infer_skeleton, pairs_coverage
 from skh.collect.sim import SimSource, live_pairs, localization_suite, score, sim_localizer
 from skh.eval.agent_cost import agent_cost
@@ -174,6 +175,7 @@ def detection_run(sim: Simulation, profile: Profile, seed: int) -> dict[str, Any
     """Run the detector through the fault plan; returns records, events and the suspects of every
     tick that raised any (for end-to-end localization)."""
     det = Detector()
+    thinner = ResultThinner()
     rng = rng_for(seed, 0xE7A1)
     types = list(profile.types or FaultType) * profile.rounds
     rng.shuffle(types)
@@ -206,7 +208,7 @@ def detection_run(sim: Simulation, profile: Profile, seed: int) -> dict[str, Any
         while ends and ends[0][0] <= t + 1:
             det.retire(sim.jobs[heapq.heappop(ends)[1]].ep_ids)
         det.heartbeat(step.heartbeats, int(sim.clock.wall_ns(t)))
-        det.ingest(step.probes)
+        det.ingest(thinner.thin(step.probes))  # what the agents ship
         recent.append(step.probes)
         now = t + step.dt_s
         evs = det.tick(int(sim.clock.wall_ns(now)))

@@ -4,7 +4,8 @@ One probing engine per endpoint (VF) answers probes from the start and probes th
 list. The agent registers its endpoints, reports ready (at once, or once ``ready_file`` exists),
 follows its job's topic to keep the ping lists current — applying readiness, endpoints going down
 and skeletons itself — and ships result batches every ``batch_interval_s`` to the analyzer:
-every failure and one OK per pair and second (:class:`ResultThinner`; ``thin_results``).
+every failure and one OK per pair and second (:class:`skh.analysis.sampling.ResultThinner`;
+``ok_sample_s``).
 
 While the analyzer is unreachable the batches wait in a bounded buffer of
 ``buffer_s x max_probe_rate`` records (5 min by default); beyond it the oldest records are dropped
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from skh.analysis.sampling import LATENCY_PATHS, LATENCY_SAMPLE_S, NO_PHASE, period_samples
+from skh.analysis.sampling import ResultThinner
 from skh.errors import ConfigError, ProtocolError
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig, EndpointSpec
@@ -33,7 +34,7 @@ from skh.orchestrator.daemon import make_socket
 from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
 from skh.orchestrator.security import SecurityConfig
-from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes, pair_keys
+from skh.records import PROBE_DTYPE, empty_probes
 from skh.wire import Envelope, MsgType, job_topic, probe_batch_body
 
 __all__ = ["OverlayAgent", "EngineLike", "ResultBuffer"]
@@ -119,60 +120,6 @@ class ResultBuffer:
         self.records -= self._q.popleft().size
 
 
-class ResultThinner:
-    """What an agent forwards of its probes (see :mod:`skh.analysis.sampling`): every result but
-    OK, the OK that ends a run of them (so loss and outage stay told apart), and each pair's
-    latency sample; the analyzer would drop the other OKs anyway. At ten probes per pair and
-    second this cuts what crosses the network and what the analyzer ingests about ninefold."""
-
-    def __init__(self, period_s: float = LATENCY_SAMPLE_S, paths: int = LATENCY_PATHS) -> None:
-        self.period_ns = int(period_s * 1e9)
-        self.paths = paths
-        self._ids: dict[int, int] = {}
-        self._phase = np.zeros(0, np.int64)
-        self._last_slot = np.zeros(0, np.int64)
-        self._last_failed = np.zeros(0, bool)
-
-    def _pair_ids(self, keys: np.ndarray) -> np.ndarray:
-        ids = self._ids
-        for k in np.unique(keys).tolist():
-            if k not in ids:
-                ids[k] = len(ids)
-        n = len(ids)
-        if n > self._phase.size:
-            grow = n - self._phase.size
-            self._phase = np.r_[self._phase, np.full(grow, NO_PHASE)]
-            self._last_slot = np.r_[self._last_slot, np.full(grow, NO_PHASE)]
-            self._last_failed = np.r_[self._last_failed, np.zeros(grow, bool)]
-        return np.fromiter((ids[k] for k in keys.tolist()), np.int64, keys.size)
-
-    def thin(self, batch: np.ndarray) -> np.ndarray:
-        if batch.size == 0:
-            return batch
-        keys = pair_keys(batch["src_ep"], batch["dst_ep"])
-        pid = self._pair_ids(keys)
-        order = np.lexsort((batch["t_wall_ns"], pid))
-        b, pid = batch[order], pid[order]
-        failed = b["status"] != ProbeStatus.OK
-        first = np.r_[True, pid[1:] != pid[:-1]]
-        prev_failed = np.where(first, self._last_failed[pid], np.r_[False, failed[:-1]])
-        keep = failed | prev_failed
-        ok = np.flatnonzero(~failed)
-        sampled = period_samples(
-            pid[ok],
-            b["t_wall_ns"][ok],
-            b["path_id"][ok],
-            self._phase,
-            self._last_slot,
-            period_ns=self.period_ns,
-            paths=self.paths,
-        )
-        keep[ok[sampled]] = True
-        ends = np.r_[np.flatnonzero(first[1:]), pid.size - 1]
-        self._last_failed[pid[ends]] = failed[ends]
-        return b[keep]
-
-
 class OverlayAgent(AgentBase):
     role = "overlay"
 
@@ -210,7 +157,7 @@ class OverlayAgent(AgentBase):
         self._ready_seq = -1
         self._next_ready = 0.0
         self.buffer = ResultBuffer(int(cfg.buffer_s * cfg.max_probe_rate))
-        self.thinner = ResultThinner() if cfg.thin_results else None
+        self.thinner = ResultThinner(cfg.ok_sample_s) if cfg.ok_sample_s > 0 else None
         self._next_flush = time.monotonic() + cfg.batch_interval_s
         self.handlers["pinglist"] = lambda _args: self.ping_lists()
         if metrics is not None:

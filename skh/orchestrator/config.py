@@ -133,8 +133,9 @@ class AgentConfig:
     #: >= 10 probes/s on every link); the analyzer keeps one RTT per pair and second anyway
     probe_interval_s: float = 0.1
     probe_timeout_s: float = 1.0
-    #: forward every failure but only one OK per pair and second (the analyzer's latency sample)
-    thin_results: bool = True
+    #: forward every failure but one OK per pair and this period: the analyzer's
+    #: ``detector.latency_sample_s`` (it keeps no more); 0 forwards every OK
+    ok_sample_s: float = 1.0
     batch_interval_s: float = 1.0
     #: underlay: counters are sampled this far into each wall-clock second, on every host alike
     #: (see :mod:`skh.orchestrator.agent_underlay` for why)
@@ -285,6 +286,8 @@ def _validate(cfg: Config) -> None:
             "The 'controller.command_retries' setting must be >= 0. "
             f"Got {c.command_retries} instead."
         )
+    if not g.ok_sample_s >= 0:
+        raise ConfigError(f"The 'agent.ok_sample_s' setting must be >= 0. Got {g.ok_sample_s!r} instead.")
     if not 0.0 <= g.sample_phase_s < 1.0:
         raise ConfigError(
             f"The 'agent.sample_phase_s' setting must be in [0, 1). Got {g.sample_phase_s!r} instead."

@@ -325,6 +325,8 @@ def test_api_validation():
         DetectorConfig(min_lookback_windows=11)
     with pytest.raises(ConfigError, match="hold a sliding window"):
         DetectorConfig(latency_sample_s=0.5)  # 48 samples cover 24 s, less than 30 + 5
+    with pytest.raises(ConfigError, match="enough samples"):
+        DetectorConfig(window_s=4.0, hop_s=2.0)  # four 1 s samples, eight needed
     with pytest.raises(ConfigError, match="latency_paths"):
         DetectorConfig(latency_paths=0)
     with pytest.raises(ConfigError, match="unreachable_after_s"):
@@ -460,3 +462,15 @@ def test_ten_probes_a_second_over_four_paths_sample_every_path():
     lat = [e for e in events if e.kind == "latency-short"]
     assert lat and {e.kind for e in events} == {"latency-short"}
     assert lat[0].detected_ns - T0 - 400 * S <= 30 * S
+
+
+def test_after_a_long_outage_the_look_back_is_the_last_clean_windows():
+    syn, det = fresh()
+    gone = (syn.src == 3) | (syn.dst == 3)
+    outage = run(det, syn, range(400, 640), lambda s: {"lost": gone})
+    assert {e.kind for e in outage} == {"unreachable"}
+    # back, but slower: judged against the windows before the outage, not after 3 min anew
+    slow = np.where(syn.src == 3, 10.0, 0.0)
+    ev = run(det, syn, range(640, 700), lambda s: {"extra_us": slow})
+    lat = [e for e in ev if e.kind == "latency-short"]
+    assert lat and lat[0].detected_ns - (T0 + 640 * S) <= 30 * S

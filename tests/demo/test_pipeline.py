@@ -36,6 +36,7 @@ def test_counter_bins_put_a_burst_in_the_same_second_whatever_the_sampling_phase
 def test_pipeline_config_is_checked_at_the_boundary():
     fab = Fabric.from_params(hosts=2, rnics_per_host=1).to_mapping()
     cfg = PipelineConfig.from_mapping({"fabric": fab, "detector": {"window_s": 4.0, "hop_s": 2.0,
+                                                                   "latency_sample_s": 0.25,
                                                                    "fast": {"loss_count": 3}}})
     assert cfg.detector.window_s == 4.0 and cfg.detector.fast.loss_count == 3
     with pytest.raises(ConfigError, match="unknown pipeline setting"):

@@ -48,7 +48,7 @@ def fabric(tmp_path):
 
 def test_pipeline_settings_come_from_the_analyzer_table(tmp_path, fabric):
     settings = tmp_path / "pipeline.toml"
-    settings.write_text('addr_owner = {"10.0.9.1" = "tor0"}\n[detector]\nwindow_s = 4.0\nhop_s = 2.0\n')
+    settings.write_text('addr_owner = {"10.0.9.1" = "tor0"}\n[detector]\nwindow_s = 4.0\nhop_s = 2.0\nlatency_sample_s = 0.25\n')
     a = AnalyzerConfig(controller="tcp://127.0.0.1:5550", fabric=fabric, pipeline=str(settings))
     cfg = PipelineConfig.from_analyzer(a)
     assert sorted(cfg.fabric["host"][i]["name"] for i in range(2)) == ["h0", "h1"]

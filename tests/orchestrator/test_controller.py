@@ -168,8 +168,12 @@ def test_missed_heartbeats_mark_an_agent_lost_and_restart_keeps_the_registry(
         a = client(router, "a")
         ack = _register(a, "a", "h0", [_ep("j", "c0", 0, 1000)])
         a.request(MsgType.READY, {"agent": "a", "endpoints": ack["endpoints"]}, want={MsgType.ACK})
-        wait(lambda: not ctl.agents["a"].alive, timeout_s=5, what="agent lost")
-        assert ctl.jobs["j"].endpoints[0].ready is False
+        # the daemon thread marks the agent lost, then its endpoints down: wait for both
+        wait(
+            lambda: not ctl.agents["a"].alive and ctl.jobs["j"].endpoints[0].ready is False,
+            timeout_s=5,
+            what="agent lost and its endpoints down",
+        )
         hb = a.request(
             MsgType.HEARTBEAT,
             {"agent": "a", "epoch": ack["epoch"], "jobs": {}},

@@ -1,4 +1,4 @@
-"""The agent forwards every failure and one OK per pair and second; the detector must decide
+"""What the agents forward (every failure, one OK per pair and second); the detector must decide
 the same on that as on everything."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from skh.analysis.detect import Detector
-from skh.orchestrator.agent_overlay import ResultThinner
+from skh.analysis.sampling import ResultThinner
 from skh.records import ProbeStatus, empty_probes
 
 T0 = 1_700_000_000 * 10**9
@@ -43,7 +43,7 @@ def second(sec: int, n_eps: int, rng: np.random.Generator, *, slow=None, lost=No
     return np.concatenate(parts)
 
 
-def test_failures_the_ok_after_them_and_one_ok_per_pair_and_second_are_kept():
+def test_failures_the_ok_after_them_one_ok_per_pair_and_second_and_progress_are_kept():
     rng = np.random.default_rng(1)
     th = ResultThinner()
     sent = kept = 0
@@ -54,6 +54,10 @@ def test_failures_the_ok_after_them_and_one_ok_per_pair_and_second_are_kept():
         sent, kept = sent + b.size, kept + out.size
         lost_sent += int((b["status"] != 0).sum())
         lost_kept += int((out["status"] != 0).sum())
+        # every prober's newest result goes out: the analyzer's measure of its progress
+        for src in range(4):
+            newest = b["t_wall_ns"][b["src_ep"] == src].max()
+            assert out["t_wall_ns"][out["src_ep"] == src].max() == newest
         # each failure run ends with an OK that is kept
         for key in set(zip(out["src_ep"].tolist(), out["dst_ep"].tolist(), strict=True)):
             m = (b["src_ep"] == key[0]) & (b["dst_ep"] == key[1])
@@ -63,7 +67,8 @@ def test_failures_the_ok_after_them_and_one_ok_per_pair_and_second_are_kept():
             assert np.isin(rows["seq"][after], out["seq"][mine]).all()
     assert lost_kept == lost_sent > 0
     pairs_s = 12 * 30
-    assert pairs_s <= kept <= pairs_s + 2 * lost_sent + 12  # one sample a second, plus the rest
+    # one sample a pair and second, the OK after each failure, each prober's newest per batch
+    assert pairs_s <= kept <= pairs_s + 2 * lost_sent + 4 * 30 + 12
     assert sent == PER_S * pairs_s
 
 
