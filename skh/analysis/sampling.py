@@ -71,8 +71,8 @@ def period_samples(
 class ResultThinner:
     """What an agent forwards of its probes: every result but OK, the OK that ends a run of them
     (so loss and outage stay told apart), each pair's latency sample (the analyzer would drop
-    the other OKs anyway) and each prober's newest result (its progress). At ten probes per pair and
-    second this cuts what crosses the network and what the analyzer ingests about ninefold."""
+    the other OKs anyway) and each prober's newest result (its progress). At ten probes per
+    pair and second about 13 % are forwarded (``bench/analyzer.py``)."""
 
     def __init__(self, period_s: float = LATENCY_SAMPLE_S, paths: int = LATENCY_PATHS) -> None:
         self.period_ns = int(period_s * 1e9)
