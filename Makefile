@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.skh-setup
 
-.PHONY: setup develop test test-host test-verbs demo bench bench-quick debug clean
+.PHONY: setup develop lint test test-host test-verbs demo bench bench-quick debug clean
 
 setup: $(SETUP_STAMP)
 
@@ -16,8 +16,14 @@ $(SETUP_STAMP): pyproject.toml setup.py tools/setup-debian.sh
 develop: setup
 	$(PY) -m pip install -q --no-build-isolation -e '.[test,bench]'
 
-test: develop test-verbs
+test: develop lint test-verbs
 	$(PY) -m pytest -q tests
+
+# ruff (pinned in the test extra: formatting differs between releases) is configured in
+# pyproject.toml; lint and format are part of the test command.
+lint: develop
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # The verbs transport on real soft-RoCE: a throw-away qemu VM (stock Debian kernel, rdma_rxe on a
 # veth pair) runs the `verbs`-marked tests, which the host run above skips. The tree is read through

@@ -12,7 +12,9 @@ from setuptools import Extension, setup
 try:
     from Cython.Build import cythonize
 except ImportError as exc:  # pragma: no cover - build-time guard
-    raise RuntimeError("skh needs Cython>=3.0 to build its engine: pip install 'Cython>=3.0,<4'") from exc
+    raise RuntimeError(
+        "skh needs Cython>=3.0 to build its engine: pip install 'Cython>=3.0,<4'"
+    ) from exc
 
 debug = os.environ.get("SKH_DEBUG") == "1"
 cflags = ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"]

@@ -347,10 +347,13 @@ def _score(sim, records, events, window_ns: int, fails: np.ndarray) -> dict:
     n_ev = len(events)
     n_match = sum(m is not None for m in matched_ev)
     n_match_kind = sum(
-        m is not None and ev.kind in accepted_kinds(m) for m, ev in zip(matched_ev, events, strict=True)
+        m is not None and ev.kind in accepted_kinds(m)
+        for m, ev in zip(matched_ev, events, strict=True)
     )
     found = [r for r in visible if detected[r.fault_id]]
-    found_kind = [r for r in visible if any(ev.kind in accepted_kinds(r) for ev in detected[r.fault_id])]
+    found_kind = [
+        r for r in visible if any(ev.kind in accepted_kinds(r) for ev in detected[r.fault_id])
+    ]
     per_kind = {}
     for kind in ("unreachable", "loss", "latency-short", "latency-long", "agent"):
         evk = [(m, ev) for m, ev in zip(matched_ev, events, strict=True) if ev.kind == kind]

@@ -10,7 +10,8 @@ can still catch ``ValueError`` or ``OSError``::
     ├── CapabilityError(SkhError, OSError)       the machine lacks what was asked (verbs, hw stamps)
     ├── EngineError(SkhError, OSError)           the C engine failed (carries errno)
     ├── TopologyError(SkhError, ValueError)      an inconsistent fabric or cluster model
-    ├── TestbedError(SkhError, RuntimeError)     the namespace testbed could not be built or torn down
+    ├── TestbedError(SkhError, RuntimeError)     the namespace testbed could not be built or
+    │                                            torn down
     ├── RequestTimeout(SkhError, TimeoutError)   a daemon did not answer a request in time
     └── RequestRefused(SkhError, RuntimeError)   a daemon answered a request with a refusal
 """

@@ -128,7 +128,9 @@ class Fabric:
             ("cores", cores, 0),
         ):
             if not isinstance(v, int) or v < lo:
-                raise TopologyError(f"The '{name}' parameter of Fabric must be an int >= {lo}. Got {v!r}.")
+                raise TopologyError(
+                    f"The '{name}' parameter of Fabric must be an int >= {lo}. Got {v!r}."
+                )
         core_names = tuple(f"core{c}" for c in range(cores))
         switches: dict[str, Switch] = {c: Switch(c, "core") for c in core_names}
         for s in range(spines):
@@ -168,11 +170,15 @@ class Fabric:
         """
         if not isinstance(rnics_per_host, int) or rnics_per_host < 1:
             raise TopologyError(
-                f"The 'rnics_per_host' parameter of Fabric.from_lingjun must be an int >= 1. Got {rnics_per_host!r}."
+                "The 'rnics_per_host' parameter of Fabric.from_lingjun must be an int >= 1."
+                f" Got {rnics_per_host!r}."
             )
-        if scale_to_hosts is not None and (not isinstance(scale_to_hosts, int) or scale_to_hosts < 1):
+        if scale_to_hosts is not None and (
+            not isinstance(scale_to_hosts, int) or scale_to_hosts < 1
+        ):
             raise TopologyError(
-                f"The 'scale_to_hosts' parameter of Fabric.from_lingjun must be None or an int >= 1. Got {scale_to_hosts!r}."
+                "The 'scale_to_hosts' parameter of Fabric.from_lingjun must be None or an int >= 1."
+                f" Got {scale_to_hosts!r}."
             )
         try:
             with open(csv_path, newline="") as fh:
@@ -203,7 +209,9 @@ class Fabric:
                 ups = tuple(pre + p for p in sorted(psws_of[asw]))
                 name = f"p{k}-{ip[:12]}"
                 if name in host_map:
-                    raise TopologyError(f"Lingjun topology {csv_path}: duplicate host ip prefix {ip[:12]!r}")
+                    raise TopologyError(
+                        f"Lingjun topology {csv_path}: duplicate host ip prefix {ip[:12]!r}"
+                    )
                 rnics = []
                 for r in range(rnics_per_host):
                     tor = f"{pre}{asw}r{r}"
@@ -249,22 +257,22 @@ class Fabric:
     def from_toml(cls, path: str | Path) -> Fabric:
         """Load a fabric file::
 
-            [[switch]]
-            name = "spine0"
-            tier = "spine"            # tor | spine | core
-            uplinks = ["core0"]
+        [[switch]]
+        name = "spine0"
+        tier = "spine"            # tor | spine | core
+        uplinks = ["core0"]
 
-            [[switch]]
-            name = "tor0r0"
-            tier = "tor"
-            rail = 0
-            segment = 0
-            uplinks = ["spine0", "spine1"]
+        [[switch]]
+        name = "tor0r0"
+        tier = "tor"
+        rail = 0
+        segment = 0
+        uplinks = ["spine0", "spine1"]
 
-            [[host]]
-            name = "gpu-001"
-            segment = 0
-            rnics = [{rail = 0, tor = "tor0r0", name = "mlx5_0", netdev = "eth2", ip = "10.0.0.1"}]
+        [[host]]
+        name = "gpu-001"
+        segment = 0
+        rnics = [{rail = 0, tor = "tor0r0", name = "mlx5_0", netdev = "eth2", ip = "10.0.0.1"}]
         """
         try:
             data = tomllib.loads(Path(path).read_text())
@@ -276,7 +284,13 @@ class Fabric:
         """The inverse of :meth:`from_mapping`."""
         return {
             "switch": [
-                {"name": s.name, "tier": s.tier, "uplinks": list(s.uplinks), "rail": s.rail, "segment": s.segment}
+                {
+                    "name": s.name,
+                    "tier": s.tier,
+                    "uplinks": list(s.uplinks),
+                    "rail": s.rail,
+                    "segment": s.segment,
+                }
                 for s in self.switches.values()
             ],
             "host": [
@@ -284,7 +298,13 @@ class Fabric:
                     "name": h.name,
                     "segment": h.segment,
                     "rnics": [
-                        {"rail": r.rail, "tor": r.tor, "name": r.name, "netdev": r.netdev, "ip": r.ip}
+                        {
+                            "rail": r.rail,
+                            "tor": r.tor,
+                            "name": r.name,
+                            "netdev": r.netdev,
+                            "ip": r.ip,
+                        }
                         for r in h.rnics
                     ],
                 }
@@ -377,7 +397,9 @@ class JobShape:
         for n in ("tp", "pp", "dp", "ep"):
             v = getattr(self, n)
             if not isinstance(v, int) or v < 1:
-                raise TopologyError(f"The '{n}' parameter of JobShape must be an int >= 1. Got {v!r}.")
+                raise TopologyError(
+                    f"The '{n}' parameter of JobShape must be an int >= 1. Got {v!r}."
+                )
 
     @property
     def gpus(self) -> int:
@@ -438,7 +460,9 @@ class Cluster:
         added = []
         for c in job.containers:
             for rail in c.rails:
-                added.append(self.add_endpoint(job=job.name, container=c.name, host=c.host, rail=rail))
+                added.append(
+                    self.add_endpoint(job=job.name, container=c.name, host=c.host, rail=rail)
+                )
         return added
 
     def add_endpoint(self, **fields: Any) -> Endpoint:

@@ -22,8 +22,15 @@ import numpy as np
 
 from skh.errors import CapabilityError, ConfigError
 
-__all__ = ["PtpStatus", "OneWay", "query", "parse_pmc", "one_way_delays", "phc_to_utc_ns",
-           "kernel_tai_offset_s"]
+__all__ = [
+    "PtpStatus",
+    "OneWay",
+    "query",
+    "parse_pmc",
+    "one_way_delays",
+    "phc_to_utc_ns",
+    "kernel_tai_offset_s",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +95,9 @@ def parse_pmc(output: str, *, max_offset_ns: int = DEFAULT_MAX_OFFSET_NS) -> Ptp
             current = None
     ts = sections.get("TIME_STATUS_NP")
     if ts is None:
-        return PtpStatus(locked=False, reason="no answer from ptp4l (not running, or no access to its socket)")
+        return PtpStatus(
+            locked=False, reason="no answer from ptp4l (not running, or no access to its socket)"
+        )
     props = sections.get("TIME_PROPERTIES_DATA_SET", {})
     port = sections.get("PORT_DATA_SET", {})
     offset = int(ts["master_offset"]) if "master_offset" in ts else None
@@ -96,26 +105,45 @@ def parse_pmc(output: str, *, max_offset_ns: int = DEFAULT_MAX_OFFSET_NS) -> Ptp
     state = port.get("portState")
     utc_valid = _as_bool(props.get("currentUtcOffsetValid", "0"))
     utc = int(props["currentUtcOffset"]) if utc_valid and "currentUtcOffset" in props else None
-    common = dict(offset_ns=offset, gm_present=gm_present, port_state=state, utc_offset_s=utc,
-                  ptp_timescale=_as_bool(props.get("ptpTimescale", "0")))
+    common = dict(
+        offset_ns=offset,
+        gm_present=gm_present,
+        port_state=state,
+        utc_offset_s=utc,
+        ptp_timescale=_as_bool(props.get("ptpTimescale", "0")),
+    )
     own = identities.get("TIME_STATUS_NP", "")
     if state == "MASTER" and ts.get("gmIdentity") == own:
         return PtpStatus(locked=True, reason="this clock is the grandmaster", **common)
     if not gm_present:
         return PtpStatus(locked=False, reason="no grandmaster present", **common)
     if state != "SLAVE":
-        return PtpStatus(locked=False, reason=f"port state {state or 'unknown'}, not SLAVE", **common)
+        return PtpStatus(
+            locked=False, reason=f"port state {state or 'unknown'}, not SLAVE", **common
+        )
     if offset is None or abs(offset) > max_offset_ns:
-        return PtpStatus(locked=False, reason=f"offset {offset} ns exceeds {max_offset_ns} ns", **common)
-    return PtpStatus(locked=True, reason=f"locked to {ts.get('gmIdentity', '?')}, offset {offset} ns", **common)
+        return PtpStatus(
+            locked=False, reason=f"offset {offset} ns exceeds {max_offset_ns} ns", **common
+        )
+    return PtpStatus(
+        locked=True, reason=f"locked to {ts.get('gmIdentity', '?')}, offset {offset} ns", **common
+    )
 
 
-def query(*, uds_address: str | None = None, domain: int = 0, timeout_s: float = 2.0,
-          max_offset_ns: int = DEFAULT_MAX_OFFSET_NS, pmc: str = "pmc") -> PtpStatus:
+def query(
+    *,
+    uds_address: str | None = None,
+    domain: int = 0,
+    timeout_s: float = 2.0,
+    max_offset_ns: int = DEFAULT_MAX_OFFSET_NS,
+    pmc: str = "pmc",
+) -> PtpStatus:
     """Asks the local ptp4l (over its UNIX socket) whether this host's clock is locked.
     Raises :class:`~skh.errors.CapabilityError` when linuxptp's ``pmc`` is not installed."""
     if timeout_s <= 0:
-        raise ConfigError(f"The 'timeout_s' parameter of ptp.query must be > 0. Got {timeout_s!r} instead.")
+        raise ConfigError(
+            f"The 'timeout_s' parameter of ptp.query must be > 0. Got {timeout_s!r} instead."
+        )
     exe = shutil.which(pmc)
     if exe is None:
         raise CapabilityError(2, f"linuxptp's {pmc!r} is not installed (apt-get install linuxptp)")
@@ -123,8 +151,9 @@ def query(*, uds_address: str | None = None, domain: int = 0, timeout_s: float =
     if uds_address:
         cmd += ["-s", uds_address]
     try:
-        out = subprocess.run([*cmd, *_PMC_QUERIES], capture_output=True, text=True, timeout=timeout_s,
-                             check=False)
+        out = subprocess.run(
+            [*cmd, *_PMC_QUERIES], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired:
         return PtpStatus(locked=False, reason=f"pmc did not answer within {timeout_s} s")
     status = parse_pmc(out.stdout, max_offset_ns=max_offset_ns)
@@ -132,8 +161,9 @@ def query(*, uds_address: str | None = None, domain: int = 0, timeout_s: float =
     return status
 
 
-def one_way_delays(t_send_ns: np.ndarray, t_recv_ns: np.ndarray, sender: PtpStatus,
-                   receiver: PtpStatus) -> OneWay | None:
+def one_way_delays(
+    t_send_ns: np.ndarray, t_recv_ns: np.ndarray, sender: PtpStatus, receiver: PtpStatus
+) -> OneWay | None:
     """``t_recv - t_send`` when both clocks are locked to PTP, else None (never a guess).
     Both stamp arrays must already be on one time scale (see :func:`phc_to_utc_ns`)."""
     if not (sender.locked and receiver.locked):
@@ -141,7 +171,10 @@ def one_way_delays(t_send_ns: np.ndarray, t_recv_ns: np.ndarray, sender: PtpStat
     t_send = np.asarray(t_send_ns, dtype=np.int64)
     t_recv = np.asarray(t_recv_ns, dtype=np.int64)
     if t_send.shape != t_recv.shape:
-        raise ConfigError(f"one_way_delays needs stamp arrays of one shape. Got {t_send.shape} and {t_recv.shape}.")
+        raise ConfigError(
+            "one_way_delays needs stamp arrays of one shape."
+            f" Got {t_send.shape} and {t_recv.shape}."
+        )
     error = abs(sender.offset_ns or 0) + abs(receiver.offset_ns or 0)
     return OneWay(delay_ns=t_recv - t_send, error_ns=error)
 
@@ -152,10 +185,14 @@ def phc_to_utc_ns(phc_ns: np.ndarray | int, status: PtpStatus) -> np.ndarray:
         # an ARB-timescale PHC is already whatever its master runs: nothing to shift
         return np.asarray(phc_ns, dtype=np.int64)
     if status.utc_offset_s is None:
-        raise CapabilityError(61, "ptp4l reports the PTP timescale but no valid UTC offset")  # ENODATA
+        raise CapabilityError(
+            61, "ptp4l reports the PTP timescale but no valid UTC offset"
+        )  # ENODATA
     return np.asarray(phc_ns, dtype=np.int64) - np.int64(status.utc_offset_s) * 1_000_000_000
 
 
 def kernel_tai_offset_s() -> int:
     """The kernel's TAI - UTC (set by phc2sys -w or ntpd); 0 when nobody set it."""
-    return round((time.clock_gettime_ns(time.CLOCK_TAI) - time.clock_gettime_ns(time.CLOCK_REALTIME)) / 1e9)
+    return round(
+        (time.clock_gettime_ns(time.CLOCK_TAI) - time.clock_gettime_ns(time.CLOCK_REALTIME)) / 1e9
+    )

@@ -4,7 +4,8 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``root`` skip only when not root and not in CI; CI runs as root and must run them."""
+    """Tests marked ``root`` skip only when not root and not in CI; CI runs as root and must
+    run them."""
     if os.geteuid() == 0:
         return
     if os.environ.get("CI") == "true":

@@ -33,10 +33,16 @@ def test_analysis_imports_neither_engine_nor_orchestrator():
 
 def test_csrc_is_plain_c():
     for f in sorted((ROOT / "csrc").glob("*.[ch]")):
-        assert not re.search(r'#\s*include\s*[<"]Python\.h', f.read_text()), f"{f.name} includes Python.h"
+        assert not re.search(r'#\s*include\s*[<"]Python\.h', f.read_text()), (
+            f"{f.name} includes Python.h"
+        )
 
 
 def test_shared_modules_stay_neutral():
     for name in ("model.py", "records.py", "errors.py"):
-        bad = [n for n in _imports(ROOT / "skh" / name) if n.startswith(("skh.orchestrator", "skh.probe", "skh._fastprobe"))]
+        bad = [
+            n
+            for n in _imports(ROOT / "skh" / name)
+            if n.startswith(("skh.orchestrator", "skh.probe", "skh._fastprobe"))
+        ]
         assert not bad, (name, bad)

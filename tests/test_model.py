@@ -35,18 +35,31 @@ def test_three_tier_paths_go_through_core():
         ],
     }
     f = Fabric.from_mapping(data)
-    assert f.ecmp_paths(f.rnic("a", 0), f.rnic("b", 0)) == [("a:rnic0", "t0", "s0", "core0", "s1", "t1", "b:rnic0")]
+    assert f.ecmp_paths(f.rnic("a", 0), f.rnic("b", 0)) == [
+        ("a:rnic0", "t0", "s0", "core0", "s1", "t1", "b:rnic0")
+    ]
 
 
 def test_toml_round_trip(tmp_path):
     f = Fabric.from_params(hosts=5, rnics_per_host=2, hosts_per_segment=2, spines=2)
     lines = []
     for s in f.to_mapping()["switch"]:
-        lines += ["[[switch]]", f'name = "{s["name"]}"', f'tier = "{s["tier"]}"',
-                  f"uplinks = {s['uplinks']!r}".replace("'", '"'), f"rail = {s['rail']}", f"segment = {s['segment']}"]
+        lines += [
+            "[[switch]]",
+            f'name = "{s["name"]}"',
+            f'tier = "{s["tier"]}"',
+            f"uplinks = {s['uplinks']!r}".replace("'", '"'),
+            f"rail = {s['rail']}",
+            f"segment = {s['segment']}",
+        ]
     for h in f.to_mapping()["host"]:
         rn = ", ".join(f'{{rail = {r["rail"]}, tor = "{r["tor"]}"}}' for r in h["rnics"])
-        lines += ["[[host]]", f'name = "{h["name"]}"', f"segment = {h['segment']}", f"rnics = [{rn}]"]
+        lines += [
+            "[[host]]",
+            f'name = "{h["name"]}"',
+            f"segment = {h['segment']}",
+            f"rnics = [{rn}]",
+        ]
     p = tmp_path / "fabric.toml"
     p.write_text("\n".join(lines) + "\n")
     g = Fabric.from_toml(p)
@@ -77,7 +90,11 @@ def test_bad_toml_file(tmp_path):
 def test_same_rail_pairs_never_same_host():
     f = Fabric.from_params(hosts=4, rnics_per_host=2, hosts_per_segment=4, spines=1)
     cl = Cluster(f)
-    job = Job("j", JobShape(tp=2, dp=4), tuple(Container(f"c{h}", "j", f"host{h}", (0, 1)) for h in range(4)))
+    job = Job(
+        "j",
+        JobShape(tp=2, dp=4),
+        tuple(Container(f"c{h}", "j", f"host{h}", (0, 1)) for h in range(4)),
+    )
     eps = cl.add_job(job)
     cols = cl.endpoint_arrays(eps)
     pairs = same_rail_pairs(cols["ep_id"], cols["rail"], cols["host"])

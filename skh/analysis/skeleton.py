@@ -65,8 +65,8 @@ from scipy.optimize import linear_sum_assignment
 from scipy.signal import stft
 
 from skh.errors import ConfigError
-from skh.records import pair_keys, split_pair_keys
 from skh.model import same_rail_pairs
+from skh.records import pair_keys, split_pair_keys
 
 __all__ = [
     "SkeletonParams",

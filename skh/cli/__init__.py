@@ -1,6 +1,6 @@
 """The ``skh`` command. Each subcommand lives in its own module of this package, which defines
-``add_parser(subparsers)`` (registering its parser with ``set_defaults(func=run)``) and ``run(args)``
-returning an exit code. Add a new subcommand by listing its module here."""
+``add_parser(subparsers)`` (registering its parser with ``set_defaults(func=run)``) and
+``run(args)`` returning an exit code. Add a new subcommand by listing its module here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,21 @@ from skh import __version__
 from skh.errors import SkhError
 
 #: subcommand modules, in the order ``skh --help`` lists them
-SUBCOMMANDS: tuple[str, ...] = ("probe", "respond", "controller", "agent", "analyzer", "alerts", "config", "testbed", "eval", "demo", "job", "status", "relay")
+SUBCOMMANDS: tuple[str, ...] = (
+    "probe",
+    "respond",
+    "controller",
+    "agent",
+    "analyzer",
+    "alerts",
+    "config",
+    "testbed",
+    "eval",
+    "demo",
+    "job",
+    "status",
+    "relay",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         "training clusters by probing only each job's traffic skeleton.",
     )
     parser.add_argument("--version", action="version", version=f"skh {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (repeatable)"
+    )
     parser.add_argument("--log-json", action="store_true", help="log JSON lines to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:

@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "detect: the detector alone; none: ingest only",
     )
     p.add_argument(
-        "--controller", help="controller ROUTER address (registry, skeleton lists, relayed commands)"
+        "--controller",
+        help="controller ROUTER address (registry, skeleton lists, relayed commands)",
     )
     p.add_argument("--fabric", help="fabric file (TOML: hosts, RNICs, switches)")
     p.add_argument(

@@ -16,21 +16,43 @@ from pathlib import Path
 _NEEDS_ROOT = (
     "skh demo builds an emulated cluster out of network namespaces, veth pairs, bridges, VXLAN and "
     "nftables, which needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).\n"
-    "  Run it as root:                 sudo make demo   (or: sudo .venv/bin/python -m skh demo)\n"
-    "  Or run the simulator-backed demo (same pipeline, simulated cluster, no root):  skh demo --sim"
+    "  Run it as root:                 sudo make demo"
+    "   (or: sudo .venv/bin/python -m skh demo)\n"
+    "  Or run the simulator-backed demo (same pipeline, simulated cluster, no root):"
+    "  skh demo --sim"
 )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on an emulated cluster with faults; write an HTML report")
-    p.add_argument("--sim", action="store_true", help="use the simulator instead of the namespace testbed (no root)")
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on an emulated cluster with faults; write an HTML report",
+    )
+    p.add_argument(
+        "--sim",
+        action="store_true",
+        help="use the simulator instead of the namespace testbed (no root)",
+    )
     p.add_argument("--out", default="skh-report", help="report directory (default: ./skh-report)")
-    p.add_argument("--prefix", default=os.environ.get("SKH_TESTBED_PREFIX", "skht"),
-                   help="name prefix of the testbed's namespaces and links (default: $SKH_TESTBED_PREFIX or skht)")
-    p.add_argument("--port-base", type=int, default=7550, help="first TCP port of the daemons (default: 7550)")
-    p.add_argument("--hosts", type=int, default=4, help="hosts of the emulated cluster (even, >= 4)")
+    p.add_argument(
+        "--prefix",
+        default=os.environ.get("SKH_TESTBED_PREFIX", "skht"),
+        help=(
+            "name prefix of the testbed's namespaces and links"
+            " (default: $SKH_TESTBED_PREFIX or skht)"
+        ),
+    )
+    p.add_argument(
+        "--port-base", type=int, default=7550, help="first TCP port of the daemons (default: 7550)"
+    )
+    p.add_argument(
+        "--hosts", type=int, default=4, help="hosts of the emulated cluster (even, >= 4)"
+    )
     p.add_argument("--rnics", type=int, default=4, help="RNICs (rails) per host")
-    p.add_argument("--faults", help="comma-separated fault kinds (default: link_down,fdb_blackhole,slow_path,agent_crash)")
+    p.add_argument(
+        "--faults",
+        help="comma-separated fault kinds (default: link_down,fdb_blackhole,slow_path,agent_crash)",
+    )
     p.add_argument("--seed", type=int, default=1, help="--sim: simulator seed")
     p.set_defaults(func=run)
 
@@ -45,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         return run_sim(Path(args.out), console=console, seed=args.seed)
     if os.geteuid() != 0:
         console.print(f"[bold red]{_NEEDS_ROOT}[/]")
-        if sys.stdin.isatty() and console.input("Run the simulator-backed demo now? [Y/n] ").strip().lower() in ("", "y", "yes"):
+        if sys.stdin.isatty() and console.input(
+            "Run the simulator-backed demo now? [Y/n] "
+        ).strip().lower() in ("", "y", "yes"):
             from skh.demo.simmode import run_sim
 
             return run_sim(Path(args.out), console=console, seed=args.seed)
@@ -62,21 +86,39 @@ def run_live(args: argparse.Namespace, console) -> int:
     from skh.errors import SkhError
 
     kinds = tuple(k.strip() for k in args.faults.split(",")) if args.faults else DemoSpec().faults
-    spec = DemoSpec(hosts=args.hosts, rnics_per_host=args.rnics, prefix=args.prefix, port_base=args.port_base,
-                    faults=kinds)
+    spec = DemoSpec(
+        hosts=args.hosts,
+        rnics_per_host=args.rnics,
+        prefix=args.prefix,
+        port_base=args.port_base,
+        faults=kinds,
+    )
     out = Path(args.out)
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task("setting up", total=3 + len(kinds) + 1)
         t_start = time.monotonic()
 
         def say(text: str) -> None:
             stamp = f"[dim]{time.monotonic() - t_start:6.1f}s[/]"
-            style = "bold red" if "NOT" in text else ("green" if text.lstrip().startswith(("detected", "cleared;")) else "")
+            style = (
+                "bold red"
+                if "NOT" in text
+                else ("green" if text.lstrip().startswith(("detected", "cleared;")) else "")
+            )
             progress.console.print(f"{stamp} [{style}]{text}[/]" if style else f"{stamp} {text}")
-            if text.startswith(("controller and analyzer up", "training traffic", "skeleton of job1")):
+            if text.startswith(
+                ("controller and analyzer up", "training traffic", "skeleton of job1")
+            ):
                 progress.advance(task)
 
         demo = LiveDemo(spec, run_dir, say=say)
@@ -101,7 +143,8 @@ def run_live(args: argparse.Namespace, console) -> int:
         t, d, r = o.truth, o.detected, o.resolved
         comp = " | ".join(t["component"]) if isinstance(t["component"], list) else t["component"]
         table.add_row(
-            t["kind"], f"{t['layer']} {comp}",
+            t["kind"],
+            f"{t['layer']} {comp}",
             f"{d['layer']} {d['component']} ({d['failure_type']})" if d else "—",
             f"{o.detect_s:.1f} s" if o.detect_s is not None else "—",
             f"{(r['ts_ns'] - o.cleared_ns) / 1e9:+.1f} s" if r else "—",
@@ -110,9 +153,16 @@ def run_live(args: argparse.Namespace, console) -> int:
     console.print(table)
     skeleton_ok = bool(demo.skeletons) and all(s["equal"] for s in demo.skeletons.values())
     data = build_data(
-        title="skh demo: SkeletonHunter on a namespace testbed", mode="live", cluster=demo.cluster,
-        skeletons=demo.skeletons, probes=load_spool(run_dir / "spool"), faults=demo.outcomes,
-        alerts=demo.alerts(), timeline=demo.timeline, started_ns=demo.t_start_ns, ended_ns=demo.t_end_ns,
+        title="skh demo: SkeletonHunter on a namespace testbed",
+        mode="live",
+        cluster=demo.cluster,
+        skeletons=demo.skeletons,
+        probes=load_spool(run_dir / "spool"),
+        faults=demo.outcomes,
+        alerts=demo.alerts(),
+        timeline=demo.timeline,
+        started_ns=demo.t_start_ns,
+        ended_ns=demo.t_end_ns,
         skeleton_ok=skeleton_ok,
     )
     if error:
@@ -123,6 +173,9 @@ def run_live(args: argparse.Namespace, console) -> int:
     console.print(f"report: [bold]{path.resolve()}[/]  (daemon logs and the alert log: {run_dir}/)")
     console.print(f"teardown removed {left}")
     ok = bool(data["ok"]) and len(demo.outcomes) == len(kinds)
-    console.print("[bold green]every fault was caught, localized and resolved[/]" if ok
-                  else "[bold red]not every fault was caught and localized[/]")
+    console.print(
+        "[bold green]every fault was caught, localized and resolved[/]"
+        if ok
+        else "[bold red]not every fault was caught and localized[/]"
+    )
     return 0 if ok else 1

@@ -11,11 +11,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument(
-        "--quick", dest="profile", action="store_const", const="quick",
+        "--quick",
+        dest="profile",
+        action="store_const",
+        const="quick",
         help="scaled-down cluster, minutes on two cores (CI; the default)",
     )
     g.add_argument(
-        "--full", dest="profile", action="store_const", const="full",
+        "--full",
+        dest="profile",
+        action="store_const",
+        const="full",
         help="4,096 hosts x 8 RNICs, hours of virtual time, every fault type 3 times",
     )
     g.add_argument(
@@ -26,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="also write eval.json, eval.md and eval.html here")
     p.add_argument("--no-agent", action="store_true", help="skip the agent-cost measurement")
     p.add_argument(
-        "--check", action="store_true",
+        "--check",
+        action="store_true",
         help="exit 1 when precision, recall, localization or skeleton coverage is below the CI "
         "thresholds",
     )

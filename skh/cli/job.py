@@ -129,9 +129,7 @@ def run_pinglist(args: argparse.Namespace) -> int:
             {
                 "job": args.name,
                 **summary,
-                "endpoints": [
-                    lists.endpoints[ep].to_wire() for ep in sorted(lists.endpoints)
-                ],
+                "endpoints": [lists.endpoints[ep].to_wire() for ep in sorted(lists.endpoints)],
                 "pairs": listed.tolist(),
                 "active": pairs.tolist(),
             }

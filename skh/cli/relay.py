@@ -49,8 +49,13 @@ def run(args: argparse.Namespace) -> int:
         reply = ctl.relay(args.agent, args.name, cmd_args)
     if args.json:
         print_json(
-            {"agent": reply.agent, "command": reply.name, "ok": reply.ok, "result": reply.result,
-             "error": reply.error}
+            {
+                "agent": reply.agent,
+                "command": reply.name,
+                "ok": reply.ok,
+                "result": reply.result,
+                "error": reply.error,
+            }
         )
     elif reply.ok:
         result = reply.result

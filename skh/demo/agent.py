@@ -24,8 +24,13 @@ __all__ = ["rnic_flows", "main"]
 def rnic_flows(args: dict[str, Any]) -> dict[str, Any]:
     rail = int(args["rail"])
     dev = f"rnic{rail}"
-    done = subprocess.run(["tc", "filter", "show", "dev", dev, "egress"], capture_output=True, text=True,
-                          timeout=10, check=False)
+    done = subprocess.run(
+        ["tc", "filter", "show", "dev", dev, "egress"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
     detours = re.findall(r"redirect to device (\S+)", done.stdout, re.IGNORECASE)
     fast = {"match": {"out_port": dev}, "actions": [f"output:{dev}"], "priority": 1}
     return {
@@ -48,11 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     cli_agent.add_parser(sub)
     args = top.parse_args(["agent", *(sys.argv[1:] if argv is None else argv)])
     configure_logging(verbosity=args.verbose)
-    cfg = config_from(args, {
-        "agent.role": "underlay", "agent.name": args.name, "agent.host": args.host,
-        "agent.controller": args.controller, "agent.controller_pub": args.controller_pub,
-        "agent.analyzer": args.analyzer, "agent.sources": args.source or None,
-    })
+    cfg = config_from(
+        args,
+        {
+            "agent.role": "underlay",
+            "agent.name": args.name,
+            "agent.host": args.host,
+            "agent.controller": args.controller,
+            "agent.controller_pub": args.controller_pub,
+            "agent.analyzer": args.analyzer,
+            "agent.sources": args.source or None,
+        },
+    )
     stop = threading.Event()
     install_stop_signals(stop)
     agent = UnderlayAgent(cfg.agent, cfg.security)

@@ -23,8 +23,8 @@ import zmq
 
 from skh.errors import ConfigError, TestbedError
 from skh.model import JobShape
-from skh.orchestrator.alerts import AlertFollower
 from skh.orchestrator.admin import ControllerClient
+from skh.orchestrator.alerts import AlertFollower
 from skh.orchestrator.pipeline import unpack_skeleton
 from skh.orchestrator.security import SecurityConfig
 
@@ -48,7 +48,9 @@ class DemoSpec:
     probe_interval_s: float = 0.25
     period_s: float = 4.0
     skeleton_timeout_s: float = 120.0
-    skeleton_upgrade_s: float = 90.0  # how long a provisional (fallback) skeleton may wait for the real one
+    skeleton_upgrade_s: float = (
+        90.0  # how long a provisional (fallback) skeleton may wait for the real one
+    )
     detect_timeout_s: float = 45.0
     resolve_timeout_s: float = 45.0
     hold_s: float = 3.0
@@ -58,14 +60,19 @@ class DemoSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.hosts, int) or self.hosts < 4 or self.hosts % 2:
-            raise ConfigError(f"The 'hosts' parameter of DemoSpec must be an even int >= 4. Got {self.hosts!r} instead.")
+            raise ConfigError(
+                "The 'hosts' parameter of DemoSpec must be an even int >= 4."
+                f" Got {self.hosts!r} instead."
+            )
         if not isinstance(self.rnics_per_host, int) or not 1 <= self.rnics_per_host <= 8:
             raise ConfigError(
-                f"The 'rnics_per_host' parameter of DemoSpec must be an int in [1, 8]. Got {self.rnics_per_host!r} instead."
+                "The 'rnics_per_host' parameter of DemoSpec must be an int in [1, 8]."
+                f" Got {self.rnics_per_host!r} instead."
             )
         if not isinstance(self.port_base, int) or not 1024 <= self.port_base <= 65000:
             raise ConfigError(
-                f"The 'port_base' parameter of DemoSpec must be an int in [1024, 65000]. Got {self.port_base!r} instead."
+                "The 'port_base' parameter of DemoSpec must be an int in [1024, 65000]."
+                f" Got {self.port_base!r} instead."
             )
 
     def testbed_spec(self) -> Any:
@@ -89,19 +96,34 @@ class DemoSpec:
         production ones: 30 s windows, 5 min look-back, 90 s of counters)."""
         return {
             "detector": {
-                "window_s": 4.0, "hop_s": 2.0, "lookback_windows": 6, "min_lookback_windows": 4,
-                "lof_k": 3, "min_window_samples": 6, "allowed_lateness_s": 2.0, "clear_after_s": 6.0,
+                "window_s": 4.0,
+                "hop_s": 2.0,
+                "lookback_windows": 6,
+                "min_lookback_windows": 4,
+                "lof_k": 3,
+                "min_window_samples": 6,
+                "allowed_lateness_s": 2.0,
+                "clear_after_s": 6.0,
                 # a 4 s window keeps every probe (the agents forward every OK at this period)
                 "latency_sample_s": self.probe_interval_s,
-                # two shared cores jitter namespace RTTs by hundreds of µs: only a real detour counts
+                # two shared cores jitter namespace RTTs by hundreds of µs: only a real detour
+                # counts
                 "min_shift_us": 1000.0,
                 "fast": {"unreachable_after": 3, "loss_count": 3, "loss_window_s": 5.0},
                 # user-space stamps on two busy cores swing by milliseconds: only a stall counts
-                "health": {"delay_factor": 10.0, "delay_floor_us": 20000.0, "heartbeat_overdue_s": 3.0,
-                           "heartbeat_timeout_s": 6.0},
+                "health": {
+                    "delay_factor": 10.0,
+                    "delay_floor_us": 20000.0,
+                    "heartbeat_overdue_s": 3.0,
+                    "heartbeat_timeout_s": 6.0,
+                },
             },
             "skeleton": {
-                "window_s": 16, "hop_s": 4, "min_duration_s": 44, "min_period_s": 2.0, "max_period_s": 20.0,
+                "window_s": 16,
+                "hop_s": 4,
+                "min_duration_s": 44,
+                "min_period_s": 2.0,
+                "max_period_s": 20.0,
                 "idle_bytes_per_s": 1e5,
             },
             "skeleton_every_s": 5.0,
@@ -142,9 +164,15 @@ class FaultOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "truth": self.truth, "injected_ns": self.injected_ns, "cleared_ns": self.cleared_ns,
-            "detected": self.detected, "resolved": self.resolved, "others": self.others,
-            "caught": self.caught, "ok": self.ok, "detect_s": self.detect_s,
+            "truth": self.truth,
+            "injected_ns": self.injected_ns,
+            "cleared_ns": self.cleared_ns,
+            "detected": self.detected,
+            "resolved": self.resolved,
+            "others": self.others,
+            "caught": self.caught,
+            "ok": self.ok,
+            "detect_s": self.detect_s,
         }
 
 
@@ -164,7 +192,10 @@ def matches(truth: dict[str, Any], alert: dict[str, Any]) -> bool:
         return alert["layer"] == "rnic" and alert["component"] == comp
     if truth["kind"] in ("fdb_blackhole", "overlay_loop"):
         host, _, dev = comp[0].partition(":")
-        return alert["layer"] == "overlay" and alert["component"] in (f"{host}/vtep:{dev}", f"{host}/route")
+        return alert["layer"] == "overlay" and alert["component"] in (
+            f"{host}/vtep:{dev}",
+            f"{host}/route",
+        )
     if truth["kind"] in ("agent_crash", "agent_hang"):
         return alert["layer"] == "agent" and alert["component"] == comp
     if truth["kind"] == "container_crash":
@@ -190,7 +221,9 @@ class _Bus:
         self.records: list[dict[str, Any]] = []
         self.cond = threading.Condition()
         self._stop = threading.Event()
-        self._follower = AlertFollower(zmq.Context.instance(), replay=replay, alerts=alerts, security=_INSECURE)
+        self._follower = AlertFollower(
+            zmq.Context.instance(), replay=replay, alerts=alerts, security=_INSECURE
+        )
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._thread = threading.Thread(target=self._run, name="skh-demo-bus", daemon=True)
         self._thread.start()
@@ -198,7 +231,9 @@ class _Bus:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                for rec in self._follower.follow(self.records[-1]["seq"] if self.records else 0, idle_timeout_s=0.5):
+                for rec in self._follower.follow(
+                    self.records[-1]["seq"] if self.records else 0, idle_timeout_s=0.5
+                ):
                     flat = {**rec["alert"], "seq": rec["seq"], "ts_ns": rec["ts_ns"]}
                     with self.cond:
                         self.records.append(flat)
@@ -211,7 +246,9 @@ class _Bus:
                 log.debug("alert bus: %s", exc)
                 time.sleep(0.5)
 
-    def wait(self, pred: Callable[[dict[str, Any]], bool], timeout_s: float, since: int = 0) -> dict[str, Any] | None:
+    def wait(
+        self, pred: Callable[[dict[str, Any]], bool], timeout_s: float, since: int = 0
+    ) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout_s
         with self.cond:
             while True:
@@ -237,7 +274,9 @@ class _Bus:
 class LiveDemo:
     """The whole system on a namespace testbed. Root only."""
 
-    def __init__(self, spec: DemoSpec, run_dir: Path, *, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, spec: DemoSpec, run_dir: Path, *, say: Callable[[str], None] = print
+    ) -> None:
         from skh.testbed import Testbed
 
         self.spec = spec
@@ -249,8 +288,11 @@ class LiveDemo:
         ip = L.mgmt_root_ip()
         p = spec.port_base
         self.addr = {
-            "router": f"tcp://{ip}:{p}", "pub": f"tcp://{ip}:{p + 1}",
-            "pull": f"tcp://{ip}:{p + 10}", "alerts": f"tcp://{ip}:{p + 11}", "replay": f"tcp://{ip}:{p + 12}",
+            "router": f"tcp://{ip}:{p}",
+            "pub": f"tcp://{ip}:{p + 1}",
+            "pull": f"tcp://{ip}:{p + 10}",
+            "alerts": f"tcp://{ip}:{p + 11}",
+            "replay": f"tcp://{ip}:{p + 12}",
         }
         self.procs: dict[str, Any] = {}
         self.bus: _Bus | None = None
@@ -267,7 +309,10 @@ class LiveDemo:
         self.say(what)
 
     def tail_command(self) -> str:
-        return f"skh alerts tail --insecure --replay {self.addr['replay']} --alerts {self.addr['alerts']}"
+        return (
+            f"skh alerts tail --insecure --replay {self.addr['replay']}"
+            f" --alerts {self.addr['alerts']}"
+        )
 
     def _wait_log(self, rec: Any, needle: bytes, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -301,8 +346,10 @@ class LiveDemo:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.t_start_ns = time.time_ns()
         tb, L, spec = self.tb, self.tb.layout, self.spec
-        self.mark(f"building the testbed: {spec.hosts} hosts x {spec.rnics_per_host} RNICs, "
-                  f"{len(L.placements)} containers, {len(self.cluster.endpoints)} endpoints")
+        self.mark(
+            f"building the testbed: {spec.hosts} hosts x {spec.rnics_per_host} RNICs, "
+            f"{len(L.placements)} containers, {len(self.cluster.endpoints)} endpoints"
+        )
         tb.up()
         for name in ("registry.db", "alerts.log"):
             with contextlib.suppress(FileNotFoundError):
@@ -312,10 +359,26 @@ class LiveDemo:
         for f in spool.glob("*.npy"):
             f.unlink()
         common = ["--insecure"]
-        ctl = tb.spawn(["python", "-m", "skh", "controller", *common, "--bind", self.addr["router"],
-                        "--pub-bind", self.addr["pub"], "--db", str(self.run_dir / "registry.db"),
-                        "--heartbeat-interval", "0.5", "--print-endpoints"], role="controller",
-                       log_path=self.run_dir / "controller.log")
+        ctl = tb.spawn(
+            [
+                "python",
+                "-m",
+                "skh",
+                "controller",
+                *common,
+                "--bind",
+                self.addr["router"],
+                "--pub-bind",
+                self.addr["pub"],
+                "--db",
+                str(self.run_dir / "registry.db"),
+                "--heartbeat-interval",
+                "0.5",
+                "--print-endpoints",
+            ],
+            role="controller",
+            log_path=self.run_dir / "controller.log",
+        )
         self._wait_log(ctl, b'"router"')
         self.procs["controller"] = ctl
         self.client = ControllerClient(self.addr["router"])
@@ -324,34 +387,99 @@ class LiveDemo:
             got = self.client.submit_job(self.cluster.jobs[job.name])
             for e in self.cluster.job_endpoints(job.name):
                 if got.get(e.name) != e.ep_id:
-                    raise TestbedError(f"controller numbered {e.name} {got.get(e.name)}, the model {e.ep_id}")
-        an = tb.spawn(["python", "-m", "skh", "-v", "analyzer", *common, "--pipeline",
-                       str(self._pipeline_config()), "--controller", self.addr["router"],
-                       "--print-endpoints", "--bind", self.addr["pull"], "--alerts-bind",
-                       self.addr["alerts"], "--replay-bind", self.addr["replay"], "--alert-log",
-                       str(self.run_dir / "alerts.log"), "--spool-dir", str(spool)], role="analyzer",
-                      log_path=self.run_dir / "analyzer.log")
+                    raise TestbedError(
+                        f"controller numbered {e.name} {got.get(e.name)}, the model {e.ep_id}"
+                    )
+        an = tb.spawn(
+            [
+                "python",
+                "-m",
+                "skh",
+                "-v",
+                "analyzer",
+                *common,
+                "--pipeline",
+                str(self._pipeline_config()),
+                "--controller",
+                self.addr["router"],
+                "--print-endpoints",
+                "--bind",
+                self.addr["pull"],
+                "--alerts-bind",
+                self.addr["alerts"],
+                "--replay-bind",
+                self.addr["replay"],
+                "--alert-log",
+                str(self.run_dir / "alerts.log"),
+                "--spool-dir",
+                str(spool),
+            ],
+            role="analyzer",
+            log_path=self.run_dir / "analyzer.log",
+        )
         self._wait_log(an, b'"pull"')
         self.procs["analyzer"] = an
         self.bus = _Bus(self.addr["replay"], self.addr["alerts"])
-        self.mark(f"controller and analyzer up; follow the alerts from another terminal: {self.tail_command()}")
-        link = ["--controller", self.addr["router"], "--controller-pub", self.addr["pub"],
-                "--analyzer", self.addr["pull"]]
+        self.mark(
+            "controller and analyzer up; follow the alerts from another terminal: "
+            f"{self.tail_command()}"
+        )
+        link = [
+            "--controller",
+            self.addr["router"],
+            "--controller-pub",
+            self.addr["pub"],
+            "--analyzer",
+            self.addr["pull"],
+        ]
         for g in range(spec.hosts):
             host = L.host_name(g)
-            argv = ["python", "-m", "skh.demo.agent", *common, "--name", f"ul-{host}", "--host", host, *link]
+            argv = [
+                "python",
+                "-m",
+                "skh.demo.agent",
+                *common,
+                "--name",
+                f"ul-{host}",
+                "--host",
+                host,
+                *link,
+            ]
             for e in self.cluster.endpoints:
                 if e.host == host:
-                    argv += ["--source", f"endpoint={e.name},kind=netdev,netdev={tb.representor(e)[1]}"]
+                    argv += [
+                        "--source",
+                        f"endpoint={e.name},kind=netdev,netdev={tb.representor(e)[1]}",
+                    ]
             self.procs[f"ul-{host}"] = tb.spawn(argv, ns=L.host_ns(g), role=f"ul-{host}")
         for c in L.placements:
-            argv = ["python", "-m", "skh", "agent", *common, "--role", "overlay", "--name", f"ov-{c.name}",
-                    "--host", L.host_name(c.host), "--job", c.job, "--container", c.name,
-                    "--probe-interval", str(spec.probe_interval_s),
-                    "--set", f"agent.ok_sample_s={spec.probe_interval_s}", *link]
+            argv = [
+                "python",
+                "-m",
+                "skh",
+                "agent",
+                *common,
+                "--role",
+                "overlay",
+                "--name",
+                f"ov-{c.name}",
+                "--host",
+                L.host_name(c.host),
+                "--job",
+                c.job,
+                "--container",
+                c.name,
+                "--probe-interval",
+                str(spec.probe_interval_s),
+                "--set",
+                f"agent.ok_sample_s={spec.probe_interval_s}",
+                *link,
+            ]
             for r in range(spec.rnics_per_host):
                 argv += ["--endpoint", f"rail={r},ip={L.vf_ip(c.host, c.slot, r)},netdev=vf{r}"]
-            self.procs[f"ov-{c.name}"] = tb.spawn(argv, ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}")
+            self.procs[f"ov-{c.name}"] = tb.spawn(
+                argv, ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}"
+            )
         self._wait_ready()
         from skh.testbed.traffic import TrafficConfig
 
@@ -359,7 +487,10 @@ class LiveDemo:
         t0 = (time.time_ns() // 1_000_000_000 + 3) * 1_000_000_000
         for job in self.tb.spec.effective_jobs():
             tb.start_traffic(job.name, cfg, t0_ns=t0)
-        self.mark("training traffic started (DP all-reduce and PP bursts); inferring skeletons from counters")
+        self.mark(
+            "training traffic started (DP all-reduce and PP bursts); "
+            "inferring skeletons from counters"
+        )
         self._wait_skeletons()
 
     def _wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -374,7 +505,10 @@ class LiveDemo:
                 agents = st["agents"]
                 ul = sum(1 for a in agents.values() if a["role"] == "underlay" and a["alive"])
                 if ready == want and ul == self.spec.hosts:
-                    self.mark(f"{len(agents)} agents registered, {ready} endpoints ready, probing the preload lists")
+                    self.mark(
+                        f"{len(agents)} agents registered, {ready} endpoints ready, "
+                        "probing the preload lists"
+                    )
                     return
             time.sleep(0.5)
         raise TestbedError(f"only {ready} of {want} endpoints became ready")
@@ -382,30 +516,44 @@ class LiveDemo:
     def _wait_skeletons(self) -> None:
         assert self.bus is not None and self.client is not None
         for job in self.tb.spec.effective_jobs():
+
             def of_job(r: dict[str, Any], j: str = job.name) -> bool:
                 return r.get("kind") == "skeleton" and r.get("job") == j
 
             rec = self.bus.wait(of_job, self.spec.skeleton_timeout_s)
             if rec is None:
-                raise TestbedError(f"no skeleton for {job.name} within {self.spec.skeleton_timeout_s:g} s")
+                raise TestbedError(
+                    f"no skeleton for {job.name} within {self.spec.skeleton_timeout_s:g} s"
+                )
             if rec["mode"] != "skeleton":
                 # a fallback list is provisional: the analyzer re-infers every round until the
                 # bursts fit (a loaded machine can blur the first minute of a job's traffic)
-                self.mark(f"skeleton of {job.name}: provisional {rec['mode']} ({rec['reason'][:80]}); waiting")
-                better = self.bus.wait(lambda r: of_job(r) and r["mode"] == "skeleton", self.spec.skeleton_upgrade_s,
-                                       since=rec["seq"])
+                self.mark(
+                    f"skeleton of {job.name}: provisional {rec['mode']} "
+                    f"({rec['reason'][:80]}); waiting"
+                )
+                better = self.bus.wait(
+                    lambda r: of_job(r) and r["mode"] == "skeleton",
+                    self.spec.skeleton_upgrade_s,
+                    since=rec["seq"],
+                )
                 rec = better or rec
             snap = self.client.snapshot(job.name)
             pairs = unpack_skeleton(snap)
             applied = set() if pairs is None else {(int(a), int(b)) for a, b in pairs.tolist()}
             truth = truth_pairs(self.cluster, job.name)
             self.skeletons[job.name] = {
-                "alert": rec, "applied": sorted(applied), "truth": sorted(truth), "equal": applied == truth,
+                "alert": rec,
+                "applied": sorted(applied),
+                "truth": sorted(truth),
+                "equal": applied == truth,
                 "endpoints": [e.ep_id for e in self.cluster.job_endpoints(job.name)],
             }
-            self.mark(f"skeleton of {job.name}: {rec['mode']}, {len(applied)} pairs "
-                      f"(truth {len(truth)}, {'equal' if applied == truth else 'DIFFERENT'}), "
-                      f"confidence {rec['confidence']:.2f}")
+            self.mark(
+                f"skeleton of {job.name}: {rec['mode']}, {len(applied)} pairs "
+                f"(truth {len(truth)}, {'equal' if applied == truth else 'DIFFERENT'}), "
+                f"confidence {rec['confidence']:.2f}"
+            )
 
     # -- faults -------------------------------------------------------------------------------
     def default_params(self, kind: str) -> dict[str, Any]:
@@ -415,7 +563,11 @@ class LiveDemo:
         if kind == "loss":
             return {"link": (L.rnic_key(3, 1), L.tor_name(L.segment(3), 1)), "percent": 60.0}
         if kind == "fdb_blackhole":
-            return {"host": L.host_name(0), "peer": L.host_name(self.spec.hosts - 1), "rail": r_last}
+            return {
+                "host": L.host_name(0),
+                "peer": L.host_name(self.spec.hosts - 1),
+                "rail": r_last,
+            }
         if kind == "slow_path":
             return {"host": L.host_name(2), "rail": 0, "delay_ms": self.spec.slow_path_delay_ms}
         if kind in ("agent_crash", "agent_hang"):
@@ -435,30 +587,46 @@ class LiveDemo:
         t = truth.to_dict()
         out = FaultOutcome(t, truth.t_inject_ns)
         self.mark(f"fault {truth.id}: {kind} on {t['layer']} {t['component']}")
-        det = self.bus.wait(lambda r: r.get("state") == "open" and matches(t, r), self.spec.detect_timeout_s, since)
+        det = self.bus.wait(
+            lambda r: r.get("state") == "open" and matches(t, r), self.spec.detect_timeout_s, since
+        )
         out.detected = det
         if det is not None:
-            self.mark(f"  detected in {(det['ts_ns'] - out.injected_ns) / 1e9:.1f} s: {det['layer']} "
-                      f"{det['component']} ({det['failure_type']}, {det['n_pairs']} pairs)")
+            self.mark(
+                f"  detected in {(det['ts_ns'] - out.injected_ns) / 1e9:.1f} s: {det['layer']} "
+                f"{det['component']} ({det['failure_type']}, {det['n_pairs']} pairs)"
+            )
             time.sleep(self.spec.hold_s)
         else:
             self.mark(f"  NOT localized within {self.spec.detect_timeout_s:g} s")
         cleared = faults.clear(truth.id)
         out.cleared_ns = time.time_ns()
         if cleared.detail.get("respawned_pid"):
-            self.procs["ov-" + str(t["component"]).rsplit("/", 1)[-1]] = \
-                self.tb.find_process(cleared.detail["respawned_pid"])
+            self.procs["ov-" + str(t["component"]).rsplit("/", 1)[-1]] = self.tb.find_process(
+                cleared.detail["respawned_pid"]
+            )
         if det is not None:
-            res = self.bus.wait(lambda r: r.get("state") == "resolved" and r.get("alert_id") == det["alert_id"],
-                                self.spec.resolve_timeout_s, det["seq"])
+            res = self.bus.wait(
+                lambda r: r.get("state") == "resolved" and r.get("alert_id") == det["alert_id"],
+                self.spec.resolve_timeout_s,
+                det["seq"],
+            )
             out.resolved = res
             if res is not None:
-                self.mark(f"  cleared; alert resolved {(res['ts_ns'] - out.cleared_ns) / 1e9:+.1f} s after the repair")
+                self.mark(
+                    "  cleared; alert resolved "
+                    f"{(res['ts_ns'] - out.cleared_ns) / 1e9:+.1f} s after the repair"
+                )
             else:
                 self.mark(f"  cleared; alert NOT resolved within {self.spec.resolve_timeout_s:g} s")
         with self.bus.cond:
-            out.others = [r for r in self.bus.records if r["seq"] > since and r.get("state") == "open"
-                          and (det is None or r["seq"] != det["seq"])]
+            out.others = [
+                r
+                for r in self.bus.records
+                if r["seq"] > since
+                and r.get("state") == "open"
+                and (det is None or r["seq"] != det["seq"])
+            ]
         self.outcomes.append(out)
         time.sleep(self.spec.settle_s)
         return out

@@ -30,15 +30,20 @@ from skh.records import pair_keys
 
 __all__ = ["rtt_summary", "render", "write_report"]
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:4px}
-.sub{color:#5b6475}.ok{color:#127a3a;font-weight:600}.bad{color:#b3261e;font-weight:600}
-table{border-collapse:collapse;background:#fff;margin:6px 0}td,th{border:1px solid #dde2ea;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f0f3f7}code{font-size:12px}.grid{display:flex;flex-wrap:wrap;gap:24px}
-.card{background:#fff;border:1px solid #dde2ea;border-radius:6px;padding:10px}
-.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle;border:1px solid #999}
-"""
+_CSS = (
+    "\n"
+    "body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;"
+    "color:#1d2330;background:#fafbfc}\n"
+    "h1{font-size:22px;margin:0 0 4px}"
+    "h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:4px}\n"
+    ".sub{color:#5b6475}.ok{color:#127a3a;font-weight:600}.bad{color:#b3261e;font-weight:600}\n"
+    "table{border-collapse:collapse;background:#fff;margin:6px 0}"
+    "td,th{border:1px solid #dde2ea;padding:4px 8px;text-align:left;vertical-align:top}\n"
+    "th{background:#f0f3f7}code{font-size:12px}.grid{display:flex;flex-wrap:wrap;gap:24px}\n"
+    ".card{background:#fff;border:1px solid #dde2ea;border-radius:6px;padding:10px}\n"
+    ".legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
+    "vertical-align:middle;border:1px solid #999}\n"
+)
 
 
 def rtt_summary(probes: np.ndarray) -> dict[str, list]:
@@ -53,7 +58,7 @@ def rtt_summary(probes: np.ndarray) -> dict[str, list]:
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     bounds = np.r_[starts, key.size]
     pairs, p50, n = [], [], []
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         k = int(key[a])
         pairs.append([k >> 32, k & 0xFFFFFFFF])
         p50.append(round(float(np.median(rtt[a:b])), 1))
@@ -70,22 +75,31 @@ def _short(ep: Mapping[str, Any]) -> str:
     return f"{parts[1]}/{parts[2]}" if len(parts) == 3 else str(ep["name"])
 
 
-def _matrix_svg(labels: Sequence[str], cell: Mapping[tuple[int, int], tuple[str, str]], *, size: int = 14) -> str:
+def _matrix_svg(
+    labels: Sequence[str], cell: Mapping[tuple[int, int], tuple[str, str]], *, size: int = 14
+) -> str:
     """A square matrix: ``cell[(i, j)] = (fill, tooltip)``."""
     n = len(labels)
     pad = 90
     w = pad + n * size + 4
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{w}" font-size="9" font-family="monospace">']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{w}"'
+        ' font-size="9" font-family="monospace">'
+    ]
     for i, lab in enumerate(labels):
         y = pad + i * size + size * 0.75
         out.append(f'<text x="{pad - 4}" y="{y:.1f}" text-anchor="end">{_e(lab)}</text>')
         x = pad + i * size + size * 0.7
-        out.append(f'<text x="{x:.1f}" y="{pad - 4}" transform="rotate(-90 {x:.1f} {pad - 4})">{_e(lab)}</text>')
+        out.append(
+            f'<text x="{x:.1f}" y="{pad - 4}" transform="rotate(-90 {x:.1f} {pad - 4})">'
+            f"{_e(lab)}</text>"
+        )
     for i in range(n):
         for j in range(n):
             fill, tip = cell.get((i, j), ("#f4f5f7", ""))
             out.append(
-                f'<rect x="{pad + j * size}" y="{pad + i * size}" width="{size - 1}" height="{size - 1}" fill="{fill}">'
+                f'<rect x="{pad + j * size}" y="{pad + i * size}"'
+                f' width="{size - 1}" height="{size - 1}" fill="{fill}">'
                 + (f"<title>{_e(tip)}</title>" if tip else "")
                 + "</rect>"
             )
@@ -104,7 +118,11 @@ def _skeleton_section(data: Mapping[str, Any]) -> str:
         cells = {}
         for a in ids:
             for b in ids:
-                both, inf, tru = (a, b) in applied and (a, b) in truth, (a, b) in applied, (a, b) in truth
+                both, inf, tru = (
+                    (a, b) in applied and (a, b) in truth,
+                    (a, b) in applied,
+                    (a, b) in truth,
+                )
                 if both:
                     cells[(idx[a], idx[b])] = ("#2e7d32", "inferred and used")
                 elif inf:
@@ -112,21 +130,38 @@ def _skeleton_section(data: Mapping[str, Any]) -> str:
                 elif tru:
                     cells[(idx[a], idx[b])] = ("#c62828", "used but NOT inferred (missed)")
         labels = [_short(eps[e]) if e in eps else str(e) for e in ids]
-        verdict = '<span class="ok">equals the truth</span>' if sk.get("equal") else '<span class="bad">differs from the truth</span>'
+        verdict = (
+            '<span class="ok">equals the truth</span>'
+            if sk.get("equal")
+            else '<span class="bad">differs from the truth</span>'
+        )
         parts.append(
             f'<div class="card"><b>{_e(job)}</b> — {_e(sk.get("mode", ""))}, confidence '
-            f'{float(sk.get("confidence", 0)):.2f}, {len(applied)} pairs inferred, {len(truth)} used: {verdict}<br>'
-            + _matrix_svg(labels, cells)
-            + "</div>"
+            f"{float(sk.get('confidence', 0)):.2f}, {len(applied)} pairs inferred, "
+            f"{len(truth)} used: {verdict}<br>" + _matrix_svg(labels, cells) + "</div>"
         )
-    legend = ('<div class="legend">rows probe columns:<span style="background:#2e7d32"></span>inferred and used'
-              '<span style="background:#f9a825"></span>inferred only<span style="background:#c62828"></span>missed'
-              '<span style="background:#f4f5f7"></span>not probed</div>')
-    return "<h2>Traffic skeleton per job</h2>" + legend + '<div class="grid">' + "".join(parts) + "</div>"
+    legend = (
+        '<div class="legend">rows probe columns:'
+        '<span style="background:#2e7d32"></span>inferred and used'
+        '<span style="background:#f9a825"></span>inferred only'
+        '<span style="background:#c62828"></span>missed'
+        '<span style="background:#f4f5f7"></span>not probed</div>'
+    )
+    return (
+        "<h2>Traffic skeleton per job</h2>"
+        + legend
+        + '<div class="grid">'
+        + "".join(parts)
+        + "</div>"
+    )
 
 
 def _heat(v: float, lo: float, hi: float) -> str:
-    t = 0.0 if hi <= lo else min(1.0, max(0.0, (np.log(v) - np.log(lo)) / (np.log(hi) - np.log(lo))))
+    t = (
+        0.0
+        if hi <= lo
+        else min(1.0, max(0.0, (np.log(v) - np.log(lo)) / (np.log(hi) - np.log(lo))))
+    )
     # light yellow → orange → dark red
     r = int(255 - 80 * t)
     g = int(240 - 200 * t)
@@ -144,14 +179,23 @@ def _latency_section(data: Mapping[str, Any]) -> str:
     vals = np.array(rtt["p50_us"], float)
     lo, hi = float(max(np.percentile(vals, 2), 1.0)), float(max(np.percentile(vals, 98), 2.0))
     cells = {}
-    for (a, b), v, n in zip(pairs, rtt["p50_us"], rtt["n"]):
+    for (a, b), v, n in zip(pairs, rtt["p50_us"], rtt["n"], strict=False):
         if a in idx and b in idx:
-            cells[(idx[a], idx[b])] = (_heat(max(v, lo), lo, hi), f"{a}->{b}: p50 {v:.0f} us over {n} probes")
-    legend = (f'<div class="legend">p50 RTT, log scale:<span style="background:{_heat(lo, lo, hi)}"></span>{lo:.0f} µs'
-              f'<span style="background:{_heat(hi, lo, hi)}"></span>≥ {hi:.0f} µs'
-              '<span style="background:#f4f5f7"></span>not probed</div>')
-    return ("<h2>Median RTT per pair (whole run)</h2>" + legend
-            + f'<div class="card">{_matrix_svg([_short(e) for e in eps], cells)}</div>')
+            cells[(idx[a], idx[b])] = (
+                _heat(max(v, lo), lo, hi),
+                f"{a}->{b}: p50 {v:.0f} us over {n} probes",
+            )
+    legend = (
+        '<div class="legend">p50 RTT, log scale:'
+        f'<span style="background:{_heat(lo, lo, hi)}"></span>{lo:.0f} µs'
+        f'<span style="background:{_heat(hi, lo, hi)}"></span>≥ {hi:.0f} µs'
+        '<span style="background:#f4f5f7"></span>not probed</div>'
+    )
+    return (
+        "<h2>Median RTT per pair (whole run)</h2>"
+        + legend
+        + f'<div class="card">{_matrix_svg([_short(e) for e in eps], cells)}</div>'
+    )
 
 
 def _timeline_section(data: Mapping[str, Any]) -> str:
@@ -176,29 +220,62 @@ def _timeline_section(data: Mapping[str, Any]) -> str:
     for f in faults:
         t = f["truth"]
         comp = "|".join(t["component"]) if isinstance(t["component"], list) else t["component"]
-        rows.append((f"fault {t['id']}: {t['kind']}", f["injected_ns"], f.get("cleared_ns") or t1, "#5c6bc0",
-                     f"{t['layer']} {comp}"))
+        rows.append(
+            (
+                f"fault {t['id']}: {t['kind']}",
+                f["injected_ns"],
+                f.get("cleared_ns") or t1,
+                "#5c6bc0",
+                f"{t['layer']} {comp}",
+            )
+        )
     for aid, a in opened.items():
-        res = next((r for r in alerts if r["alert_id"] == aid and r["state"] == "resolved" and r["seq"] > a["seq"]), None)
+        res = next(
+            (
+                r
+                for r in alerts
+                if r["alert_id"] == aid and r["state"] == "resolved" and r["seq"] > a["seq"]
+            ),
+            None,
+        )
         color = "#2e7d32" if aid in matched else "#ef8c00"
-        rows.append((f"alert {a['layer']} {a['component']}"[:38], a["ts_ns"], res["ts_ns"] if res else t1, color,
-                     f"{a['failure_type']} ({a.get('n_pairs', 0)} pairs)"))
+        rows.append(
+            (
+                f"alert {a['layer']} {a['component']}"[:38],
+                a["ts_ns"],
+                res["ts_ns"] if res else t1,
+                color,
+                f"{a['failure_type']} ({a.get('n_pairs', 0)} pairs)",
+            )
+        )
     h = 30 + 18 * len(rows)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-size="11" font-family="system-ui,sans-serif">']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}"'
+        ' font-size="11" font-family="system-ui,sans-serif">'
+    ]
     for s in range(0, int(span) + 1, max(10, int(span / 10) // 10 * 10 or 10)):
         xx = x(t0 + s * 1_000_000_000)
-        out.append(f'<line x1="{xx:.1f}" y1="14" x2="{xx:.1f}" y2="{h}" stroke="#e3e6eb"/>'
-                   f'<text x="{xx:.1f}" y="11" text-anchor="middle" fill="#5b6475">{s}s</text>')
+        out.append(
+            f'<line x1="{xx:.1f}" y1="14" x2="{xx:.1f}" y2="{h}" stroke="#e3e6eb"/>'
+            f'<text x="{xx:.1f}" y="11" text-anchor="middle" fill="#5b6475">{s}s</text>'
+        )
     for i, (label, a, b, color, tip) in enumerate(rows):
         y = 20 + 18 * i
         out.append(f'<text x="{left - 6}" y="{y + 11}" text-anchor="end">{_e(label)}</text>')
-        out.append(f'<rect x="{x(a):.1f}" y="{y}" width="{max(2.0, x(b) - x(a)):.1f}" height="13" rx="2" fill="{color}">'
-                   f"<title>{_e(label)}: {_e(tip)}</title></rect>")
+        out.append(
+            f'<rect x="{x(a):.1f}" y="{y}" width="{max(2.0, x(b) - x(a)):.1f}"'
+            f' height="13" rx="2" fill="{color}">'
+            f"<title>{_e(label)}: {_e(tip)}</title></rect>"
+        )
     out.append("</svg>")
-    legend = ('<div class="legend"><span style="background:#5c6bc0"></span>fault injected → cleared'
-              '<span style="background:#2e7d32"></span>alert matching a fault (open → resolved)'
-              '<span style="background:#ef8c00"></span>other alert</div>')
-    return "<h2>Timeline: faults vs alerts</h2>" + legend + f'<div class="card">{"".join(out)}</div>'
+    legend = (
+        '<div class="legend"><span style="background:#5c6bc0"></span>fault injected → cleared'
+        '<span style="background:#2e7d32"></span>alert matching a fault (open → resolved)'
+        '<span style="background:#ef8c00"></span>other alert</div>'
+    )
+    return (
+        "<h2>Timeline: faults vs alerts</h2>" + legend + f'<div class="card">{"".join(out)}</div>'
+    )
 
 
 def _faults_section(data: Mapping[str, Any]) -> str:
@@ -208,26 +285,42 @@ def _faults_section(data: Mapping[str, Any]) -> str:
         comp = " | ".join(t["component"]) if isinstance(t["component"], list) else t["component"]
         d = f.get("detected")
         r = f.get("resolved")
-        verdict = (f"{_e(d['layer'])} <code>{_e(d['component'])}</code><br>{_e(d['failure_type'])}, "
-                   f"{d.get('n_pairs', 0)} pairs" if d else '<span class="bad">not localized</span>')
+        verdict = (
+            f"{_e(d['layer'])} <code>{_e(d['component'])}</code><br>{_e(d['failure_type'])}, "
+            f"{d.get('n_pairs', 0)} pairs"
+            if d
+            else '<span class="bad">not localized</span>'
+        )
         ev = _e(json.dumps(d.get("evidence", {}), default=str)[:300]) if d else ""
-        res = (f"{(r['ts_ns'] - f['cleared_ns']) / 1e9:+.1f} s after repair" if r and f.get("cleared_ns") else
-               ('<span class="bad">not resolved</span>' if d else "—"))
+        res = (
+            f"{(r['ts_ns'] - f['cleared_ns']) / 1e9:+.1f} s after repair"
+            if r and f.get("cleared_ns")
+            else ('<span class="bad">not resolved</span>' if d else "—")
+        )
         status = '<span class="ok">✓</span>' if f.get("ok") else '<span class="bad">✗</span>'
         det = f"{f['detect_s']:.1f} s" if f.get("detect_s") is not None else "—"
         rows.append(
-            f"<tr><td>{status}</td><td>{_e(t['kind'])}</td><td>{_e(t['layer'])} <code>{_e(comp)}</code>"
-            f"<br>paper type {_e(t.get('paper_type'))}</td><td>{verdict}</td><td>{det}</td><td>{res}</td>"
+            f"<tr><td>{status}</td><td>{_e(t['kind'])}</td>"
+            f"<td>{_e(t['layer'])} <code>{_e(comp)}</code>"
+            f"<br>paper type {_e(t.get('paper_type'))}</td>"
+            f"<td>{verdict}</td><td>{det}</td><td>{res}</td>"
             f"<td><code>{ev}</code></td><td>{len(f.get('others', ()))}</td></tr>"
         )
-    return ("<h2>Injected faults and verdicts</h2><table><tr><th></th><th>fault</th><th>truth</th><th>verdict</th>"
-            "<th>detected after</th><th>resolved</th><th>evidence</th><th>other alerts</th></tr>"
-            + "".join(rows) + "</table>")
+    return (
+        "<h2>Injected faults and verdicts</h2>"
+        "<table><tr><th></th><th>fault</th><th>truth</th><th>verdict</th>"
+        "<th>detected after</th><th>resolved</th><th>evidence</th><th>other alerts</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def _log_section(data: Mapping[str, Any]) -> str:
     t0 = int(data.get("started_ns", 0))
-    items = "".join(f"<tr><td>{(ns - t0) / 1e9:7.1f} s</td><td>{_e(text)}</td></tr>" for ns, text in data.get("timeline", ()))
+    items = "".join(
+        f"<tr><td>{(ns - t0) / 1e9:7.1f} s</td><td>{_e(text)}</td></tr>"
+        for ns, text in data.get("timeline", ())
+    )
     return f"<h2>Run log</h2><table>{items}</table>" if items else ""
 
 
@@ -235,14 +328,29 @@ def render(data: Mapping[str, Any]) -> str:
     ok = bool(data.get("ok"))
     faults = data.get("faults", [])
     caught = sum(1 for f in faults if f.get("ok"))
-    head = (f'<h1>{_e(data.get("title", "skh demo"))}</h1><div class="sub">{_e(data.get("mode", ""))} run, '
-            f"{(int(data.get('ended_ns', 0)) - int(data.get('started_ns', 0))) / 1e9:.0f} s, "
-            f"{len(data.get('endpoints', ()))} endpoints, {len(data.get('alerts', ()))} alerts on the bus</div>"
-            f'<p class="{"ok" if ok else "bad"}">{caught} of {len(faults)} faults detected, localized and resolved'
-            f"{'' if ok else ' — see below'}</p>")
-    body = head + _faults_section(data) + _timeline_section(data) + _skeleton_section(data) + _latency_section(data) + _log_section(data)
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(data.get("title", "skh demo"))}</title>'
-            f"<style>{_CSS}</style></head><body>{body}</body></html>")
+    head = (
+        f"<h1>{_e(data.get('title', 'skh demo'))}</h1>"
+        f'<div class="sub">{_e(data.get("mode", ""))} run, '
+        f"{(int(data.get('ended_ns', 0)) - int(data.get('started_ns', 0))) / 1e9:.0f} s, "
+        f"{len(data.get('endpoints', ()))} endpoints, "
+        f"{len(data.get('alerts', ()))} alerts on the bus</div>"
+        f'<p class="{"ok" if ok else "bad"}">'
+        f"{caught} of {len(faults)} faults detected, localized and resolved"
+        f"{'' if ok else ' — see below'}</p>"
+    )
+    body = (
+        head
+        + _faults_section(data)
+        + _timeline_section(data)
+        + _skeleton_section(data)
+        + _latency_section(data)
+        + _log_section(data)
+    )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(data.get('title', 'skh demo'))}</title>"
+        f"<style>{_CSS}</style></head><body>{body}</body></html>"
+    )
 
 
 def write_report(out_dir: str | Path, data: Mapping[str, Any]) -> Path:
@@ -264,20 +372,42 @@ def load_spool(spool: Path) -> np.ndarray:
 
 
 def endpoints_of(cluster: Any) -> list[dict[str, Any]]:
-    return [{"ep_id": e.ep_id, "name": e.name, "job": e.job, "host": e.host, "rail": e.rail} for e in cluster.endpoints]
+    return [
+        {"ep_id": e.ep_id, "name": e.name, "job": e.job, "host": e.host, "rail": e.rail}
+        for e in cluster.endpoints
+    ]
 
 
-def build_data(*, title: str, mode: str, cluster: Any, skeletons: Mapping[str, Any], probes: np.ndarray,
-               faults: Iterable[Any], alerts: Sequence[Mapping[str, Any]], timeline: Sequence[tuple[int, str]],
-               started_ns: int, ended_ns: int, skeleton_ok: bool) -> dict[str, Any]:
+def build_data(
+    *,
+    title: str,
+    mode: str,
+    cluster: Any,
+    skeletons: Mapping[str, Any],
+    probes: np.ndarray,
+    faults: Iterable[Any],
+    alerts: Sequence[Mapping[str, Any]],
+    timeline: Sequence[tuple[int, str]],
+    started_ns: int,
+    ended_ns: int,
+    skeleton_ok: bool,
+) -> dict[str, Any]:
     fl = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in faults]
     return {
-        "title": title, "mode": mode, "started_ns": started_ns, "ended_ns": ended_ns,
+        "title": title,
+        "mode": mode,
+        "started_ns": started_ns,
+        "ended_ns": ended_ns,
         "ok": bool(fl) and all(f["ok"] for f in fl) and skeleton_ok,
         "endpoints": endpoints_of(cluster),
-        "skeletons": {j: {k: v for k, v in s.items() if k != "alert"} | {
-            "mode": s.get("alert", {}).get("mode", s.get("mode", "")),
-            "confidence": s.get("alert", {}).get("confidence", s.get("confidence", 0.0))} for j, s in skeletons.items()},
+        "skeletons": {
+            j: {k: v for k, v in s.items() if k != "alert"}
+            | {
+                "mode": s.get("alert", {}).get("mode", s.get("mode", "")),
+                "confidence": s.get("alert", {}).get("confidence", s.get("confidence", 0.0)),
+            }
+            for j, s in skeletons.items()
+        },
         "rtt": rtt_summary(probes),
         "faults": fl,
         "alerts": list(alerts),

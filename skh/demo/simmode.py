@@ -52,10 +52,24 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
         return True
 
     cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=20.0)
-    pipe = Pipeline(cfg, source_factory=lambda _cl: SimSource(sim), apply_skeleton=apply,
-                    overlay_endpoint=sim_overlay_endpoint, overlay_component=sim_overlay_component)
-    pipe.set_endpoints({"ep": e.ep_id, "job": e.job, "container": e.container, "host": e.host, "rail": e.rail,
-                        "ip": e.ip} for e in cluster.endpoints)
+    pipe = Pipeline(
+        cfg,
+        source_factory=lambda _cl: SimSource(sim),
+        apply_skeleton=apply,
+        overlay_endpoint=sim_overlay_endpoint,
+        overlay_component=sim_overlay_component,
+    )
+    pipe.set_endpoints(
+        {
+            "ep": e.ep_id,
+            "job": e.job,
+            "container": e.container,
+            "host": e.host,
+            "rail": e.rail,
+            "ip": e.ip,
+        }
+        for e in cluster.endpoints
+    )
     truths = []
     for i, (name, start, end) in enumerate(SCRIPT):
         ftype = FaultType[name]
@@ -84,16 +98,42 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
             say(f"t={step.t_s:5.0f}s  {msg}")
     outcomes = []
     for rec in truths:
-        truth = {"id": rec.fault_id, "kind": rec.name, "layer": rec.layer, "component": rec.component,
-                 "paper_type": int(rec.type) if int(rec.type) <= 19 else None}
+        truth = {
+            "id": rec.fault_id,
+            "kind": rec.name,
+            "layer": rec.layer,
+            "component": rec.component,
+            "paper_type": int(rec.type) if int(rec.type) <= 19 else None,
+        }
         out = FaultOutcome(truth, int(rec.start_ns), int(rec.end_ns))
-        out.detected = next((a for a in alerts if a.get("state") == "open" and a["ts_ns"] >= rec.start_ns
-                             and _same(a["component"], rec.component)), None)
+        out.detected = next(
+            (
+                a
+                for a in alerts
+                if a.get("state") == "open"
+                and a["ts_ns"] >= rec.start_ns
+                and _same(a["component"], rec.component)
+            ),
+            None,
+        )
         if out.detected is not None:
-            out.resolved = next((a for a in alerts if a.get("state") == "resolved"
-                                 and a["alert_id"] == out.detected["alert_id"] and a["seq"] > out.detected["seq"]), None)
-        out.others = [a for a in alerts if a.get("state") == "open" and rec.start_ns <= a["ts_ns"] <= rec.end_ns
-                      and a is not out.detected]
+            out.resolved = next(
+                (
+                    a
+                    for a in alerts
+                    if a.get("state") == "resolved"
+                    and a["alert_id"] == out.detected["alert_id"]
+                    and a["seq"] > out.detected["seq"]
+                ),
+                None,
+            )
+        out.others = [
+            a
+            for a in alerts
+            if a.get("state") == "open"
+            and rec.start_ns <= a["ts_ns"] <= rec.end_ns
+            and a is not out.detected
+        ]
         outcomes.append(out)
     skeletons = {}
     for job in sim.jobs:
@@ -101,12 +141,23 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
         got = {tuple(p) for p in applied.get(job.name, preload[job.name]).tolist()}
         st = pipe.jobs.get(job.name)
         skeletons[job.name] = {
-            "endpoints": job.ep_ids.tolist(), "applied": sorted(got), "truth": sorted(truth),
-            "equal": got == truth, "mode": st.skeleton.mode if st and st.skeleton else "preload",
+            "endpoints": job.ep_ids.tolist(),
+            "applied": sorted(got),
+            "truth": sorted(truth),
+            "equal": got == truth,
+            "mode": st.skeleton.mode if st and st.skeleton else "preload",
             "confidence": float(st.skeleton.confidence) if st and st.skeleton else 0.0,
         }
-    return {"cluster": cluster, "outcomes": outcomes, "alerts": alerts, "probes": np.concatenate(probes),
-            "skeletons": skeletons, "timeline": timeline, "started_ns": t0_ns, "ended_ns": sim.clock.now_ns}
+    return {
+        "cluster": cluster,
+        "outcomes": outcomes,
+        "alerts": alerts,
+        "probes": np.concatenate(probes),
+        "skeletons": skeletons,
+        "timeline": timeline,
+        "started_ns": t0_ns,
+        "ended_ns": sim.clock.now_ns,
+    }
 
 
 def run_sim(out: Path, *, console: Any, seed: int = 1) -> int:
@@ -114,23 +165,40 @@ def run_sim(out: Path, *, console: Any, seed: int = 1) -> int:
 
     from skh.demo.report import build_data, write_report
 
-    console.print("[bold]simulator-backed demo[/]: 16 hosts x 8 RNICs, 4 jobs, 6 min of virtual time")
+    console.print(
+        "[bold]simulator-backed demo[/]: 16 hosts x 8 RNICs, 4 jobs, 6 min of virtual time"
+    )
     t = time.monotonic()
-    res = simulate(seed=seed, say=lambda m: console.print(f"[dim]{time.monotonic() - t:5.1f}s[/] {m}"))
+    res = simulate(
+        seed=seed, say=lambda m: console.print(f"[dim]{time.monotonic() - t:5.1f}s[/] {m}")
+    )
     table = Table(title="Faults vs verdicts (simulated)")
     for col in ("fault", "truth", "verdict", "detected", "resolved"):
         table.add_column(col)
     for o in res["outcomes"]:
         d = o.detected
-        table.add_row(o.truth["kind"], f"{o.truth['layer']} {o.truth['component']}",
-                      f"{d['layer']} {d['component']}" if d else "[red]—[/]",
-                      f"{o.detect_s:.0f} s" if o.detect_s is not None else "—", "yes" if o.resolved else "[red]no[/]")
+        table.add_row(
+            o.truth["kind"],
+            f"{o.truth['layer']} {o.truth['component']}",
+            f"{d['layer']} {d['component']}" if d else "[red]—[/]",
+            f"{o.detect_s:.0f} s" if o.detect_s is not None else "—",
+            "yes" if o.resolved else "[red]no[/]",
+        )
     console.print(table)
     # a job whose traffic fits no skeleton keeps its safe list: that is right, not a miss
-    data = build_data(title="skh demo: SkeletonHunter on the simulator", mode="simulated", cluster=res["cluster"],
-                      skeletons=res["skeletons"], probes=res["probes"], faults=res["outcomes"], alerts=res["alerts"],
-                      timeline=res["timeline"], started_ns=res["started_ns"], ended_ns=res["ended_ns"],
-                      skeleton_ok=True)
+    data = build_data(
+        title="skh demo: SkeletonHunter on the simulator",
+        mode="simulated",
+        cluster=res["cluster"],
+        skeletons=res["skeletons"],
+        probes=res["probes"],
+        faults=res["outcomes"],
+        alerts=res["alerts"],
+        timeline=res["timeline"],
+        started_ns=res["started_ns"],
+        ended_ns=res["ended_ns"],
+        skeleton_ok=True,
+    )
     path = write_report(out, data)
     console.print(f"report: [bold]{path.resolve()}[/]")
     return 0 if data["ok"] else 1

@@ -163,8 +163,12 @@ def _place(sim: Simulation, ft: FaultType, start: float, length: float, rng) -> 
                 comp = link_component(path[k], path[k + 1])
         p, n = j.skeleton_pairs, sim.n_path_ids
         rows = RowSet(
-            sim.index, sim.eps, np.tile(p[:, 0], n), np.tile(p[:, 1], n),
-            np.repeat(np.arange(n), p.shape[0]), np.zeros(p.shape[0] * n),
+            sim.index,
+            sim.eps,
+            np.tile(p[:, 0], n),
+            np.tile(p[:, 1], n),
+            np.repeat(np.arange(n), p.shape[0]),
+            np.zeros(p.shape[0] * n),
         )
         if sim.engine.affected(Fault(ft, comp, start, start + length), rows).any():
             return comp

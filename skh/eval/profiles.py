@@ -58,7 +58,19 @@ PROFILES: dict[str, Profile] = {
     for p in (
         # one fault type per symptom class: a smoke and determinism profile, not an evaluation
         Profile(
-            "tiny", 64, 10, 0.5, 1, 40.0, 30.0, 240.0, 1, False, 240, (512,), 0.0,
+            "tiny",
+            64,
+            10,
+            0.5,
+            1,
+            40.0,
+            30.0,
+            240.0,
+            1,
+            False,
+            240,
+            (512,),
+            0.0,
             (
                 FaultType.CRC_ERROR,
                 FaultType.RNIC_PORT_DOWN,

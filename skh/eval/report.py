@@ -47,22 +47,69 @@ def tables(r: dict[str, Any]) -> list[Table]:
             cap,
             ("metric", "ours", "paper", "CI threshold"),
             (
-                ("detection precision", _pct(r["precision"]), _pct(paper["precision"]), _pct(r["thresholds"]["precision"])),
-                ("detection recall", _pct(r["recall"]), _pct(paper["recall"]), _pct(r["thresholds"]["recall"])),
-                ("localization accuracy", _pct(r["localization_accuracy"]), _pct(paper["localization_accuracy"]), _pct(r["thresholds"]["localization_accuracy"])),
-                ("localization accuracy, end to end", _pct(loc["end_to_end"]["accuracy"]), _pct(paper["localization_accuracy"]), "—"),
-                ("skeleton coverage of used pairs", _pct(r["skeleton_coverage"]), "—", _pct(r["thresholds"]["skeleton_coverage"])),
-                ("time to detect, mean (s)", _num(r["ttd_mean_s"]), _num(paper["ttd_mean_s"], 1), "—"),
-                ("time to detect, p50 / p99 (s)", f"{_num(r['ttd_p50_s'])} / {_num(r['ttd_p99_s'])}", "—", "—"),
+                (
+                    "detection precision",
+                    _pct(r["precision"]),
+                    _pct(paper["precision"]),
+                    _pct(r["thresholds"]["precision"]),
+                ),
+                (
+                    "detection recall",
+                    _pct(r["recall"]),
+                    _pct(paper["recall"]),
+                    _pct(r["thresholds"]["recall"]),
+                ),
+                (
+                    "localization accuracy",
+                    _pct(r["localization_accuracy"]),
+                    _pct(paper["localization_accuracy"]),
+                    _pct(r["thresholds"]["localization_accuracy"]),
+                ),
+                (
+                    "localization accuracy, end to end",
+                    _pct(loc["end_to_end"]["accuracy"]),
+                    _pct(paper["localization_accuracy"]),
+                    "—",
+                ),
+                (
+                    "skeleton coverage of used pairs",
+                    _pct(r["skeleton_coverage"]),
+                    "—",
+                    _pct(r["thresholds"]["skeleton_coverage"]),
+                ),
+                (
+                    "time to detect, mean (s)",
+                    _num(r["ttd_mean_s"]),
+                    _num(paper["ttd_mean_s"], 1),
+                    "—",
+                ),
+                (
+                    "time to detect, p50 / p99 (s)",
+                    f"{_num(r['ttd_p50_s'])} / {_num(r['ttd_p99_s'])}",
+                    "—",
+                    "—",
+                ),
             ),
-            sc["note"] + f"; {d['virtual_h']} h of virtual time, {d['faults']} faults of the paper's 19 types, {d['events']} detection events.",
+            sc["note"]
+            + f"; {d['virtual_h']} h of virtual time, {d['faults']} faults of the paper's 19 "
+            f"types, {d['events']} detection events.",
         )
     ]
     out.append(
         Table(
             "Detection per failure type",
             cap,
-            ("#", "type", "layer", "faults", "detected", "recall", "events", "kind fits", "TTD mean / p50 / p99 (s)"),
+            (
+                "#",
+                "type",
+                "layer",
+                "faults",
+                "detected",
+                "recall",
+                "events",
+                "kind fits",
+                "TTD mean / p50 / p99 (s)",
+            ),
             tuple(
                 (
                     str(v["no"]) + ("" if v["in_paper"] else "*"),
@@ -73,13 +120,14 @@ def tables(r: dict[str, Any]) -> list[Table]:
                     _pct(v["recall"]),
                     str(v["events"]),
                     _pct(v["precision_kind"]),
-                    f"{_num(v['ttd_s']['mean'], 1)} / {_num(v['ttd_s']['p50'], 1)} / {_num(v['ttd_s']['p99'], 1)}",
+                    f"{_num(v['ttd_s']['mean'], 1)} / {_num(v['ttd_s']['p50'], 1)} / "
+                    f"{_num(v['ttd_s']['p99'], 1)}",
                 )
                 for v in d["per_type"].values()
             ),
-            "(*) not one of the paper's 19 types (the simulator's extras: agent crash, late agent, vswitch "
-            "loop); left out of the headline. 'kind fits': share of the events matched to the type's "
-            "faults whose kind fits its symptom.",
+            "(*) not one of the paper's 19 types (the simulator's extras: agent crash, late agent, "
+            "vswitch loop); left out of the headline. 'kind fits': share of the events matched to "
+            "the type's faults whose kind fits its symptom.",
         )
     )
     e2e = loc["end_to_end"]["per_type"]
@@ -93,9 +141,9 @@ def tables(r: dict[str, Any]) -> list[Table]:
                 for k, v in loc["per_type"].items()
             ),
             f"Suite: {loc['scored']} scored cases ({loc['masked']} masked), both-layer cases "
-            f"{loc['both_layer_cases']} at {_pct(loc['accuracy_both_layers'])}. End to end: every "
-            f"suspect detection raised within {loc['end_to_end']['round_s']:g} s of a fault's first "
-            f"detection, localized together.",
+            f"{loc['both_layer_cases']} at {_pct(loc['accuracy_both_layers'])}. End to end: "
+            f"every suspect detection raised within {loc['end_to_end']['round_s']:g} s of a "
+            f"fault's first detection, localized together.",
         )
     )
     out.append(
@@ -134,7 +182,10 @@ def tables(r: dict[str, Any]) -> list[Table]:
         Table(
             "Probing cost",
             cap.split(" · ")[0]
-            + f" · job TP8 PP8 DP{{8,16,32}} on the Lingjun topology · commit {meta['commit'][:12]}",
+            + (
+                " · job TP8 PP8 DP{8,16,32} on the Lingjun topology"
+                f" · commit {meta['commit'][:12]}"
+            ),
             (
                 "RNICs",
                 "ping list",
@@ -169,7 +220,9 @@ def tables(r: dict[str, Any]) -> list[Table]:
                     _pct(rs["recall"]) + " of the skeleton's",
                 ),
             ),
-            "Types the random pinglist missed at least once: " + (", ".join(rs["missed_types"]) or "none") + ".",
+            "Types the random pinglist missed at least once: "
+            + (", ".join(rs["missed_types"]) or "none")
+            + ".",
         )
     )
     sk = t["skeleton"]
@@ -177,7 +230,15 @@ def tables(r: dict[str, Any]) -> list[Table]:
         Table(
             "Skeleton inference",
             cap,
-            ("jobs", "used pairs", "coverage", "worst job", "list / same-rail", "paper example (9/64)", "modes"),
+            (
+                "jobs",
+                "used pairs",
+                "coverage",
+                "worst job",
+                "list / same-rail",
+                "paper example (9/64)",
+                "modes",
+            ),
             (
                 (
                     str(sk["jobs"]),
@@ -206,8 +267,8 @@ def tables(r: dict[str, Any]) -> list[Table]:
             f"commit {meta['commit'][:12]} · {ag.get('path', '')}",
             ("measure", "ours", "paper"),
             ag_rows,
-            f"One real agent process (the C engine) probing at {ag.get('rate_per_s', '—')} probes/s for "
-            f"{ag.get('duration_s', '—')} s: the busiest container's skeleton rate "
+            f"One real agent process (the C engine) probing at {ag.get('rate_per_s', '—')} "
+            f"probes/s for {ag.get('duration_s', '—')} s: the busiest container's skeleton rate "
             f"(median container {ar['probes_per_s_container_p50']} probes/s).",
         )
     )
@@ -245,13 +306,13 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"The paper reports six months of production on 4K+ hosts (4,816 real failures). These "
             f"figures come from the simulator: the real Lingjun topology replicated to "
             f"{sc['hosts']:,} hosts x {sc['rnics_per_host']} RNICs, {sc['jobs_at_start']:,} jobs "
-            f"at the start ({d['jobs_total']:,} with churn), {d['virtual_h']} h of virtual time and "
-            f"{d['faults']} faults of the paper's 19 types, each injected on a component a live "
-            "job's probed pair crosses, one at a time (so every event is attributable), with the "
-            "symptom models of skh/sim/faults.py. Production adds what the simulator does not "
+            f"at the start ({d['jobs_total']:,} with churn), {d['virtual_h']} h of virtual time "
+            f"and {d['faults']} faults of the paper's 19 types, each injected on a component a "
+            "live job's probed pair crosses, one at a time (so every event is attributable), with "
+            "the symptom models of skh/sim/faults.py. Production adds what the simulator does not "
             "model: concurrent faults, noisy hosts, PTP errors, partial telemetry. Figures above "
-            "the paper's therefore say that the pipeline finds what the simulator injects, not that "
-            "it beats the paper's system in production.",
+            "the paper's therefore say that the pipeline finds what the simulator injects, not "
+            "that it beats the paper's system in production.",
         ),
         (
             "Precision and recall",
@@ -279,11 +340,11 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"The suite ({_pct(loc['accuracy'])}, the headline) localizes each fault from the "
             "suspect detection would raise for it (every affected pair, the failing flow labels, "
             "the flapping flag, the unhealthy agents), one fault (or one in each layer) at a time. "
-            f"End to end ({_pct(e2e['accuracy'])}) localizes what the detector really raised within "
-            f"{e2e['round_s']:g} s of a fault's first detection, false suspects included; it sees "
-            "fewer pairs early in a fault, and detection events do not say that a loss flaps "
-            "(Suspect.from_event sets no flapping flag), which is why flapping ports are named "
-            "'port down' or left uncertain there. Misses (type: truth -> verdicts): "
+            f"End to end ({_pct(e2e['accuracy'])}) localizes what the detector really raised "
+            f"within {e2e['round_s']:g} s of a fault's first detection, false suspects included; "
+            "it sees fewer pairs early in a fault, and detection events do not say that a loss "
+            "flaps (Suspect.from_event sets no flapping flag), which is why flapping ports are "
+            "named 'port down' or left uncertain there. Misses (type: truth -> verdicts): "
             + (
                 "; ".join(
                     f"{m['type']}: {m['truth']} -> {m['verdicts']}" for m in e2e["misses"][:6]
@@ -292,7 +353,9 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
             )
             + ". Suite misses: "
             + (
-                "; ".join(f"{m['label']}: {m['truth']} -> {m['verdicts']}" for m in loc["misses"][:6])
+                "; ".join(
+                    f"{m['label']}: {m['truth']} -> {m['verdicts']}" for m in loc["misses"][:6]
+                )
                 or "none"
             )
             + ".",
@@ -361,12 +424,13 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
         (
             "Skeleton",
             f"Coverage of used pairs {_pct(sk['coverage'])} over {sk['jobs']:,} jobs (worst job "
-            f"{_pct(sk['coverage_min_job'])}); the paper reports no coverage, only 'more than 95 %' "
-            "pruning of the basic list and the 9-of-64 example (ours: 9 of 63 at 512 RNICs in the "
-            f"probing table). Over the whole mix the list is {_num(sk['list_ratio_vs_same_rail'], 3)} "
-            "of the same-rail list: most simulated jobs are small (1-4 hosts, where the same-rail "
-            "list is already the skeleton), and EP, debug and 4-RNIC jobs keep the safe same-rail "
-            f"list by design ({', '.join(f'{k} {v}' for k, v in sk['modes'].items())}).",
+            f"{_pct(sk['coverage_min_job'])}); the paper reports no coverage, only 'more than "
+            "95 %' pruning of the basic list and the 9-of-64 example (ours: 9 of 63 at 512 RNICs "
+            "in the probing table). Over the whole mix the list is "
+            f"{_num(sk['list_ratio_vs_same_rail'], 3)} of the same-rail list: most simulated jobs "
+            "are small (1-4 hosts, where the same-rail list is already the skeleton), and EP, "
+            "debug and 4-RNIC jobs keep the safe same-rail list by design "
+            f"({', '.join(f'{k} {v}' for k, v in sk['modes'].items())}).",
         )
     )
     ag = r["measured"]["agent"]
@@ -408,9 +472,10 @@ def to_html(r: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>skh evaluation ({e(r['meta']['profile'])})</title>",
         "<style>body{font-family:sans-serif;max-width:70em;margin:2em auto}"
-        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:.2em .6em;"
-        "text-align:right}td:first-child,th:first-child{text-align:left}caption{font-style:italic;"
-        "text-align:left}</style></head><body>",
+        "table{border-collapse:collapse;margin:.5em 0}"
+        "td,th{border:1px solid #bbb;padding:.2em .6em;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}"
+        "caption{font-style:italic;text-align:left}</style></head><body>",
         f"<h1>skh evaluation ({e(r['meta']['profile'])} profile)</h1>",
     ]
     for tb in tables(r):

@@ -140,9 +140,7 @@ def detection_scores(
             "detected": sum(bool(detected[r.fault_id]) for r in fs),
             "recall": _ratio(sum(bool(detected[r.fault_id]) for r in fs), len(fs)),
             "events": len(evs),
-            "precision_kind": _ratio(
-                sum(ev.kind in accepted_kinds(fs[0]) for ev in evs), len(evs)
-            ),
+            "precision_kind": _ratio(sum(ev.kind in accepted_kinds(fs[0]) for ev in evs), len(evs)),
             "ttd_s": summarize([first_s(r) for r in fs if detected[r.fault_id]]),
         }
     per_kind = {}

@@ -384,9 +384,7 @@ def job_from_mapping(data: Mapping[str, Any], where: str = "job") -> Job:
     containers = data.get("containers")
     if not isinstance(containers, list) or not containers:
         raise ConfigError(f"{where}: 'containers' must be a non-empty list of tables")
-    out = tuple(
-        _container(c, name, f"{where}: containers[{i}]") for i, c in enumerate(containers)
-    )
+    out = tuple(_container(c, name, f"{where}: containers[{i}]") for i, c in enumerate(containers))
     names = [c.name for c in out]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -397,12 +395,12 @@ def job_from_mapping(data: Mapping[str, Any], where: str = "job") -> Job:
 def load_job_file(path: str | Path) -> Job:
     """Read a TOML job file::
 
-        name = "train-7"
-        shape = {tp = 8, pp = 2, dp = 2}
-        [[containers]]
-        name = "w0"
-        host = "host0"
-        rails = [0, 1, 2, 3]
+    name = "train-7"
+    shape = {tp = 8, pp = 2, dp = 2}
+    [[containers]]
+    name = "w0"
+    host = "host0"
+    rails = [0, 1, 2, 3]
     """
     try:
         data = tomllib.loads(Path(path).read_text())

@@ -287,10 +287,13 @@ def _validate(cfg: Config) -> None:
             f"Got {c.command_retries} instead."
         )
     if not g.ok_sample_s >= 0:
-        raise ConfigError(f"The 'agent.ok_sample_s' setting must be >= 0. Got {g.ok_sample_s!r} instead.")
+        raise ConfigError(
+            f"The 'agent.ok_sample_s' setting must be >= 0. Got {g.ok_sample_s!r} instead."
+        )
     if not 0.0 <= g.sample_phase_s < 1.0:
         raise ConfigError(
-            f"The 'agent.sample_phase_s' setting must be in [0, 1). Got {g.sample_phase_s!r} instead."
+            "The 'agent.sample_phase_s' setting must be in [0, 1)."
+            f" Got {g.sample_phase_s!r} instead."
         )
     if g.role not in ("overlay", "underlay"):
         raise ConfigError(

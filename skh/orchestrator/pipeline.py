@@ -85,7 +85,9 @@ def _sub(cls: type, where: str, data: Any) -> Any:
     if data is None:
         return cls()
     if not isinstance(data, Mapping):
-        raise ConfigError(f"The '{where}' setting of the pipeline must be a table. Got {data!r} instead.")
+        raise ConfigError(
+            f"The '{where}' setting of the pipeline must be a table. Got {data!r} instead."
+        )
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -101,7 +103,9 @@ def detector_config(data: Mapping[str, Any] | None) -> DetectorConfig:
         "longterm": _sub(LongTermConfig, "detector.longterm", data.pop("longterm", None)),
         "health": _sub(HealthConfig, "detector.health", data.pop("health", None)),
     }
-    return _sub(DetectorConfig, "detector", {**data, **nested}) if data or nested else DetectorConfig()
+    return (
+        _sub(DetectorConfig, "detector", {**data, **nested}) if data or nested else DetectorConfig()
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +140,22 @@ class PipelineConfig:
     max_exoneration_traces: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("skeleton_every_s", "skeleton_change_s", "history_s", "resolve_after_s", "command_timeout_s"):
+        for name in (
+            "skeleton_every_s",
+            "skeleton_change_s",
+            "history_s",
+            "resolve_after_s",
+            "command_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(
-                    f"The '{name}' setting of the pipeline must be > 0. Got {getattr(self, name)!r} instead."
+                    f"The '{name}' setting of the pipeline must be > 0."
+                    f" Got {getattr(self, name)!r} instead."
                 )
         if not 1 <= self.trace_max_ttl <= 64:
             raise ConfigError(
-                f"The 'trace_max_ttl' setting of the pipeline must be in [1, 64]. Got {self.trace_max_ttl!r} instead."
+                "The 'trace_max_ttl' setting of the pipeline must be in [1, 64]."
+                f" Got {self.trace_max_ttl!r} instead."
             )
 
     @classmethod
@@ -167,7 +179,8 @@ class PipelineConfig:
         data = _read_settings(a.pipeline) if a.pipeline else {}
         if "controller" in data:
             raise ConfigError(
-                f"the pipeline settings file {a.pipeline} sets 'controller': set analyzer.controller instead"
+                f"the pipeline settings file {a.pipeline} sets 'controller':"
+                " set analyzer.controller instead"
             )
         if a.fabric:
             if "fabric" in data:
@@ -179,7 +192,9 @@ class PipelineConfig:
                 "or run detection only (analyzer.detector = 'detect')"
             )
         if not a.controller:
-            raise ConfigError("the analyzer's pipeline needs the controller's address (analyzer.controller)")
+            raise ConfigError(
+                "the analyzer's pipeline needs the controller's address (analyzer.controller)"
+            )
         return cls.from_mapping({**data, "controller": a.controller})
 
 
@@ -190,7 +205,9 @@ def _read_settings(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
         raise ConfigError(f"cannot read the pipeline settings {path}: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"the pipeline settings {path} must be a table. Got {type(data).__name__} instead.")
+        raise ConfigError(
+            f"the pipeline settings {path} must be a table. Got {type(data).__name__} instead."
+        )
     return data
 
 
@@ -274,7 +291,9 @@ class AgentStateSource:
         a, b = self.cluster.endpoints[pair[0]], self.cluster.endpoints[pair[1]]
         return (a.host, a.rail, b.host, b.rail, int(path_id))
 
-    def _trace_call(self, key: tuple[str, int, str, int, int]) -> tuple[str, str, dict[str, Any]] | None:
+    def _trace_call(
+        self, key: tuple[str, int, str, int, int]
+    ) -> tuple[str, str, dict[str, Any]] | None:
         sh, sr, dh, dr, path_id = key
         agent = self._agent(sh)
         fab = self.cluster.fabric
@@ -283,8 +302,17 @@ class AgentStateSource:
             return None
         # fixed per RNIC pair and path id (not per run: crc32, not the salted hash())
         sport = 40000 + (zlib.crc32(f"{sh}:{sr}>{dh}:{dr}".encode()) % 1000) * 16 + path_id % 16
-        return agent, "traceroute", {"dst": dst.ip, "src": src.ip, "sport": sport,
-                                     "dport": self.cfg.trace_base_port, "max_ttl": self.cfg.trace_max_ttl}
+        return (
+            agent,
+            "traceroute",
+            {
+                "dst": dst.ip,
+                "src": src.ip,
+                "sport": sport,
+                "dport": self.cfg.trace_base_port,
+                "max_ttl": self.cfg.trace_max_ttl,
+            },
+        )
 
     def _trace_from(self, pair: tuple[int, int], key: tuple, reply: dict[str, Any]) -> Trace | None:
         from skh.collect.traceroute import TraceHop, TraceResult, parse_paris_json, trace_nodes
@@ -296,8 +324,13 @@ class AgentStateSource:
         if "trace" in res:
             t = res["trace"]
             hops = tuple(
-                TraceHop(int(h["ttl"]), h.get("addr"), tuple(h.get("rtt_ms", ())), str(h.get("icmp", "")),
-                         int(h.get("code", -1)))
+                TraceHop(
+                    int(h["ttl"]),
+                    h.get("addr"),
+                    tuple(h.get("rtt_ms", ())),
+                    str(h.get("icmp", "")),
+                    int(h.get("code", -1)),
+                )
                 for h in t.get("hops", ())
             )
             result = TraceResult(str(t.get("dst", "")), hops, bool(t.get("reached", False)))
@@ -343,7 +376,10 @@ class AgentStateSource:
         calls = []
         for h in hosts:
             rnics = {str(r.rail): r.netdev for r in fab.hosts[h].rnics if r.netdev}
-            calls += [(self._agent(h), "overlay_state", {}), (self._agent(h), "host_report", {"rnics": rnics})]
+            calls += [
+                (self._agent(h), "overlay_state", {}),
+                (self._agent(h), "host_report", {"rnics": rnics}),
+            ]
         replies = self._run(calls) if calls else []
         for i, h in enumerate(hosts):
             self._tables[h] = self._tables_from(h, replies[2 * i])
@@ -396,10 +432,14 @@ class AgentStateSource:
                 return None
             (reply,) = self._run([(agent, "rnic_flows", {"rail": int(rail)})])
             r = reply.get("result") if reply.get("ok") else None
-            self._flows[key] = None if not isinstance(r, Mapping) else FlowTables(
-                tuple(_rule(d) for d in r.get("expected", ())),
-                tuple(_rule(d) for d in r.get("offloaded", ())),
-                bool(r.get("megaflow", False)),
+            self._flows[key] = (
+                None
+                if not isinstance(r, Mapping)
+                else FlowTables(
+                    tuple(_rule(d) for d in r.get("expected", ())),
+                    tuple(_rule(d) for d in r.get("offloaded", ())),
+                    bool(r.get("megaflow", False)),
+                )
             )
         return self._flows[key]
 
@@ -436,10 +476,16 @@ class CounterHistory:
         self._parts = []
         self._t = np.concatenate([self._t, rows["t_ns"]])
         self._ep = np.concatenate([self._ep, rows["ep"]])
-        self._bytes = np.concatenate([self._bytes, rows["tx_bytes"].astype(np.float64) + rows["rx_bytes"]])
+        self._bytes = np.concatenate(
+            [self._bytes, rows["tx_bytes"].astype(np.float64) + rows["rx_bytes"]]
+        )
         keep = self._t >= self._t.max() - self.history_ns
         order = np.lexsort((self._t[keep], self._ep[keep]))
-        self._t, self._ep, self._bytes = self._t[keep][order], self._ep[keep][order], self._bytes[keep][order]
+        self._t, self._ep, self._bytes = (
+            self._t[keep][order],
+            self._ep[keep][order],
+            self._bytes[keep][order],
+        )
 
     def _bins(self, e: int) -> tuple[np.ndarray, np.ndarray]:
         m = self._ep == e
@@ -479,7 +525,9 @@ class CounterHistory:
 # alerts
 
 
-def verdict_alert(v: Verdict, state: str, event: SuspectEvent | None = None, *, max_pairs: int = 32) -> dict[str, Any]:
+def verdict_alert(
+    v: Verdict, state: str, event: SuspectEvent | None = None, *, max_pairs: int = 32
+) -> dict[str, Any]:
     """The alert body of a verdict (JSON-friendly)."""
     out: dict[str, Any] = {
         "kind": "fault",
@@ -559,7 +607,13 @@ class Pipeline:
         #: alert id -> (pairs, endpoints) detection must still hold for the alert to stay open
         self._watch: dict[tuple[str, str, int], tuple[set[tuple[int, int]], set[int]]] = {}
         self._events: dict[tuple[str, str, int], SuspectEvent] = {}
-        self.stats: dict[str, int] = {"rounds": 0, "events": 0, "events_explained": 0, "verdicts": 0, "skeletons": 0}
+        self.stats: dict[str, int] = {
+            "rounds": 0,
+            "events": 0,
+            "events_explained": 0,
+            "verdicts": 0,
+            "skeletons": 0,
+        }
 
     # -- the model ----------------------------------------------------------------------------
     def set_endpoints(self, members: Iterable[Mapping[str, Any]]) -> bool:
@@ -567,16 +621,26 @@ class Pipeline:
         Endpoint ids must be dense from 0 (the localizer's model indexes by id)."""
         rows = sorted(members, key=lambda m: int(m["ep"]))
         if not rows or [int(m["ep"]) for m in rows] != list(range(len(rows))):
-            log.warning("endpoint ids are not dense from 0: localization waits for a complete registry")
+            log.warning(
+                "endpoint ids are not dense from 0: localization waits for a complete registry"
+            )
             return False
-        sig = tuple((int(m["ep"]), str(m["host"]), int(m["rail"]), str(m.get("ip", ""))) for m in rows)
+        sig = tuple(
+            (int(m["ep"]), str(m["host"]), int(m["rail"]), str(m.get("ip", ""))) for m in rows
+        )
         if sig == self._members_sig:
             return True
         self._members_sig = sig
         cluster = Cluster(self.fabric)
         for m in rows:
-            cluster.add_endpoint(job=str(m["job"]), container=str(m["container"]), host=str(m["host"]),
-                                 rail=int(m["rail"]), ip=str(m.get("ip", "")), netdev=str(m.get("netdev", "")))
+            cluster.add_endpoint(
+                job=str(m["job"]),
+                container=str(m["container"]),
+                host=str(m["host"]),
+                rail=int(m["rail"]),
+                ip=str(m.get("ip", "")),
+                netdev=str(m.get("netdev", "")),
+            )
         self.cluster = cluster
         self.localizer = Localizer(
             cluster,
@@ -606,10 +670,16 @@ class Pipeline:
         return True
 
     # -- one round ----------------------------------------------------------------------------
-    def process(self, probes: np.ndarray, counters: np.ndarray, now_ns: int,
-                heartbeats: np.ndarray | None = None) -> list[dict[str, Any]]:
+    def process(
+        self,
+        probes: np.ndarray,
+        counters: np.ndarray,
+        now_ns: int,
+        heartbeats: np.ndarray | None = None,
+    ) -> list[dict[str, Any]]:
         """One round. ``heartbeats``: endpoint ids whose agents reported in this round (the
-        simulator's; the daemon's hook passes the analyzer's through :meth:`PipelineHook.on_heartbeat`)."""
+        simulator's; the daemon's hook passes the analyzer's through
+        :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
         alerts: list[dict[str, Any]] = []
         self.counters.add(counters)
@@ -651,10 +721,18 @@ class Pipeline:
                     continue
                 log.info("job %s: re-inferring its skeleton: %s", job, why)
                 st.changed_since_ns = 0
-            sk = infer_skeleton(st.ep_id, st.host, st.rail, x, container=st.rank, job=job, params=self.cfg.skeleton)
+            sk = infer_skeleton(
+                st.ep_id, st.host, st.rail, x, container=st.rank, job=job, params=self.cfg.skeleton
+            )
             st.skeleton = sk
-            log.info("job %s: inferred %s over %d s (confidence %.2f): %s", job, sk.mode, x.shape[1], sk.confidence,
-                     sk.reason)
+            log.info(
+                "job %s: inferred %s over %d s (confidence %.2f): %s",
+                job,
+                sk.mode,
+                x.shape[1],
+                sk.confidence,
+                sk.reason,
+            )
             if not sk.replaces(st.applied_digest):
                 continue
             version = st.skeleton_version + 1
@@ -662,15 +740,33 @@ class Pipeline:
                 continue
             st.applied_digest, st.skeleton_version = sk.digest, version
             self.stats["skeletons"] += 1
-            log.info("job %s: skeleton v%d (%s, %d pairs, confidence %.2f)", job, version, sk.mode, len(sk.pairs),
-                     sk.confidence)
-            out.append({
-                "kind": "skeleton", "severity": "info", "job": job, "layer": "skeleton", "component": job,
-                "mode": sk.mode, "confidence": round(float(sk.confidence), 3), "reason": sk.reason,
-                "version": version, "n_pairs": int(len(sk.pairs)), "period_s": round(float(sk.period_s), 3),
-                "pairs": sk.pairs.tolist(), "ep_id": sk.ep_id.tolist(), "group": sk.group.tolist(),
-                "stage": sk.stage.tolist(),
-            })
+            log.info(
+                "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
+                job,
+                version,
+                sk.mode,
+                len(sk.pairs),
+                sk.confidence,
+            )
+            out.append(
+                {
+                    "kind": "skeleton",
+                    "severity": "info",
+                    "job": job,
+                    "layer": "skeleton",
+                    "component": job,
+                    "mode": sk.mode,
+                    "confidence": round(float(sk.confidence), 3),
+                    "reason": sk.reason,
+                    "version": version,
+                    "n_pairs": int(len(sk.pairs)),
+                    "period_s": round(float(sk.period_s), 3),
+                    "pairs": sk.pairs.tolist(),
+                    "ep_id": sk.ep_id.tolist(),
+                    "group": sk.group.tolist(),
+                    "stage": sk.stage.tolist(),
+                }
+            )
         return out
 
     def _unexplained(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
@@ -709,7 +805,9 @@ class Pipeline:
         good = np.setdiff1d(np.unique(key[p["status"] == 0]), bad)
         return split_pair_keys(good).astype(np.int64)
 
-    def _localize(self, events: list[SuspectEvent], now_ns: int) -> list[tuple[Verdict, SuspectEvent | None]]:
+    def _localize(
+        self, events: list[SuspectEvent], now_ns: int
+    ) -> list[tuple[Verdict, SuspectEvent | None]]:
         assert self.localizer is not None and self.cluster is not None
         suspects = []
         for ev in events:
@@ -729,10 +827,19 @@ class Pipeline:
         prefetch_traces = getattr(source, "prefetch_traces", None)
         if prefetch_traces is not None:
             prefetch_traces([(p, 0) for p in sorted(failing)])
-        verdicts = self.localizer.localize([s for s, _ev in suspects], source,
-                                           healthy_pairs=self._healthy_pairs(failing), now_ns=now_ns)
-        log.info("localized %d event(s) into %d verdict(s) in %.1f s (%s)", len(events), len(verdicts),
-                 time.monotonic() - t0, getattr(source, "calls", {}))
+        verdicts = self.localizer.localize(
+            [s for s, _ev in suspects],
+            source,
+            healthy_pairs=self._healthy_pairs(failing),
+            now_ns=now_ns,
+        )
+        log.info(
+            "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
+            len(events),
+            len(verdicts),
+            time.monotonic() - t0,
+            getattr(source, "calls", {}),
+        )
         self.stats["verdicts"] += len(verdicts)
         out = []
         for v in verdicts:
@@ -740,7 +847,9 @@ class Pipeline:
             out.append((v, ev))
         return out
 
-    def _track(self, verdicts: list[tuple[Verdict, SuspectEvent | None]], now_ns: int) -> list[dict[str, Any]]:
+    def _track(
+        self, verdicts: list[tuple[Verdict, SuspectEvent | None]], now_ns: int
+    ) -> list[dict[str, Any]]:
         # alerts stay open while detection holds one of their pairs, or finds one of their
         # endpoints still sick (late results included: a dead agent dropped from its peers'
         # lists is no longer refused, but it stays late until it is back)
@@ -765,10 +874,15 @@ class Pipeline:
             if v.key in fresh:
                 old_p, old_e = self._watch.get(v.key, (set(), set()))
                 ev = by_key.get(v.key)
-                self._watch[v.key] = (old_p | set(v.pairs), old_e | (set(ev.endpoints) if ev else set()))
+                self._watch[v.key] = (
+                    old_p | set(v.pairs),
+                    old_e | (set(ev.endpoints) if ev else set()),
+                )
         for v in upd.resolved:
             self._watch.pop(v.key, None)
-            out.append(verdict_alert(_resolved(v, now_ns), "resolved", self._events.pop(v.key, None)))
+            out.append(
+                verdict_alert(_resolved(v, now_ns), "resolved", self._events.pop(v.key, None))
+            )
         return out
 
 
@@ -799,7 +913,9 @@ class PipelineHook:
         self._thread = threading.Thread(target=self._work, name="skh-pipeline", daemon=True)
         self._thread.start()
 
-    def on_round(self, probes: np.ndarray, counters: np.ndarray, now_ns: int) -> list[dict[str, Any]]:
+    def on_round(
+        self, probes: np.ndarray, counters: np.ndarray, now_ns: int
+    ) -> list[dict[str, Any]]:
         self._in.put(("round", probes, counters, now_ns))
         out = []
         while True:
@@ -830,7 +946,9 @@ class PipelineHook:
                 log.warning("skeleton of %s not applied: %s", job, exc)
                 return False
 
-        pipe = Pipeline(cfg, source_factory=lambda cl: AgentStateSource(client, cl, cfg), apply_skeleton=apply)
+        pipe = Pipeline(
+            cfg, source_factory=lambda cl: AgentStateSource(client, cl, cfg), apply_skeleton=apply
+        )
         next_status = 0.0
         try:
             while True:
@@ -858,12 +976,23 @@ class PipelineHook:
                     next_status = time.monotonic() + 5.0
                     try:
                         st = client.status(detail=True)
-                        pipe.set_endpoints(m for j in st["jobs"].values() for m in j.get("members", ()))
-                    except (ProtocolError, RequestRefused, RequestTimeout, KeyError, TypeError) as exc:
+                        pipe.set_endpoints(
+                            m for j in st["jobs"].values() for m in j.get("members", ())
+                        )
+                    except (
+                        ProtocolError,
+                        RequestRefused,
+                        RequestTimeout,
+                        KeyError,
+                        TypeError,
+                    ) as exc:
                         log.warning("controller status: %s", exc)
                 try:
-                    alerts = pipe.process(np.concatenate([r[0] for r in rounds]),
-                                          np.concatenate([r[1] for r in rounds]), rounds[-1][2])
+                    alerts = pipe.process(
+                        np.concatenate([r[0] for r in rounds]),
+                        np.concatenate([r[1] for r in rounds]),
+                        rounds[-1][2],
+                    )
                 except Exception:  # a pipeline bug must not kill the worker: logged, round dropped
                     log.exception("pipeline round failed")
                     continue

@@ -21,22 +21,42 @@ import pytest
 
 from skh.demo.live import DemoSpec, LiveDemo, matches
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.netns,
+    pytest.mark.system,
+    pytest.mark.slow,
+    pytest.mark.timeout(420),
+]
 
 PREFIX = os.environ.get("SKH_TESTBED_PREFIX", "skhd")
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("link_down", "fdb_blackhole", "slow_path", "agent_crash")
 #: where each kind must be placed (the truth's layer, in the localizer's words)
-LAYER = {"link_down": "underlay", "fdb_blackhole": "overlay", "slow_path": "rnic", "agent_crash": "agent"}
+LAYER = {
+    "link_down": "underlay",
+    "fdb_blackhole": "overlay",
+    "slow_path": "rnic",
+    "agent_crash": "agent",
+}
 
 
 def _ours(prefix: str, run_dir: Path) -> dict[str, list]:
     links = [n for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
-    netns = [n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else []) if n.startswith(prefix)]
+    netns = [
+        n
+        for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
+        if n.startswith(prefix)
+    ]
     procs = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
         except OSError:
             continue
         if int(pid) != os.getpid() and (str(run_dir) in cmd or f"/{prefix}/" in cmd):
@@ -49,8 +69,14 @@ def run(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root")
     run_dir = tmp_path_factory.mktemp("demo-run")
-    spec = DemoSpec(rnics_per_host=2, prefix=PREFIX, port_base=21000 + (os.getpid() % 400) * 20, faults=KINDS,
-                    hold_s=2.0, settle_s=2.0)
+    spec = DemoSpec(
+        rnics_per_host=2,
+        prefix=PREFIX,
+        port_base=21000 + (os.getpid() % 400) * 20,
+        faults=KINDS,
+        hold_s=2.0,
+        settle_s=2.0,
+    )
     log: list[str] = []
     demo = LiveDemo(spec, run_dir, say=log.append)
     tail: list[dict] = []
@@ -59,14 +85,38 @@ def run(tmp_path_factory):
         demo.run_script()
         # another process follows the bus: everything published so far is replayed to it
         done = subprocess.run(
-            [sys.executable, "-m", "skh", "alerts", "tail", "--insecure", "--json", "--idle-exit", "2",
-             "--replay", demo.addr["replay"], "--alerts", demo.addr["alerts"]],
-            capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            [
+                sys.executable,
+                "-m",
+                "skh",
+                "alerts",
+                "tail",
+                "--insecure",
+                "--json",
+                "--idle-exit",
+                "2",
+                "--replay",
+                demo.addr["replay"],
+                "--alerts",
+                demo.addr["alerts"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         tail = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     finally:
         counts = demo.stop()
-    yield {"demo": demo, "log": log, "tail": tail, "counts": counts, "run_dir": run_dir, "left": _ours(PREFIX, run_dir)}
+    yield {
+        "demo": demo,
+        "log": log,
+        "tail": tail,
+        "counts": counts,
+        "run_dir": run_dir,
+        "left": _ours(PREFIX, run_dir),
+    }
 
 
 def test_skeleton_from_real_counters_equals_the_generators_groups(run):
@@ -82,7 +132,10 @@ def test_skeleton_from_real_counters_equals_the_generators_groups(run):
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_fault_is_localized_on_its_layer_and_component(run, kind):
     out = next(o for o in run["demo"].outcomes if o.truth["kind"] == kind)
-    assert out.detected is not None, (out.truth, [a for a in run["demo"].alerts() if a.get("kind") == "fault"])
+    assert out.detected is not None, (
+        out.truth,
+        [a for a in run["demo"].alerts() if a.get("kind") == "fault"],
+    )
     assert out.detected["layer"] == LAYER[kind]
     assert matches(out.truth, out.detected)
     assert out.detected["ts_ns"] >= out.injected_ns
@@ -94,9 +147,13 @@ def test_clearing_the_fault_resolves_its_alert(run, kind):
     assert out.resolved is not None, out.truth
     assert out.resolved["alert_id"] == out.detected["alert_id"]
     # deduplicated while the fault lasted: one open alert for it, not one per round
-    opened = [a for a in run["demo"].alerts()
-              if a.get("alert_id") == out.detected["alert_id"] and a["state"] == "open"
-              and out.injected_ns <= a["ts_ns"] <= out.resolved["ts_ns"]]
+    opened = [
+        a
+        for a in run["demo"].alerts()
+        if a.get("alert_id") == out.detected["alert_id"]
+        and a["state"] == "open"
+        and out.injected_ns <= a["ts_ns"] <= out.resolved["ts_ns"]
+    ]
     assert len(opened) == 1
 
 
@@ -117,9 +174,19 @@ def test_the_runs_report_renders(run, tmp_path, chromium):
     from skh.demo.report import build_data, load_spool, write_report
 
     demo = run["demo"]
-    data = build_data(title="e2e", mode="live", cluster=demo.cluster, skeletons=demo.skeletons,
-                      probes=load_spool(run["run_dir"] / "spool"), faults=demo.outcomes, alerts=demo.alerts(),
-                      timeline=demo.timeline, started_ns=demo.t_start_ns, ended_ns=demo.t_end_ns, skeleton_ok=True)
+    data = build_data(
+        title="e2e",
+        mode="live",
+        cluster=demo.cluster,
+        skeletons=demo.skeletons,
+        probes=load_spool(run["run_dir"] / "spool"),
+        faults=demo.outcomes,
+        alerts=demo.alerts(),
+        timeline=demo.timeline,
+        started_ns=demo.t_start_ns,
+        ended_ns=demo.t_end_ns,
+        skeleton_ok=True,
+    )
     assert data["ok"], [o.to_dict() for o in demo.outcomes]
     assert data["rtt"]["pairs"]
     page = write_report(tmp_path, data)

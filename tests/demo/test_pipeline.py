@@ -35,9 +35,17 @@ def test_counter_bins_put_a_burst_in_the_same_second_whatever_the_sampling_phase
 
 def test_pipeline_config_is_checked_at_the_boundary():
     fab = Fabric.from_params(hosts=2, rnics_per_host=1).to_mapping()
-    cfg = PipelineConfig.from_mapping({"fabric": fab, "detector": {"window_s": 4.0, "hop_s": 2.0,
-                                                                   "latency_sample_s": 0.25,
-                                                                   "fast": {"loss_count": 3}}})
+    cfg = PipelineConfig.from_mapping(
+        {
+            "fabric": fab,
+            "detector": {
+                "window_s": 4.0,
+                "hop_s": 2.0,
+                "latency_sample_s": 0.25,
+                "fast": {"loss_count": 3},
+            },
+        }
+    )
     assert cfg.detector.window_s == 4.0 and cfg.detector.fast.loss_count == 3
     with pytest.raises(ConfigError, match="unknown pipeline setting"):
         PipelineConfig.from_mapping({"fabric": fab, "nope": 1})
@@ -58,9 +66,15 @@ def test_the_pipeline_over_the_simulator_catches_localizes_and_resolves_each_fau
         assert o.detected is not None, o.truth
         assert o.resolved is not None and o.resolved["ts_ns"] > o.cleared_ns, o.truth
         # one open alert per fault while it lasts, however many rounds confirm it
-        assert sum(a.get("alert_id") == o.detected["alert_id"] and a.get("state") == "open"
-                   for a in res["alerts"]) == 1
-    # skeletons replaced the preload lists of the jobs whose traffic fits one, and cover what is used
+        assert (
+            sum(
+                a.get("alert_id") == o.detected["alert_id"] and a.get("state") == "open"
+                for a in res["alerts"]
+            )
+            == 1
+        )
+    # skeletons replaced the preload lists of the jobs whose traffic fits one, and cover what is
+    # used
     confident = [j for j, s in res["skeletons"].items() if s["mode"] == "skeleton"]
     assert confident
     for j in confident:
@@ -88,8 +102,17 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
     from skh.orchestrator.pipeline import AgentStateSource
     from skh.testbed import JobSpec, Testbed, TestbedSpec
 
-    tb = Testbed(TestbedSpec(hosts=2, rnics_per_host=1, hosts_per_segment=2, spines=1, containers_per_host=1,
-                             jobs=(JobSpec("j", JobShape(tp=1, pp=1, dp=2)),)), prefix="skhu")
+    tb = Testbed(
+        TestbedSpec(
+            hosts=2,
+            rnics_per_host=1,
+            hosts_per_segment=2,
+            spines=1,
+            containers_per_host=1,
+            jobs=(JobSpec("j", JobShape(tp=1, pp=1, dp=2)),),
+        ),
+        prefix="skhu",
+    )
     cluster: Cluster = tb.cluster()
     a, b = cluster.endpoints
     ra, rb = cluster.fabric.rnic(a.host, 0), cluster.fabric.rnic(b.host, 0)
@@ -98,9 +121,14 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
 
     def answers(agent, name, args):
         if name == "traceroute":
-            hops = [{"ttl": 1, "addr": gw, "rtt_ms": [0.1], "icmp": "time-exceeded"},
-                    {"ttl": 2, "addr": args["dst"], "rtt_ms": [5.2], "icmp": "unreachable", "code": 3}]
-            return {"ok": True, "result": {"trace": {"dst": args["dst"], "reached": True, "hops": hops}}}
+            hops = [
+                {"ttl": 1, "addr": gw, "rtt_ms": [0.1], "icmp": "time-exceeded"},
+                {"ttl": 2, "addr": args["dst"], "rtt_ms": [5.2], "icmp": "unreachable", "code": 3},
+            ]
+            return {
+                "ok": True,
+                "result": {"trace": {"dst": args["dst"], "reached": True, "hops": hops}},
+            }
         if name == "host_report":
             return {"ok": True, "result": {"rnic_state": {"0": "up"}, "peer_down": [0]}}
         if name == "rnic_flows":
@@ -110,17 +138,29 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
             return {"ok": False, "error": "unknown command"}
         raise AssertionError(name)
 
-    cfg = PipelineConfig(fabric=cluster.fabric.to_mapping(), addr_owner=tb.ip_owners(),
-                         host_agents={a.host: "ul-a", b.host: "ul-b"},
-                         vf_devices={e.name: tb.representor(e)[1] for e in cluster.endpoints})
+    cfg = PipelineConfig(
+        fabric=cluster.fabric.to_mapping(),
+        addr_owner=tb.ip_owners(),
+        host_agents={a.host: "ul-a", b.host: "ul-b"},
+        vf_devices={e.name: tb.representor(e)[1] for e in cluster.endpoints},
+    )
     client = _FakeClient(answers)
     src = AgentStateSource(client, cluster, cfg)
     t = src.traceroute((a.ep_id, b.ep_id), 0)
     assert t.nodes == (ra.key, tor, rb.key) and t.reached
     # ICMP answers' round trips are control-plane noise, not forwarding delay: not given to the vote
     assert t.hop_rtt_ns == ()
-    assert client.asked[0] == ("ul-a", "traceroute", {"dst": rb.ip, "src": ra.ip, "sport": client.asked[0][2]["sport"],
-                                                      "dport": 33434, "max_ttl": 6})
+    assert client.asked[0] == (
+        "ul-a",
+        "traceroute",
+        {
+            "dst": rb.ip,
+            "src": ra.ip,
+            "sport": client.asked[0][2]["sport"],
+            "dport": 33434,
+            "max_ttl": 6,
+        },
+    )
     # one trace per RNIC pair and path id: asked again, answered from the cache
     src.traceroute((a.ep_id, b.ep_id), 0)
     assert sum(n == "traceroute" for _a, n, _x in client.asked) == 1
@@ -139,7 +179,9 @@ def test_an_event_on_the_reverse_of_an_alerted_pair_confirms_that_alert():
     from skh.orchestrator.pipeline import Pipeline
 
     fab = Fabric.from_params(hosts=2, rnics_per_host=1).to_mapping()
-    p = Pipeline(PipelineConfig(fabric=fab), source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+    p = Pipeline(
+        PipelineConfig(fabric=fab), source_factory=lambda _c: None, apply_skeleton=lambda *_a: True
+    )
     p._watch[("overlay", "host0/vtep:vx0", 20)] = ({(1, 3)}, set())
     reverse = SimpleNamespace(pairs=[(3, 1)], endpoints=[])
     other = SimpleNamespace(pairs=[(3, 1), (2, 3)], endpoints=[])

@@ -4,31 +4,86 @@ from __future__ import annotations
 
 import argparse
 
-
 from skh.demo.report import render, rtt_summary, write_report
 from skh.records import empty_probes
 
 
 def _data(ok: bool = True) -> dict:
     t0 = 1_800_000_000_000_000_000
-    eps = [{"ep_id": i, "name": f"job0/c{i // 2}x0/{i % 2}", "job": "job0", "host": f"host{i // 2}", "rail": i % 2}
-           for i in range(4)]
-    truth = {"id": 1, "kind": "link_down", "layer": "underlay", "component": ["host1:rnic0", "tor0r0"],
-             "paper_type": 2, "detail": {}, "t_inject_ns": t0 + 10**10}
-    det = {"kind": "fault", "state": "open", "alert_id": "underlay|host1:rnic0|tor0r0|2", "layer": "underlay",
-           "component": "host1:rnic0|tor0r0", "failure_type": "switch_port_down", "n_pairs": 2, "seq": 2,
-           "ts_ns": t0 + 12 * 10**9, "evidence": {"votes": 2}}
+    eps = [
+        {
+            "ep_id": i,
+            "name": f"job0/c{i // 2}x0/{i % 2}",
+            "job": "job0",
+            "host": f"host{i // 2}",
+            "rail": i % 2,
+        }
+        for i in range(4)
+    ]
+    truth = {
+        "id": 1,
+        "kind": "link_down",
+        "layer": "underlay",
+        "component": ["host1:rnic0", "tor0r0"],
+        "paper_type": 2,
+        "detail": {},
+        "t_inject_ns": t0 + 10**10,
+    }
+    det = {
+        "kind": "fault",
+        "state": "open",
+        "alert_id": "underlay|host1:rnic0|tor0r0|2",
+        "layer": "underlay",
+        "component": "host1:rnic0|tor0r0",
+        "failure_type": "switch_port_down",
+        "n_pairs": 2,
+        "seq": 2,
+        "ts_ns": t0 + 12 * 10**9,
+        "evidence": {"votes": 2},
+    }
     res = {**det, "state": "resolved", "seq": 3, "ts_ns": t0 + 30 * 10**9}
-    other = {**det, "alert_id": "underlay|tor0r0|4", "component": "tor0r0", "seq": 4, "ts_ns": t0 + 13 * 10**9}
+    other = {
+        **det,
+        "alert_id": "underlay|tor0r0|4",
+        "component": "tor0r0",
+        "seq": 4,
+        "ts_ns": t0 + 13 * 10**9,
+    }
     return {
-        "title": "report <test>", "mode": "live", "started_ns": t0, "ended_ns": t0 + 40 * 10**9, "ok": ok,
+        "title": "report <test>",
+        "mode": "live",
+        "started_ns": t0,
+        "ended_ns": t0 + 40 * 10**9,
+        "ok": ok,
         "endpoints": eps,
-        "skeletons": {"job0": {"endpoints": [0, 1, 2, 3], "applied": [[0, 2], [2, 0], [0, 1]],
-                               "truth": [[0, 2], [2, 0], [1, 3]], "equal": False, "mode": "skeleton",
-                               "confidence": 0.9}},
-        "rtt": {"pairs": [[0, 2], [2, 0], [1, 3]], "p50_us": [40.0, 45.0, 5000.0], "n": [100, 100, 90]},
-        "faults": [{"truth": truth, "injected_ns": t0 + 10**10, "cleared_ns": t0 + 20 * 10**9, "detected": det,
-                    "resolved": res, "others": [other], "caught": True, "ok": True, "detect_s": 2.0}],
+        "skeletons": {
+            "job0": {
+                "endpoints": [0, 1, 2, 3],
+                "applied": [[0, 2], [2, 0], [0, 1]],
+                "truth": [[0, 2], [2, 0], [1, 3]],
+                "equal": False,
+                "mode": "skeleton",
+                "confidence": 0.9,
+            }
+        },
+        "rtt": {
+            "pairs": [[0, 2], [2, 0], [1, 3]],
+            "p50_us": [40.0, 45.0, 5000.0],
+            "n": [100, 100, 90],
+        },
+        "faults": [
+            {
+                "truth": truth,
+                "injected_ns": t0 + 10**10,
+                "cleared_ns": t0 + 20 * 10**9,
+                "detected": det,
+                "resolved": res,
+                "others": [other],
+                "caught": True,
+                "ok": True,
+                "detect_s": 2.0,
+            }
+        ],
         "alerts": [det, other, res],
         "timeline": [[t0, "start"], [t0 + 10**10, "fault 1"]],
     }
@@ -68,8 +123,16 @@ def test_demo_without_root_says_so_and_offers_the_simulator(monkeypatch, capsys)
 
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
-    args = argparse.Namespace(sim=False, out="unused", prefix="skhd", port_base=7550, hosts=4, rnics=4, faults=None,
-                              seed=1)
+    args = argparse.Namespace(
+        sim=False,
+        out="unused",
+        prefix="skhd",
+        port_base=7550,
+        hosts=4,
+        rnics=4,
+        faults=None,
+        seed=1,
+    )
     assert demo.run(args) == 2
     out = capsys.readouterr().out
     assert "needs root" in out and "skh demo --sim" in out

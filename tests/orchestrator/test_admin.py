@@ -296,8 +296,10 @@ def test_relay_reaches_the_agent_and_reports_failures(cluster, capsys):
 def test_remove_job_and_unknown_job(cluster, capsys):
     router, sec, _ = cluster
     with ControllerClient(router, sec) as ctl:
-        ids = ctl.submit_job("doomed", [{"name": "c", "host": "h1", "rails": [0]},
-                                        {"name": "d", "host": "h2", "rails": [0]}])
+        ids = ctl.submit_job(
+            "doomed",
+            [{"name": "c", "host": "h1", "rails": [0]}, {"name": "d", "host": "h2", "rails": [0]}],
+        )
         assert ctl.ping_lists("doomed").preload_pairs().shape == (2, 2)
     rc, out, err = _cli(capsys, router, sec, "job", "rm", "doomed")
     assert rc == 0 and "doomed removed (2 endpoints)" in out, err
@@ -338,8 +340,11 @@ def test_controller_down_is_a_timeout(capsys, keys):
     addr = f"tcp://127.0.0.1:{_free_port()}"
     with ControllerClient(addr, None, timeout_s=0.2, retries=1) as ctl:
         t0 = time.monotonic()
-        with pytest.raises(RequestTimeout, match=r"no answer from the controller at .* to status "
-                                                  r"within 0.2 s \(2 attempt\(s\)\)") as exc:
+        with pytest.raises(
+            RequestTimeout,
+            match=r"no answer from the controller at .* to status "
+            r"within 0.2 s \(2 attempt\(s\)\)",
+        ) as exc:
             ctl.status()
         assert isinstance(exc.value, TimeoutError)
         assert 0.35 < time.monotonic() - t0 < 3
@@ -456,8 +461,9 @@ def test_removing_a_running_job_announces_its_endpoints_down(cfg, ctx, client, r
             want={MsgType.REGISTER_ACK},
         ).body
         time.sleep(0.3)  # the subscription must reach the PUB socket first (slow joiner)
-        agent.request(MsgType.READY, {"agent": "a0", "endpoints": ack["endpoints"]},
-                      want={MsgType.ACK})
+        agent.request(
+            MsgType.READY, {"agent": "a0", "endpoints": ack["endpoints"]}, want={MsgType.ACK}
+        )
         assert sub.poll(5000) and agent.codec.decode(sub.recv_multipart()[1]).type is (
             MsgType.READY_ANNOUNCE
         )

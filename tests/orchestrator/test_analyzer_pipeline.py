@@ -48,7 +48,10 @@ def fabric(tmp_path):
 
 def test_pipeline_settings_come_from_the_analyzer_table(tmp_path, fabric):
     settings = tmp_path / "pipeline.toml"
-    settings.write_text('addr_owner = {"10.0.9.1" = "tor0"}\n[detector]\nwindow_s = 4.0\nhop_s = 2.0\nlatency_sample_s = 0.25\n')
+    settings.write_text(
+        'addr_owner = {"10.0.9.1" = "tor0"}\n[detector]\nwindow_s = 4.0\nhop_s = 2.0\n'
+        "latency_sample_s = 0.25\n"
+    )
     a = AnalyzerConfig(controller="tcp://127.0.0.1:5550", fabric=fabric, pipeline=str(settings))
     cfg = PipelineConfig.from_analyzer(a)
     assert sorted(cfg.fabric["host"][i]["name"] for i in range(2)) == ["h0", "h1"]
@@ -73,10 +76,28 @@ def _analyzer(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NOTIFY_SOCKET", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "skh", "analyzer", "--insecure", "--bind", "tcp://127.0.0.1:0",
-         "--alerts-bind", "tcp://127.0.0.1:0", "--replay-bind", "tcp://127.0.0.1:0",
-         "--alert-log", str(tmp_path / "alerts.log"), "--print-endpoints", *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "skh",
+            "analyzer",
+            "--insecure",
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--alerts-bind",
+            "tcp://127.0.0.1:0",
+            "--replay-bind",
+            "tcp://127.0.0.1:0",
+            "--alert-log",
+            str(tmp_path / "alerts.log"),
+            "--print-endpoints",
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -94,8 +115,11 @@ def test_skh_analyzer_runs_the_pipeline_and_asks_the_controller(
             st = rep.request(MsgType.STATUS, {}, timeout_s=10, want={MsgType.ACK}).body["data"]
             assert st["detector"] == "PipelineHook"
             # its worker polls the controller's registry (endpoint names for localization)
-            wait(lambda: ctl.counters[f"rx_{MsgType.STATUS.value}"] > 0, timeout_s=15,
-                 what="the pipeline asking the controller")
+            wait(
+                lambda: ctl.counters[f"rx_{MsgType.STATUS.value}"] > 0,
+                timeout_s=15,
+                what="the pipeline asking the controller",
+            )
         finally:
             p.terminate()
             assert p.wait(15) == 0

@@ -39,9 +39,24 @@ def build_c(tmp_dir: Path, name: str, sources: list[str], *flags: str) -> Path:
     if cc is None:
         pytest.fail("no C compiler: the project cannot build without one")
     out = tmp_dir / f"lib{name}.so"
-    cmd = [cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-D_GNU_SOURCE", f"-I{ROOT / 'csrc'}",
-           "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-comment", "-Werror",
-           *flags, "-o", str(out), *[str(ROOT / s) if s.startswith("csrc/") else s for s in sources]]
+    cmd = [
+        cc,
+        "-std=gnu11",
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-D_GNU_SOURCE",
+        f"-I{ROOT / 'csrc'}",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        "-Wno-comment",
+        "-Werror",
+        *flags,
+        "-o",
+        str(out),
+        *[str(ROOT / s) if s.startswith("csrc/") else s for s in sources],
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out
 

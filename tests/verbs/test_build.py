@@ -26,17 +26,29 @@ class Ops(ctypes.Structure):  # the head of struct skh_transport_ops
 def test_extension_does_not_link_libibverbs():
     readelf = shutil.which("readelf")
     assert readelf, "binutils (readelf) is part of build-essential"
-    dyn = subprocess.run([readelf, "-d", str(SO)], check=True, capture_output=True, text=True).stdout
+    dyn = subprocess.run(
+        [readelf, "-d", str(SO)], check=True, capture_output=True, text=True
+    ).stdout
     needed = [line for line in dyn.splitlines() if "(NEEDED)" in line]
-    assert needed and not [n for n in needed if "ibverbs" in n or "rdmacm" in n or "mlx" in n], needed
-    syms = subprocess.run(["nm", "-D", "--undefined-only", str(SO)], check=True, capture_output=True,
-                          text=True).stdout.split()
-    assert not [s for s in syms if s.startswith(("ibv_", "_ibv_"))], "an inline of verbs.h leaked a symbol"
+    assert needed and not [n for n in needed if "ibverbs" in n or "rdmacm" in n or "mlx" in n], (
+        needed
+    )
+    syms = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(SO)], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert not [s for s in syms if s.startswith(("ibv_", "_ibv_"))], (
+        "an inline of verbs.h leaked a symbol"
+    )
 
 
 def _transport(c_builder, tmp_path, *flags) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(c_builder(tmp_path, "verbs", ["csrc/verbs.c", "csrc/verbs_util.c",
-                                                          "csrc/proto.c"], *flags)))
+    lib = ctypes.CDLL(
+        str(
+            c_builder(
+                tmp_path, "verbs", ["csrc/verbs.c", "csrc/verbs_util.c", "csrc/proto.c"], *flags
+            )
+        )
+    )
     lib.skh_verbs_strerror.restype = ctypes.c_char_p
     return lib
 
@@ -54,14 +66,20 @@ def test_missing_libibverbs_reports_the_dlerror(c_builder, tmp_path):
     ops = Ops.in_dll(lib, "skh_transport_verbs")
     assert ops.available() == -errno.EOPNOTSUPP
     msg = lib.skh_verbs_strerror().decode()
-    assert msg.startswith("libibverbs unavailable: libibverbs-skhv-absent.so.1: cannot open shared object file")
+    assert msg.startswith(
+        "libibverbs unavailable: libibverbs-skhv-absent.so.1: cannot open shared object file"
+    )
 
 
-@pytest.mark.skipif(Path("/sys/class/infiniband_verbs").exists(), reason="this kernel has RDMA support")
+@pytest.mark.skipif(
+    Path("/sys/class/infiniband_verbs").exists(), reason="this kernel has RDMA support"
+)
 def test_kernel_without_rdma_leaves_udp():
     caps = capabilities()
     assert "udp" in caps and "verbs" not in caps
-    with pytest.raises(CapabilityError, match=r"no RDMA devices \(kernel has no RDMA support\)") as exc:
+    with pytest.raises(
+        CapabilityError, match=r"no RDMA devices \(kernel has no RDMA support\)"
+    ) as exc:
         Engine(transport="verbs")
     assert exc.value.errno == errno.ENODEV
     with Engine() as e:  # UDP still works

@@ -59,10 +59,12 @@ sending: GET PORT_DATA_SET
 
 
 def slave(offset: int, *, state: str = "SLAVE", utc_valid: int = 1, timescale: int = 1) -> str:
-    return (SLAVE_UNCALIBRATED.replace("UNCALIBRATED", state)
-            .replace("master_offset              111", f"master_offset              {offset}")
-            .replace("currentUtcOffsetValid 0", f"currentUtcOffsetValid {utc_valid}")
-            .replace("ptpTimescale          0", f"ptpTimescale          {timescale}"))
+    return (
+        SLAVE_UNCALIBRATED.replace("UNCALIBRATED", state)
+        .replace("master_offset              111", f"master_offset              {offset}")
+        .replace("currentUtcOffsetValid 0", f"currentUtcOffsetValid {utc_valid}")
+        .replace("ptpTimescale          0", f"ptpTimescale          {timescale}")
+    )
 
 
 def test_locked_slave():
@@ -72,12 +74,15 @@ def test_locked_slave():
     assert "ce60da.fffe.08117f" in s.reason
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    (SLAVE_UNCALIBRATED, "port state UNCALIBRATED"),
-    (slave(5_000), "offset 5000 ns exceeds"),
-    ("sending: GET TIME_STATUS_NP\n", "no answer from ptp4l"),
-    ("", "no answer from ptp4l"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (SLAVE_UNCALIBRATED, "port state UNCALIBRATED"),
+        (slave(5_000), "offset 5000 ns exceeds"),
+        ("sending: GET TIME_STATUS_NP\n", "no answer from ptp4l"),
+        ("", "no answer from ptp4l"),
+    ],
+)
 def test_not_locked(text, why):
     s = ptp.parse_pmc(text)
     assert not s.locked and why in s.reason
@@ -118,14 +123,18 @@ def test_kernel_tai_offset_is_whole_seconds():
     assert isinstance(off, int) and 0 <= off < 100
 
 
-@pytest.mark.skipif(shutil.which("pmc") is None, reason="linuxptp is not installed (tools/setup-debian.sh)")
+@pytest.mark.skipif(
+    shutil.which("pmc") is None, reason="linuxptp is not installed (tools/setup-debian.sh)"
+)
 def test_real_pmc_without_ptp4l(tmp_path):
     s = ptp.query(uds_address=str(tmp_path / "no-ptp4l.sock"), timeout_s=5)
     assert not s.locked and "no answer from ptp4l" in s.reason
 
 
 @pytest.mark.root
-@pytest.mark.skipif(shutil.which("ptp4l") is None, reason="linuxptp is not installed (tools/setup-debian.sh)")
+@pytest.mark.skipif(
+    shutil.which("ptp4l") is None, reason="linuxptp is not installed (tools/setup-debian.sh)"
+)
 def test_real_ptp4l_pair_grandmaster_locked_free_running_slave_not(tmp_path):
     """Two real ptp4l on a veth pair in a namespace of our own, software stamps. The slave runs
     free (free_running: it never steers this machine's clock), so it stays UNCALIBRATED: the
@@ -136,16 +145,29 @@ def test_real_ptp4l_pair_grandmaster_locked_free_running_slave_not(tmp_path):
     def start(iface: str, name: str, *extra: str) -> str:
         sock = str(tmp_path / f"{name}.sock")
         cfg = tmp_path / f"{name}.cfg"
-        cfg.write_text("[global]\n" f"uds_address {sock}\n" "free_running 1\nlogAnnounceInterval -3\n"
-                       "logSyncInterval -4\nlogMinDelayReqInterval -4\nannounceReceiptTimeout 2\n"
-                       + "".join(f"{e}\n" for e in extra))
-        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "ptp4l", "-2", "-S", "-i", iface, "-f", str(cfg)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cfg.write_text(
+            "[global]\n"
+            f"uds_address {sock}\n"
+            "free_running 1\nlogAnnounceInterval -3\n"
+            "logSyncInterval -4\nlogMinDelayReqInterval -4\nannounceReceiptTimeout 2\n"
+            + "".join(f"{e}\n" for e in extra)
+        )
+        procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, "ptp4l", "-2", "-S", "-i", iface, "-f", str(cfg)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         return sock
 
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        for cmd in ("link add skhv-pa type veth peer name skhv-pb", "link set skhv-pa up", "link set skhv-pb up"):
+        for cmd in (
+            "link add skhv-pa type veth peer name skhv-pb",
+            "link set skhv-pa up",
+            "link set skhv-pb up",
+        ):
             subprocess.run(["ip", "-n", ns, *cmd.split()], check=True)
         gm = start("skhv-pa", "gm", "priority1 100")
         sl = start("skhv-pb", "slave", "slaveOnly 1")

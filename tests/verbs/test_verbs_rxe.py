@@ -48,9 +48,13 @@ def assert_valid_rtts(rows: np.ndarray, *, at_least: int) -> np.ndarray:
     """The clock-domain check: plenty of probes, nearly all OK, every OK one on the user clock
     with a positive RTT that is below the app-level round trip (zero valid RTTs fails here)."""
     ok = rows[rows["status"] == ProbeStatus.OK]
-    assert len(ok) >= at_least, f"only {len(ok)} valid RTTs of {len(rows)} probes: {np.bincount(rows['status'])}"
+    assert len(ok) >= at_least, (
+        f"only {len(ok)} valid RTTs of {len(rows)} probes: {np.bincount(rows['status'])}"
+    )
     assert len(ok) >= 0.9 * len(rows)
-    assert set(ok["ts_source"].tolist()) == {TsSource.USER}, "rxe has no CQE stamps: all must be labelled USER"
+    assert set(ok["ts_source"].tolist()) == {TsSource.USER}, (
+        "rxe has no CQE stamps: all must be labelled USER"
+    )
     assert (ok["rtt_ns"] > 0).all() and (ok["responder_delay_ns"] >= 0).all()
     assert (ok["prober_delay_ns"] >= 0).all()
     assert np.median(ok["rtt_ns"]) < 50e6  # TCG is slow, but not 50 ms per round trip
@@ -88,7 +92,9 @@ def test_ipv6_link_local_gid_only_when_asked():
 
 
 def test_unknown_device_is_named_in_the_error():
-    with pytest.raises(CapabilityError, match="no RDMA device or network interface named 'nosuch0'"):
+    with pytest.raises(
+        CapabilityError, match="no RDMA device or network interface named 'nosuch0'"
+    ):
         Engine(transport="verbs", device="nosuch0")
 
 
@@ -102,17 +108,25 @@ def test_hw_timestamps_required_fails_on_rxe():
 
 @pytest.mark.parametrize(
     ("dev_a", "dev_b", "bind_a", "bind_b"),
-    [("rxe0", "rxe1", "0.0.0.0", "0.0.0.0"), ("rxe0", "rxe1", LL0, LL1),
-     ("rxe0", "rxe0", "0.0.0.0", "0.0.0.0"), ("rxe0", "rxe0", LL0, LL0)],
+    [
+        ("rxe0", "rxe1", "0.0.0.0", "0.0.0.0"),
+        ("rxe0", "rxe1", LL0, LL1),
+        ("rxe0", "rxe0", "0.0.0.0", "0.0.0.0"),
+        ("rxe0", "rxe0", LL0, LL0),
+    ],
     ids=["rxe0-rxe1-ipv4", "rxe0-rxe1-ipv6ll", "rxe0-rxe0-ipv4", "rxe0-rxe0-ipv6ll"],
 )
 def test_ud_probes_record_rtts(dev_a, dev_b, bind_a, bind_b):
-    with Engine(endpoint_id=1, transport="verbs", device=dev_a, bind=bind_a, timeout_s=0.5) as a, \
-         Engine(endpoint_id=2, transport="verbs", device=dev_b, bind=bind_b, timeout_s=0.5) as b:
+    with (
+        Engine(endpoint_id=1, transport="verbs", device=dev_a, bind=bind_a, timeout_s=0.5) as a,
+        Engine(endpoint_id=2, transport="verbs", device=dev_b, bind=bind_b, timeout_s=0.5) as b,
+    ):
         rows = run_probes(a, b, 1.0, path_id=9)
         sa, sb = a.stats(), b.stats()
     assert_valid_rtts(rows, at_least=40)
-    assert (rows["src_ep"] == 1).all() and (rows["dst_ep"] == 7).all() and (rows["path_id"] == 9).all()
+    assert (
+        (rows["src_ep"] == 1).all() and (rows["dst_ep"] == 7).all() and (rows["path_id"] == 9).all()
+    )
     assert sb.probes_received >= len(rows) - 2 and sb.replies_sent == 2 * sb.probes_received
     assert sa.send_errors == 0 and sa.drops == 0 and sb.reply_errors == 0
 
@@ -139,20 +153,54 @@ def test_loss_is_detected_when_the_responder_stops():
 
 def test_cli_probe_and_respond_over_verbs():
     """`skh respond --transport verbs` answers an in-process prober while `skh probe --transport
-    verbs` probes an in-process responder (both CLIs at once: each start costs seconds under TCG)."""
+    verbs` probes an in-process responder (both CLIs at once: each start costs seconds under
+    TCG)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     skh = [sys.executable, "-m", "skh"]
-    with Engine(endpoint_id=2, transport="verbs", device="rxe1") as local_resp, \
-         Engine(endpoint_id=1, transport="verbs", device="rxe0", timeout_s=0.5) as local_prober:
+    with (
+        Engine(endpoint_id=2, transport="verbs", device="rxe1") as local_resp,
+        Engine(endpoint_id=1, transport="verbs", device="rxe0", timeout_s=0.5) as local_prober,
+    ):
         addr = local_resp.local_address()
         probe = subprocess.Popen(
-            [*skh, "probe", "--transport", "verbs", "--device", "rxe0", "-c", "20", "-i", "0.02", "-W", "0.5",
-             "--json", f"{addr['gid']}/{addr['qpn']}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                *skh,
+                "probe",
+                "--transport",
+                "verbs",
+                "--device",
+                "rxe0",
+                "-c",
+                "20",
+                "-i",
+                "0.02",
+                "-W",
+                "0.5",
+                "--json",
+                f"{addr['gid']}/{addr['qpn']}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         resp = subprocess.Popen(
-            [*skh, "respond", "--transport", "verbs", "--device", "rxe1", "--gid-index", "1", "--duration", "120"],
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+            [
+                *skh,
+                "respond",
+                "--transport",
+                "verbs",
+                "--device",
+                "rxe1",
+                "--gid-index",
+                "1",
+                "--duration",
+                "120",
+            ],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=env,
         )
         try:
             line = resp.stderr.readline()
@@ -163,7 +211,9 @@ def test_cli_probe_and_respond_over_verbs():
             out, err = probe.communicate(timeout=120)
             assert probe.returncode == 0, err
             summary = json.loads(out)["targets"][0]
-            assert summary["ok"] >= 18 and summary["clock"] == "user" and summary["rtt_us"]["p50"] > 0
+            assert (
+                summary["ok"] >= 18 and summary["clock"] == "user" and summary["rtt_us"]["p50"] > 0
+            )
             time.sleep(1.0)  # the CLI prober may finish right after the responder came up
             local_prober.remove_target(3)
             time.sleep(0.8)

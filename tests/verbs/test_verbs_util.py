@@ -17,29 +17,53 @@ u8x16 = ctypes.c_uint8 * 16
 
 
 class GrhInfo(ctypes.Structure):
-    _fields_ = [("family", ctypes.c_uint8), ("tclass", ctypes.c_uint8), ("hop_limit", ctypes.c_uint8),
-                ("next_header", ctypes.c_uint8), ("flow_label", ctypes.c_uint32),
-                ("sgid", u8x16), ("dgid", u8x16)]
+    _fields_ = [
+        ("family", ctypes.c_uint8),
+        ("tclass", ctypes.c_uint8),
+        ("hop_limit", ctypes.c_uint8),
+        ("next_header", ctypes.c_uint8),
+        ("flow_label", ctypes.c_uint32),
+        ("sgid", u8x16),
+        ("dgid", u8x16),
+    ]
 
 
 class TickClock(ctypes.Structure):
-    _fields_ = [("mask", ctypes.c_uint64), ("khz", ctypes.c_uint64), ("last_raw", ctypes.c_uint64),
-                ("last_ext", ctypes.c_uint64), ("primed", ctypes.c_int)]
+    _fields_ = [
+        ("mask", ctypes.c_uint64),
+        ("khz", ctypes.c_uint64),
+        ("last_raw", ctypes.c_uint64),
+        ("last_ext", ctypes.c_uint64),
+        ("primed", ctypes.c_int),
+    ]
 
 
 class GidCand(ctypes.Structure):
-    _fields_ = [("gid", u8x16), ("index", ctypes.c_uint32), ("gid_type", ctypes.c_uint32),
-                ("ndev_ifindex", ctypes.c_uint32)]
+    _fields_ = [
+        ("gid", u8x16),
+        ("index", ctypes.c_uint32),
+        ("gid_type", ctypes.c_uint32),
+        ("ndev_ifindex", ctypes.c_uint32),
+    ]
 
 
 class GidWant(ctypes.Structure):
-    _fields_ = [("family", ctypes.c_int), ("link_local", ctypes.c_int), ("ifindex", ctypes.c_uint32),
-                ("has_addr", ctypes.c_int), ("addr", u8x16)]
+    _fields_ = [
+        ("family", ctypes.c_int),
+        ("link_local", ctypes.c_int),
+        ("ifindex", ctypes.c_uint32),
+        ("has_addr", ctypes.c_int),
+        ("addr", u8x16),
+    ]
 
 
 class Rtt(ctypes.Structure):
-    _fields_ = [("rtt_ns", ctypes.c_int64), ("responder_delay_ns", ctypes.c_int64),
-                ("prober_delay_ns", ctypes.c_int64), ("ts_source", ctypes.c_uint8)]
+    _fields_ = [
+        ("rtt_ns", ctypes.c_int64),
+        ("responder_delay_ns", ctypes.c_int64),
+        ("prober_delay_ns", ctypes.c_int64),
+        ("ts_source", ctypes.c_uint8),
+    ]
 
 
 ROCE_V1, ROCE_V2 = 1, 2
@@ -58,7 +82,11 @@ def vu(verbs_util):
     lib.skh_ticks_delta_ns.restype = ctypes.c_int64
     lib.skh_rt_stamp_decode.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_int64)]
     lib.skh_rt_stamp_plausible.argtypes = [ctypes.c_uint64, ctypes.c_int64]
-    lib.skh_gid_select.argtypes = [ctypes.POINTER(GidCand), ctypes.c_size_t, ctypes.POINTER(GidWant)]
+    lib.skh_gid_select.argtypes = [
+        ctypes.POINTER(GidCand),
+        ctypes.c_size_t,
+        ctypes.POINTER(GidWant),
+    ]
     lib.skh_gid_format.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.skh_gid_parse.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.skh_flow_label_to_udp_sport.argtypes = [ctypes.c_uint32]
@@ -73,9 +101,24 @@ def gid(text: str) -> bytes:
     return (ipaddress.IPv6Address(f"::ffff:{a}") if a.version == 4 else a).packed
 
 
-def ipv4_header(src: str, dst: str, tos: int = 0, ttl: int = 64, good_checksum: bool = True) -> bytes:
-    h = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, tos, 20 + 8 + 12 + 64, 0x1234, 0x4000, ttl, 17,
-                              0, ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed))
+def ipv4_header(
+    src: str, dst: str, tos: int = 0, ttl: int = 64, good_checksum: bool = True
+) -> bytes:
+    h = bytearray(
+        struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            tos,
+            20 + 8 + 12 + 64,
+            0x1234,
+            0x4000,
+            ttl,
+            17,
+            0,
+            ipaddress.IPv4Address(src).packed,
+            ipaddress.IPv4Address(dst).packed,
+        )
+    )
     s = sum(struct.unpack("!10H", h))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
@@ -87,7 +130,9 @@ def grh_v4(src: str, dst: str, *, head: bytes = bytes(20), **kw) -> bytes:
     return head + ipv4_header(src, dst, **kw)
 
 
-def grh_v6(src: str, dst: str, *, tclass: int = 0, flow_label: int = 0, hop: int = 64, nh: int = 17) -> bytes:
+def grh_v6(
+    src: str, dst: str, *, tclass: int = 0, flow_label: int = 0, hop: int = 64, nh: int = 17
+) -> bytes:
     w0 = 6 << 28 | tclass << 20 | flow_label
     return struct.pack("!IHBB16s16s", w0, 72, nh, hop, gid(src), gid(dst))
 
@@ -117,7 +162,9 @@ def test_grh_ipv4_wins_over_garbage_that_looks_like_ipv6(vu):
 
 
 def test_grh_ipv6_layout(vu):
-    rc, g = parse(vu, grh_v6("fe80::ff:fe00:1", "fe80::ff:fe00:2", tclass=0xB8, flow_label=0xABCDE, hop=1))
+    rc, g = parse(
+        vu, grh_v6("fe80::ff:fe00:1", "fe80::ff:fe00:2", tclass=0xB8, flow_label=0xABCDE, hop=1)
+    )
     assert rc == 0 and g.family == 6
     assert bytes(g.sgid) == gid("fe80::ff:fe00:1") and bytes(g.dgid) == gid("fe80::ff:fe00:2")
     assert (g.tclass, g.flow_label, g.hop_limit, g.next_header) == (0xB8, 0xABCDE, 1, 17)
@@ -234,10 +281,16 @@ def select(vu, tbl, *, family, link_local=0, ifindex=0, addr=None) -> int:
     return pos if pos < 0 else arr[pos].index
 
 
-MLX5 = table((0, "fe80::1", ROCE_V1, 5), (1, "fe80::1", ROCE_V2, 5),
-             (2, "10.0.0.1", ROCE_V1, 5), (3, "10.0.0.1", ROCE_V2, 5),
-             (4, "10.0.1.1", ROCE_V1, 7), (5, "10.0.1.1", ROCE_V2, 7),
-             (6, "2001:db8::1", ROCE_V2, 5), (7, None, ROCE_V2, 5))
+MLX5 = table(
+    (0, "fe80::1", ROCE_V1, 5),
+    (1, "fe80::1", ROCE_V2, 5),
+    (2, "10.0.0.1", ROCE_V1, 5),
+    (3, "10.0.0.1", ROCE_V2, 5),
+    (4, "10.0.1.1", ROCE_V1, 7),
+    (5, "10.0.1.1", ROCE_V2, 7),
+    (6, "2001:db8::1", ROCE_V2, 5),
+    (7, None, ROCE_V2, 5),
+)
 RXE = table((0, "fe80::ff:fe00:1", ROCE_V2, 3), (1, "192.0.2.1", ROCE_V2, 3))
 
 
@@ -275,9 +328,11 @@ def test_flow_label_to_sport_matches_libibverbs(vu, tmp_path, c_builder):
     ours = [vu.skh_flow_label_to_udp_sport(fl) for fl in labels]
     assert ours[:3] == [0xC001, 0xC002, 0xFFFF]
     src = tmp_path / "ref.c"
-    src.write_text("#if __has_include(<infiniband/verbs.h>)\n#include <infiniband/verbs.h>\n"
-                   "unsigned short ref(unsigned fl) { return ibv_flow_label_to_udp_sport(fl); }\n"
-                   "int have_ref = 1;\n#else\nint have_ref = 0;\n#endif\n")
+    src.write_text(
+        "#if __has_include(<infiniband/verbs.h>)\n#include <infiniband/verbs.h>\n"
+        "unsigned short ref(unsigned fl) { return ibv_flow_label_to_udp_sport(fl); }\n"
+        "int have_ref = 1;\n#else\nint have_ref = 0;\n#endif\n"
+    )
     ref = ctypes.CDLL(str(c_builder(tmp_path, "ref", [str(src)])))
     if not ctypes.c_int.in_dll(ref, "have_ref").value:
         pytest.skip("no <infiniband/verbs.h> to compare with")
@@ -297,14 +352,23 @@ def test_path_ids_map_to_distinct_nonzero_labels(vu):
 
 @pytest.fixture(scope="module")
 def proto(tmp_path_factory, c_builder):
-    lib = ctypes.CDLL(str(c_builder(tmp_path_factory.mktemp("pr"), "pr",
-                                  ["csrc/verbs_util.c", "csrc/proto.c"])))
+    lib = ctypes.CDLL(
+        str(c_builder(tmp_path_factory.mktemp("pr"), "pr", ["csrc/verbs_util.c", "csrc/proto.c"]))
+    )
     lib.skh_tick_clock_init.argtypes = [ctypes.POINTER(TickClock), ctypes.c_uint64, ctypes.c_uint64]
     lib.skh_tick_clock_ns.argtypes = [ctypes.POINTER(TickClock), ctypes.c_uint64]
     lib.skh_tick_clock_ns.restype = ctypes.c_int64
-    lib.skh_proto_rtt.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint8, ctypes.c_int64,
-                                  ctypes.c_int64, ctypes.c_uint8, ctypes.c_int64, ctypes.c_int64,
-                                  ctypes.POINTER(Rtt)]
+    lib.skh_proto_rtt.argtypes = [
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_uint8,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_uint8,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.POINTER(Rtt),
+    ]
     return lib
 
 
@@ -320,18 +384,23 @@ def test_nic_ticks_across_wraps_give_valid_rtts(proto):
     p_off, r_off = rng.randrange(mask), rng.randrange(mask)
     t_true = 0  # true time in ns
     valid = 0
+
+    def ns(c, off, khz, t):
+        return proto.skh_tick_clock_ns(ctypes.byref(c), (off + t * khz // 10**6) & mask)
+
     for _ in range(3000):
         t_true += rng.randrange(1_000, 3_000_000)
         one_way, resp = rng.randrange(2_000, 20_000), rng.randrange(500, 50_000)
         t2 = t_true
         t3, t4 = t2 + one_way, t2 + one_way + resp
         t5 = t4 + one_way
-        ns = lambda c, off, khz, t: proto.skh_tick_clock_ns(ctypes.byref(c), (off + t * khz // 10**6) & mask)
         s2 = ns(pc, p_off, p_khz, t2)
         s3, s4 = ns(rc_, r_off, r_khz, t3), ns(rc_, r_off, r_khz, t4)
         s5 = ns(pc, p_off, p_khz, t5)
         out = Rtt()
-        st = proto.skh_proto_rtt(t2 - 100, s2, TS_HW, s3, s4, TS_HW, s5, t5 + 100, ctypes.byref(out))
+        st = proto.skh_proto_rtt(
+            t2 - 100, s2, TS_HW, s3, s4, TS_HW, s5, t5 + 100, ctypes.byref(out)
+        )
         if st == ST_OK:
             valid += 1
             assert abs(out.rtt_ns - 2 * one_way) <= 13  # quantisation: one 6.4 ns tick per side
