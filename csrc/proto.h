@@ -68,6 +68,9 @@ enum skh_status {
     SKH_ST_REFUSED = 2,
     SKH_ST_UNREACHABLE = 3,
     SKH_ST_INVALID = 4,
+    SKH_ST_REQUEST_LOST = 5, /* the responder never saw the request */
+    SKH_ST_REPLY_LOST = 6,   /* the responder saw the request, an answer did not come back */
+    SKH_ST_LOCAL_ERROR = 7,  /* could not be sent (EAGAIN/ENOBUFS, no AH, QP in error) */
 };
 
 /* Why a received datagram was dropped. skh_proto_decode returns the first five (negated);

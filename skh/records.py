@@ -14,6 +14,9 @@ import numpy as np
 
 __all__ = [
     "ProbeStatus",
+    "LOSS_STATUSES",
+    "PATH_STATUSES",
+    "is_loss",
     "TsSource",
     "PROBE_DTYPE",
     "COUNTER_DTYPE",
@@ -25,10 +28,18 @@ __all__ = [
 
 
 class ProbeStatus(IntEnum):
-    """Outcome of one probe."""
+    """Outcome of one probe, saying where it failed when it did.
+
+    The engine's two-reply protocol lets the prober tell which direction lost a packet: the
+    responder's replies acknowledge the requests it received (see ``csrc/proto.h``), so a probe
+    with no reply whose request the responder saw is ``REPLY_LOST``, one it never saw
+    ``REQUEST_LOST``. ``LOST`` remains for losses whose direction nobody can know (the
+    responder never answered again before the record had to be written). All three are
+    network loss (:data:`LOSS_STATUSES`); ``LOCAL_ERROR`` and ``INVALID`` are not.
+    """
 
     OK = 0
-    #: no reply before the timeout
+    #: no reply before the timeout, direction unknown
     LOST = 1
     #: the destination host answered that nothing listens (ICMP port unreachable / ECONNREFUSED):
     #: the network works, the agent there does not
@@ -36,8 +47,29 @@ class ProbeStatus(IntEnum):
     #: the network answered that the destination cannot be reached (ICMP host/net unreachable,
     #: TTL exceeded in a loop)
     UNREACHABLE = 3
-    #: a reply arrived but its timestamps were unusable (mixed clocks, negative RTT)
+    #: replies arrived but their timestamps were unusable (mixed clocks, negative RTT, a
+    #: realtime clock step during the probe): the network delivered, the RTT is unknown
     INVALID = 4
+    #: the request never reached the responder (forward path loss)
+    REQUEST_LOST = 5
+    #: the responder received the request but no complete answer came back (reverse path loss:
+    #: either reply lost)
+    REPLY_LOST = 6
+    #: the probe could not be sent (full send queue, socket buffer or address-handle cache, a
+    #: queue pair in error state): the prober's own problem, never network loss
+    LOCAL_ERROR = 7
+
+
+#: Statuses that are network loss, whichever direction: what loss detection counts.
+LOSS_STATUSES = (ProbeStatus.LOST, ProbeStatus.REQUEST_LOST, ProbeStatus.REPLY_LOST)
+#: Statuses that say something about the network path (loss detection's denominator): a
+#: ``LOCAL_ERROR``, ``REFUSED`` or ``INVALID`` probe says nothing about the path's loss rate.
+PATH_STATUSES = (ProbeStatus.OK, ProbeStatus.UNREACHABLE, *LOSS_STATUSES)
+
+
+def is_loss(status: np.ndarray) -> np.ndarray:
+    """Boolean mask of the rows of ``status`` that are network loss (any direction)."""
+    return np.isin(status, np.array(LOSS_STATUSES, np.uint8))
 
 
 class TsSource(IntEnum):

@@ -84,10 +84,10 @@ from skh.analysis.fastpath import FastPathConfig, FastPathState
 from skh.analysis.features import N_FEATURES, window_features
 from skh.analysis.health import ALERTING, EndpointHealth, HealthConfig, HealthReason
 from skh.analysis.lof import LofFit, fit_lof, score_lof
-from skh.analysis.sampling import LATENCY_PATHS, LATENCY_SAMPLE_S, NO_PHASE, period_samples
 from skh.analysis.longterm import LongTermConfig, LongTermState
+from skh.analysis.sampling import LATENCY_PATHS, LATENCY_SAMPLE_S, NO_PHASE, period_samples
 from skh.errors import ConfigError
-from skh.records import PROBE_DTYPE, ProbeStatus, pair_keys
+from skh.records import PROBE_DTYPE, ProbeStatus, is_loss, pair_keys
 
 __all__ = ["KINDS", "DetectorConfig", "SuspectEvent", "DetectorStats", "Detector"]
 
@@ -352,7 +352,8 @@ class Detector:
             b["responder_delay_ns"],
             int(ProbeStatus.REFUSED),
         )
-        failed = (status == ProbeStatus.LOST) | (status == ProbeStatus.UNREACHABLE)
+        # reply loss is loss: a lost answer is a packet the reverse path dropped
+        failed = is_loss(status) | (status == ProbeStatus.UNREACHABLE)
         counted = failed | (status == ProbeStatus.OK)
         self.fast.update(pid[counted], t[counted], failed[counted])
         ok = (status == ProbeStatus.OK) & (b["rtt_ns"] > 0)

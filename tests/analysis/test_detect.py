@@ -158,6 +158,23 @@ def test_intermittent_loss_is_loss():
     assert ev[0].pairs == ((int(syn.src[pair]), int(syn.dst[pair])),)
 
 
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (ProbeStatus.REPLY_LOST, ["loss"]),
+        (ProbeStatus.REQUEST_LOST, ["loss"]),
+        (ProbeStatus.LOCAL_ERROR, []),
+        (ProbeStatus.INVALID, []),
+    ],
+)
+def test_loss_of_either_direction_is_loss_and_a_local_error_is_not(status, kind):
+    syn, det = fresh()
+    pair = syn.n // 2
+    hit = np.arange(syn.n) == pair
+    ev = run(det, syn, range(400, 440), lambda s: {"status": (hit, status)} if s % 4 == 1 else {})
+    assert [e.kind for e in ev] == kind
+
+
 def test_dead_agent_is_an_agent_problem_not_a_network_one():
     syn, det = fresh()
     to7 = syn.dst == 7
@@ -376,7 +393,11 @@ def test_replays_stay_dropped_across_a_restart():
     later = syn.second(112)
     later["seq"] = 1
     det.ingest(later)
-    assert (det.stats.stale, det.stats.duplicates, det.stats.restarts) == (2 * syn.n, 2 * syn.n, syn.n)
+    assert (det.stats.stale, det.stats.duplicates, det.stats.restarts) == (
+        2 * syn.n,
+        2 * syn.n,
+        syn.n,
+    )
 
 
 def test_a_second_shift_soon_after_a_first_is_caught():
