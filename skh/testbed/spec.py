@@ -17,15 +17,17 @@ VTEP of host *g* on rail *r*     ``vx<r>`` in ``<P>h<g>``     ``host<g>:vx<r>`` 
 container *k* of host *g*        ``<P>c<g>x<k>``              ``c<g>x<k>``
   its VF on rail *r*             ``vf<r>`` (172.16+r.g.k+1)   endpoint ``job/c<g>x<k>/<r>``
   the VF's representor           ``c<k>v<r>`` in ``<P>h<g>``  ``host<g>:c<k>v<r>``
-management bridge                ``<P>mgmt`` (ns), br0        root side ``<P>mgmt`` 10.250.0.1/16
+management bridge                ``<P>mgmt`` (ns), br0        root side ``<P>mgmt`` 10.M.0.1/16
 ===============================  ==========================  =====================================
 
-Management addresses: host *g* 10.250.1.(g+1), container (g, k) 10.250.(2+g).(k+1).
+Management addresses: host *g* 10.M.1.(g+1), container (g, k) 10.M.(2+g).(k+1), where M is
+250 for the default prefix and 200-249 (a hash of the prefix) otherwise (:attr:`Layout.mgmt_octet`).
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass, field
 
 from skh.errors import ConfigError
@@ -295,18 +297,23 @@ class Layout:
     GW_MAC = "ee:ee:ee:ee:ee:ee"
     GW_IP = "169.254.1.1"
 
-    @staticmethod
-    def mgmt_root_ip() -> str:
-        return f"10.{MGMT_OCTET}.0.1"
+    @property
+    def mgmt_octet(self) -> int:
+        """Second octet of this testbed's management /16. The root namespace routes it, so two
+        testbeds up at once (tests of two worktrees, say) need different ones: the default
+        prefix keeps 10.250/16, any other takes one of 10.200-249 from a hash of its name."""
+        if self.prefix == DEFAULT_PREFIX:
+            return MGMT_OCTET
+        return 200 + zlib.crc32(self.prefix.encode()) % 50
 
-    @staticmethod
-    def mgmt_host_ip(g: int) -> str:
-        return f"10.{MGMT_OCTET}.1.{g + 1}"
+    def mgmt_root_ip(self) -> str:
+        return f"10.{self.mgmt_octet}.0.1"
 
-    @staticmethod
-    def mgmt_container_ip(g: int, k: int) -> str:
-        return f"10.{MGMT_OCTET}.{2 + g}.{k + 1}"
+    def mgmt_host_ip(self, g: int) -> str:
+        return f"10.{self.mgmt_octet}.1.{g + 1}"
 
-    @staticmethod
-    def mgmt_net() -> str:
-        return f"10.{MGMT_OCTET}.0.0/16"
+    def mgmt_container_ip(self, g: int, k: int) -> str:
+        return f"10.{self.mgmt_octet}.{2 + g}.{k + 1}"
+
+    def mgmt_net(self) -> str:
+        return f"10.{self.mgmt_octet}.0.0/16"
