@@ -541,8 +541,10 @@ class FaultEngine:
             if sym in ("unreachable", "flapping"):
                 eff.status[idx] = spec.status
             elif sym == "loss":
-                p = f.eff("loss_rate")
-                eff.loss_p[idx] = 1.0 - (1.0 - eff.loss_p[idx]) * (1.0 - p)
+                # corruption drops packets both ways: the request or, past the link, the reply
+                p = 1.0 - math.sqrt(1.0 - f.eff("loss_rate"))
+                eff.req_loss_p[idx] = 1.0 - (1.0 - eff.req_loss_p[idx]) * (1.0 - p)
+                eff.rep_loss_p[idx] = 1.0 - (1.0 - eff.rep_loss_p[idx]) * (1.0 - p)
             elif sym == "latency":
                 extra = f.eff("extra_ns") * self.scale(f, rows.t_s[idx])
                 eff.extra_ns[idx] += extra * rng.lognormal(0.0, 0.15, idx.size)
@@ -557,6 +559,6 @@ class FaultEngine:
                     k = f.eff("extra_ns")
                     eff.prober_extra_ns[src] += k * self.scale(f, rows.t_s[src])
                     eff.responder_extra_ns[dst] += k * self.scale(f, rows.t_s[dst])
-                    p = f.eff("loss_rate")
-                    eff.loss_p[dst] = 1.0 - (1.0 - eff.loss_p[dst]) * (1.0 - p)
+                    p = f.eff("loss_rate")  # the request arrived; the answer came too late
+                    eff.rep_loss_p[dst] = 1.0 - (1.0 - eff.rep_loss_p[dst]) * (1.0 - p)
         return eff
