@@ -21,7 +21,10 @@ FAULTS = [
 
 
 def test_faults_on_a_churning_simulated_cluster():
-    sim = sim_mod.Simulation.build(Fabric.from_params(hosts=24), 5, seed=3, arrivals_per_min=1.0)
+    # probed ten times a second, as deployed: loss needs evidence against the baseline
+    sim = sim_mod.Simulation.build(
+        Fabric.from_params(hosts=24), 5, seed=3, arrivals_per_min=1.0, probe_interval_s=0.1
+    )
     det = Detector()
     # long-lived job: the faults sit on its components
     job = max(sim.jobs, key=lambda j: j.end_s)
