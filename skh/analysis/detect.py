@@ -145,6 +145,10 @@ class DetectorConfig:
     #: lasts (chosen on the field regime's training seeds, skh.sim.noise.TRAIN_SEEDS)
     min_sustained_s: float = 20.0
     sustained_gaps: int = 2
+    #: a shift this far above the look-back, more than benign congestion stacked on every
+    #: switch of a path can add, needs to hold only ``large_sustained_s``
+    large_shift_us: float = 30.0
+    large_sustained_s: float = 8.0
     #: the latency features keep one RTT per pair and period (:mod:`skh.analysis.sampling`)
     latency_sample_s: float = LATENCY_SAMPLE_S
     #: flow labels a prober rotates through: the sampled RTT visits them in turn
@@ -666,12 +670,13 @@ class Detector:
             notes = [f"evidence 1e-{x:.0f}" for x in ff.loss_evidence]
             cand["loss"].append((ff.loss, ff.loss_fails.astype(float), ff.loss_first_ns, notes))
             flaps = ff.unreachable[ff.unreachable_flapping]
-            # a pair under a loss or outage incident, held or flagged does not teach its
-            # baseline (a fault must not become normal)
-            busy = (p["act_since"][:, :2] != _NONE).any(axis=1) | p["dead"]
-            busy[ff.held] = True
+            # a pair in an outage does not teach its baseline (an outage's failures are dropped
+            # anyway). Loss does, one to two stages late, so a fault is caught before its
+            # failures are learned, while a benign bad link once flagged, by chance or beside a
+            # fault, is learned at last rather than flagged for ever; a held pair does too, or
+            # every benign failure near a batch's end would be forgotten
+            busy = (p["act_since"][:, 0] != _NONE) | p["dead"]
             busy[ff.unreachable] = True
-            busy[ff.loss] = True
             self.fast.learn(now_ns, busy)
         self.stats.pairs_live = n
         return self._emit(now_ns, reasons, cand, flaps)
@@ -768,7 +773,11 @@ class Detector:
         hit = (lof >= cfg.lof_threshold) & (excess >= floor)
         if hit.any():
             hi = np.flatnonzero(hit)
-            hit[hi] = self._sustained(rows[hi], qvalid[rows[hi]], (max_p75 + floor)[hi])
+            hit[hi] = self._sustained(
+                rows[hi], qvalid[rows[hi]], (max_p75 + floor)[hi], cfg.min_sustained_s
+            ) | self._sustained(
+                rows[hi], qvalid[rows[hi]], max_p75[hi] + cfg.large_shift_us, cfg.large_sustained_s
+            )
         if not hit.any():
             return
         hp = rows[hit]
@@ -790,9 +799,11 @@ class Detector:
         ]
         cand["latency-short"].append((hp, lof[hit], first_ns, notes))
 
-    def _sustained(self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    def _sustained(
+        self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray, span_s: float
+    ) -> np.ndarray:
         """Per row: the newest samples of its query window lie above ``thr`` for at least
-        ``min_sustained_s``, allowing ``sustained_gaps`` samples below it (a heavy-tailed
+        ``span_s``, allowing ``sustained_gaps`` samples below it (a heavy-tailed
         healthy sample can be high, a faulty one low; a short congestion episode is not a
         fault) — or the newest samples of one of its flows do (a slow ECMP path: the samples
         visit the flows in turn, so only every ``latency_paths``-th one is slow)."""
@@ -808,12 +819,12 @@ class Detector:
         # walking back from the newest sample: misses so far (inclusive)
         misses_from_end = np.cumsum(miss[:, ::-1], axis=1)[:, ::-1]
         in_span = v & (misses_from_end <= cfg.sustained_gaps)
-        need = int(np.ceil(cfg.min_sustained_s / cfg.latency_sample_s))
+        need = int(np.ceil(span_s / cfg.latency_sample_s))
         ok = (up & in_span).sum(axis=1) >= need
         if cfg.latency_paths > 1 and not ok.all():
             path = np.take_along_axis(p["ring_path"][rows], order, axis=1)
             # per flow: samples come every latency_paths samples, so one more of them spans it
-            need_p = int(np.ceil(cfg.min_sustained_s / cfg.latency_sample_s / cfg.latency_paths))
+            need_p = int(np.ceil(span_s / cfg.latency_sample_s / cfg.latency_paths))
             for j in range(cfg.latency_paths):
                 vj = v & (path == j)
                 mj = np.cumsum((vj & ~up)[:, ::-1], axis=1)[:, ::-1]

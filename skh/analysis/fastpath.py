@@ -9,14 +9,16 @@ thousands of pairs, benign losses arrive every second. What is a fault:
   ``unreachable_after_s``, or the same holds for one *flow* of it (the pair's probes of one
   path id, ``path_id % paths``): an ECMP path through a dead link fails every time while the
   pair's other paths work. ``k`` is the shortest run the pair's baseline makes improbable
-  (``p_upper**k <= alpha``), at least ``unreachable_after``: 3 on a quiet pair, 4 while its
-  baseline is young, more on a lossy one.
+  (the posterior mean of ``rate**k`` at most ``alpha``), at least ``unreachable_after``: 3 on
+  a quiet pair, more on a lossy one.
 - **loss**: more failures than the baseline explains. For each scope — the pair, each endpoint
   (all its pairs, both directions: an RNIC or its access link) and each group of endpoints the
   caller names (e.g. the ToR: the links above it) — the failures ``F`` seen in a window ``W``
-  are tested against a Poisson count with mean ``λ = probes in W × baseline loss``: the scope
-  is lossy when ``P(X >= F) <= alpha``. A pair uses an upper bound of its baseline (a sparse
-  estimate could be low), an endpoint or group the sum of its pairs' estimates. A pair is
+  are tested against what the scope's baseline makes likely: the scope is lossy when
+  ``P(X >= F) <= alpha``, where ``X`` counts the failures of the probes it sent in ``W`` at a
+  loss rate drawn from the baseline's Gamma posterior (a negative binomial: a young baseline
+  knows little, so its tail is wide). An endpoint or group pools its pairs' history into one
+  rate (they share links). A pair is
   flagged when its own test fires, or when it lost a probe in the window of a scope whose test
   fired (corroboration: a 2 % CRC on an access link shows as three failures a second over the
   endpoint's pairs while each pair has lost one or two). Only *settled* pairs take part: a
@@ -38,9 +40,9 @@ Failures that are the far end's own story are **excused**, not counted:
   ``stall_evidence_ms``): the responder's host stalled, and answered when it woke;
 - failures toward an endpoint whose agent restarted (its prober's numbering began again) while
   they happened (:meth:`FastPathState.excuse_toward`);
-- while the responder's own agent has not reported past a pair's failures (it may be dead,
-  stalled or restarting), the pair is **held**: no verdict either way yet. A dead agent stays
-  held, and endpoint health speaks for it.
+- while the responder's own agent has reported nothing sent after a pair's run of failures
+  began (it may be dead, stalled or restarting), the pair is **held**: no verdict either way
+  yet. A dead agent stays held, and endpoint health speaks for it.
 
 **Flapping**: an outage that starts within ``flap_window_s`` of the pair's previous outage
 ending (a port going down and up) is flagged as such.
@@ -54,7 +56,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import poisson
+from scipy.special import gammaln
+from scipy.stats import nbinom
 
 from skh.analysis.sampling import FLOW_SLOTS
 from skh.errors import ConfigError
@@ -70,7 +73,7 @@ class FastPathConfig:
     unreachable_after: int = 3
     #: ... spanning at least this much send time
     unreachable_after_s: float = 0.3
-    #: significance of each loss test (Poisson tail probability of the failures seen)
+    #: significance of each test (tail probability of what was seen, under the baseline)
     alpha: float = 1e-9
     #: fewest failures a loss verdict rests on
     loss_count: int = 2
@@ -80,17 +83,18 @@ class FastPathConfig:
     group_window_s: float = 2.0
     #: baseline prior: loss per probe, and how many probes' worth of weight it has
     prior_loss: float = 2e-4
-    prior_probes: float = 5000.0
+    prior_probes: float = 2500.0
     #: the baseline forgets with this time constant ...
     baseline_tau_s: float = 3600.0
     #: ... and learns what a pair probed one to two of these later, if it stayed unflagged
     learn_stage_s: float = 30.0
     #: an OK ending a failure run with a responder delay this large: the responder stalled
     stall_evidence_ms: float = 100.0
-    #: a pair waits while its responder's own reports lag its newest failure by more than this
-    hold_lag_s: float = 0.3
     #: a lossy endpoint with at least this share of its pairs failing right now is down
     endpoint_outage_share: float = 0.5
+    #: a pair is held at most this long: a responder silent for longer is endpoint health's
+    #: case (missed heartbeats withhold its pairs), else its agent is alive but probes nothing
+    hold_max_s: float = 3.0
     #: an outage starting within this long of the pair's previous outage ending is a flap
     flap_window_s: float = 120.0
     #: failure send times kept per pair
@@ -106,7 +110,7 @@ class FastPathConfig:
                     f"The '{name}' parameter of FastPathConfig must be >= 1. "
                     f"Got {getattr(self, name)!r} instead."
                 )
-        for name in ("unreachable_after_s", "hold_lag_s", "stall_evidence_ms"):
+        for name in ("unreachable_after_s", "stall_evidence_ms", "hold_max_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(
                     f"The '{name}' parameter of FastPathConfig must be >= 0. "
@@ -186,6 +190,7 @@ class FastPathState:
                 ("stage_f", "<f8"),
                 ("stage_busy", "?"),
                 ("out_end_ns", "<i8"),  # when the pair's previous outage ended
+                ("was_out", "?"),  # the current run was called an outage
             ]
         )
         self._blank = np.zeros(1, self._dtype)
@@ -265,17 +270,13 @@ class FastPathState:
         idx = np.arange(n)
         first = np.r_[True, p[1:] != p[:-1]]
         pair_start = np.maximum.accumulate(np.where(first, idx, 0))
-        # consecutive failures ending at each row, within the batch
+        # the last OK (or the pair's first row - 1) at or before each row
         base = np.maximum(np.maximum.accumulate(np.where(~f, idx, -1)), pair_start - 1)
-        in_batch = np.where(f, idx - base, 0)
         carried = s["consec"][p] > 0  # per row: the pair's stored run continues into the batch
         prev_same = np.r_[False, ~first[1:]]
         prev = np.maximum(idx - 1, 0)
         # an OK right after failures (of this batch, or of the stored run) ends a run
         ends_run = ~f & ((prev_same & f[prev]) | (first & carried))
-        run_len = np.where(prev_same, in_batch[prev], 0) + np.where(
-            ~prev_same | (base[prev] == pair_start - 1), s["consec"][p], 0
-        )
         # a run that ends with a late answer was the responder stalling: excuse it
         stalled = ends_run & (rd >= cfg.stall_evidence_ms * 1e6)
         counted = f.copy()
@@ -294,7 +295,7 @@ class FastPathState:
         if counted.any():
             self._add_failures(p[counted], t[counted])
         # an outage that ends: when (for flapping); its failures were the outage, not loss
-        out_end = ends_run & ~stalled & (run_len >= cfg.unreachable_after)
+        out_end = ends_run & ~stalled & s["was_out"][p]
         if out_end.any():
             oe = np.flatnonzero(out_end)
             s["out_end_ns"][p[oe]] = t[oe]
@@ -319,6 +320,7 @@ class FastPathState:
         cont_first = np.where(
             old_c > 0, s["run_first_ns"][upair], np.where(ffi < pend, t[np.minimum(ffi, n - 1)], -1)
         )
+        s["was_out"][upair] &= ~has_ok
         s["consec"][upair] = np.where(has_ok, trailing, old_c + n_fail)
         s["run_first_ns"][upair] = np.where(has_ok, run_first_new, cont_first)
         s["last_t_ns"][upair] = t[pend - 1]
@@ -418,15 +420,13 @@ class FastPathState:
     # ------------------------------------------------------------------ decision
 
     def baseline(self, pids: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
-        """(estimate, upper bound) of each pair's benign loss per probe."""
+        """Each pair's benign loss per probe as a Gamma posterior: (shape, rate) — failures
+        and probes seen, plus the prior's ``prior_loss * prior_probes`` and ``prior_probes``.
+        The prior's shape (0.5 by default) is small on purpose: a fresh pair may sit on a bad
+        link, losing ten times the typical rate, and must not be called faulty for that."""
         cfg = self.config
         s = self.state[pids]
-        a = s["base_f"] + cfg.prior_loss * cfg.prior_probes
-        b = s["base_n"] + cfg.prior_probes
-        est = a / b
-        # a Poisson-style upper bound on a sparse count (about the 98th percentile)
-        upper = (a + 2.0 * np.sqrt(a) + 4.0) / b
-        return est, np.minimum(upper, 0.5)
+        return s["base_f"] + cfg.prior_loss * cfg.prior_probes, s["base_n"] + cfg.prior_probes
 
     def evaluate(
         self,
@@ -459,16 +459,18 @@ class FastPathState:
             # the responder's own prober reports every 1 / (its probes per second): allow that
             out_rate = np.bincount(src, weights=s["rate_hz"], minlength=m_ep)
             cadence_s = 1.0 / np.maximum(out_rate[dst], 1.0)
-            lag = ((cfg.hold_lag_s + cadence_s) * 1e9).astype(np.int64)
-            held = running & (prog < s["last_t_ns"] - lag)
-        est, upper = self.baseline(slice(0, n))
+            # the first failure of what is running now (the pair's run, or a flow's)
+            ff = np.where(fc > 0, s["flow_first_ns"], np.iinfo(np.int64).max).min(axis=1)
+            first = np.where(failing, np.minimum(s["run_first_ns"], ff), ff)
+            lag = (cadence_s * 1e9).astype(np.int64)
+            held = running & (prog < first - lag) & (first > now_ns - int(cfg.hold_max_s * 1e9))
+        a_p, b_p = self.baseline(slice(0, n))
         log_alpha = np.log(cfg.alpha)
-        log_up = np.log(upper)
 
         # outages: a run the baseline makes improbable, of the pair or of one of its flows
         span_ns = np.where(failing, s["last_t_ns"] - s["run_first_ns"], -1)
         min_span = int(cfg.unreachable_after_s * 1e9)
-        k_run = np.maximum(cfg.unreachable_after, np.ceil(log_alpha / log_up)).astype(np.int64)
+        k_run = _run_needed(a_p, b_p, log_alpha, cfg.unreachable_after)
         pair_out = (consec >= k_run) & (span_ns >= min_span)
         flow_hit = fc >= k_run[:, None]
         flow_out = flow_hit.any(axis=1)
@@ -483,10 +485,12 @@ class FastPathState:
         live_n = np.bincount(src, minlength=m_ep) + np.bincount(dst, minlength=m_ep)
         joint = failing & ~held & ~outage
         if joint.any():
-            lp = np.where(joint, consec * log_up, 0.0)
-            lp_ep = np.bincount(src, weights=lp, minlength=m_ep) + np.bincount(
-                dst, weights=lp, minlength=m_ep
-            )
+            # the endpoint's pairs share its access link: one rate for all of them, from their
+            # pooled history, and the probability that its runs all happened by chance
+            k_ep = np.bincount(src, weights=np.where(joint, consec, 0), minlength=m_ep)
+            k_ep += np.bincount(dst, weights=np.where(joint, consec, 0), minlength=m_ep)
+            A, B = self._pooled(src, dst, m_ep)
+            lp_ep = gammaln(A + k_ep) - gammaln(A) - k_ep * np.log(B)
             f_ep = np.bincount(src[joint], minlength=m_ep) + np.bincount(dst[joint], minlength=m_ep)
             down = (lp_ep <= log_alpha) & (f_ep >= 2) & (f_ep >= cfg.endpoint_outage_share * live_n)
             ep_out = joint & (down[src] | down[dst])
@@ -509,8 +513,7 @@ class FastPathState:
             for w in cfg.pair_windows_s:
                 in_w = rc >= now_ns - int(w * 1e9)
                 F = in_w.sum(axis=1)
-                lam = np.maximum(rate[cand] * w * upper[cand], 1e-12)
-                ls = poisson.logsf(F - 1, lam)
+                ls = _nb_logsf(F, rate[cand] * w, a_p[cand], b_p[cand])
                 hit = (F >= cfg.loss_count) & (ls <= log_alpha)
                 self._mark(hit, cand, rc, in_w, F, ls, flagged, evidence, first_ns, fails)
             scopes = [(src, dst, m_ep)]
@@ -524,17 +527,18 @@ class FastPathState:
                 if m <= 0:
                     continue
                 ca, cb = a[cand], b[cand]
+                A_g, B_g = self._pooled(a, b, m)
                 for w in cfg.group_windows_s:
                     in_w = rc >= now_ns - int(w * 1e9)
                     F_p = in_w.sum(axis=1)
                     if not F_p.any():
                         continue
-                    lam_g = _per_group(a, b, np.where(settled, rate * w * est, 0.0), m)
+                    n_g = _per_group(a, b, np.where(settled, rate * w, 0.0), m)
                     F_g = _per_group(ca, cb, F_p.astype(np.float64), m)
                     busy = np.flatnonzero(F_g >= cfg.loss_count)
                     if busy.size == 0:
                         continue
-                    ls_g = poisson.logsf(F_g[busy] - 1, np.maximum(lam_g[busy], 1e-12))
+                    ls_g = _nb_logsf(F_g[busy], n_g[busy], A_g[busy], B_g[busy])
                     sig = busy[ls_g <= log_alpha]
                     if sig.size == 0:
                         continue
@@ -549,6 +553,7 @@ class FastPathState:
                     )
         loss = flagged & ~outage
         u = np.flatnonzero(outage)
+        s["was_out"][u] = True
         lo = np.flatnonzero(loss)
         prev_end = s["out_end_ns"][u]
         flap = (prev_end != _NEVER) & (out_first[u] - prev_end <= int(cfg.flap_window_s * 1e9))
@@ -564,6 +569,15 @@ class FastPathState:
             held=np.flatnonzero(held),
         )
 
+    def _pooled(self, a: np.ndarray, b: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """A group's rate as one Gamma posterior: its pairs' pooled history under one prior
+        (its pairs share links, so a bad link makes all of them lossy together)."""
+        cfg = self.config
+        s = self.state[: len(a)]
+        A = _per_group(a, b, s["base_f"], m) + cfg.prior_loss * cfg.prior_probes
+        B = _per_group(a, b, s["base_n"], m) + cfg.prior_probes
+        return A, B
+
     @staticmethod
     def _mark(hit, cand, rc, in_w, F, ls, flagged, evidence, first_ns, fails) -> None:
         if not hit.any():
@@ -574,6 +588,26 @@ class FastPathState:
         fw = np.where(in_w[hit], rc[hit], np.iinfo(np.int64).max).min(axis=1)
         first_ns[rows] = np.minimum(first_ns[rows], fw)
         fails[rows] = np.maximum(fails[rows], F[hit])
+
+
+def _nb_logsf(k: np.ndarray, n: np.ndarray, shape: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """log P(X >= k) for the failures X of ``n`` probes whose loss rate is Gamma(shape, rate):
+    a negative binomial (the Poisson's tail, widened by what the baseline does not know)."""
+    p = rate / (rate + np.maximum(n, 1e-12))
+    return nbinom.logsf(np.asarray(k) - 1, shape, p)
+
+
+def _run_needed(shape: np.ndarray, rate: np.ndarray, log_alpha: float, least: int) -> np.ndarray:
+    """Per pair, the shortest run of failures whose probability under the baseline (the
+    Gamma mean of rate**k) is at most alpha, and at least ``least``."""
+    k = np.full(shape.shape, least, np.int64)
+    for _ in range(64):
+        lp = gammaln(shape + k) - gammaln(shape) - k * np.log(rate)
+        todo = lp > log_alpha
+        if not todo.any():
+            break
+        k[todo] += 1
+    return k
 
 
 def _per_group(a: np.ndarray, b: np.ndarray, v: np.ndarray, m: int) -> np.ndarray:

@@ -411,9 +411,9 @@ class NoiseModel:
         L = self.ledger
         L.seconds += 1
         horizon = t - max(r.stall_max_s, r.congestion_max_s, r.agent_restart_max_s) - 1.0
-        self.stalls = [s for s in self.stalls if s[2] > horizon]
+        self.stalls = [s for s in self.stalls if s[2] > horizon - 120]
         self.congestion = [c for c in self.congestion if c[2] > horizon]
-        self.restarts = [x for x in self.restarts if x[2] > horizon]
+        self.restarts = [x for x in self.restarts if x[2] > horizon - 120]
         n_host = len(self.index.host_names)
         g = rng_for(self.seed, 0x57A1, int(t))
         hosts, starts = self._poisson_starts(0, t, r.stalls_per_host_h / 3600.0, n_host, g)

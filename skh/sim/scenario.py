@@ -205,7 +205,7 @@ class Simulation:
         self._by_id: dict[int, FaultRecord] = {}
         self._arrivals = 0
         self.add_jobs(jobs)
-        if not isinstance(ping, str):
+        if self._ping_mode == "explicit":
             self.set_ping_pairs(ping)
         self.view = AgentView(
             self.index, cluster, self.eps, self.engine, self.active_faults, self._peers, self._alive

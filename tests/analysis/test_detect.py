@@ -137,11 +137,11 @@ def test_single_pair_outage_needs_an_improbable_run_and_is_raised_once():
     one[5] = True
     ev = run(det, syn, range(400, 420), lambda s: {"lost": one})
     # benign loss makes two in a row merely unlikely; the run an outage needs is the shortest
-    # the pair's young baseline (400 probes, none lost: upper bound ~1.3e-3) makes improbable
-    # at alpha 1e-9: four. Raised once
+    # the pair's baseline (400 probes, none lost, under the prior) makes improbable at alpha
+    # 1e-9: three. Raised once
     assert [e.kind for e in ev] == ["unreachable"]
-    assert ev[0].scores[0] == 4
-    assert ev[0].detected_ns <= T0 + 405 * S
+    assert ev[0].scores[0] == 3
+    assert ev[0].detected_ns <= T0 + 404 * S
     pair = (int(syn.src[5]), int(syn.dst[5]))
     assert det.open_incidents() == ({pair}, set())
     # it heals; the incident closes after clear_after_s of quiet
