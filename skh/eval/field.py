@@ -161,15 +161,7 @@ def place(
             else:
                 k = int(rng.integers(len(path) - 1))
                 comp = link_component(path[k], path[k + 1])
-        p, n = j.skeleton_pairs, sim.n_path_ids
-        rows = RowSet(
-            sim.index,
-            sim.eps,
-            np.tile(p[:, 0], n),
-            np.tile(p[:, 1], n),
-            np.repeat(np.arange(n), p.shape[0]),
-            np.zeros(p.shape[0] * n),
-        )
+        rows = RowSet.all_paths(sim.index, sim.eps, j.skeleton_pairs, sim.n_path_ids)
         if sim.engine.affected(Fault(ft, comp, start, start + length, paths=paths), rows).any():
             return comp
     return None

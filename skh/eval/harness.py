@@ -165,14 +165,7 @@ def _reaffect(sim: Simulation, rec: Any) -> Any:
     from dataclasses import replace
 
     p, n = sim.pairs, sim.n_path_ids
-    rows = RowSet(
-        sim.index,
-        sim.eps,
-        np.tile(p[:, 0], n),
-        np.tile(p[:, 1], n),
-        np.repeat(np.arange(n), p.shape[0]),
-        np.zeros(p.shape[0] * n),
-    )
+    rows = RowSet.all_paths(sim.index, sim.eps, p, n)
     hit = sim.engine.affected(sim.faults[rec.fault_id], rows).reshape(n, -1).any(axis=0)
     return replace(rec, affected_pairs=p[hit])
 
@@ -275,14 +268,7 @@ def random_sampling(sim: Simulation, records, seed: int) -> dict[str, Any]:
         pairs.append(random_sample_pairs(j.ep_ids, j.rail, j.host, deg, seed))
     rnd = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.uint32)
     n_pid = sim.n_path_ids
-    rows = RowSet(
-        sim.index,
-        sim.eps,
-        np.tile(rnd[:, 0], n_pid),
-        np.tile(rnd[:, 1], n_pid),
-        np.repeat(np.arange(n_pid), rnd.shape[0]),
-        np.zeros(rnd.shape[0] * n_pid),
-    )
+    rows = RowSet.all_paths(sim.index, sim.eps, rnd, n_pid)
     per_type: dict[str, list[tuple[bool, bool]]] = {}
     for rec in records:
         t = rec.start_s + 1.0

@@ -396,6 +396,22 @@ class RowSet:
     def __len__(self) -> int:
         return self.src_ep.size
 
+    @classmethod
+    def all_paths(
+        cls, index: FabricIndex, eps: EndpointTable, pairs: np.ndarray, n_path_ids: int
+    ) -> RowSet:
+        """One row per (path id, pair), path-major (row ``path_id * len(pairs) + pair``), at
+        time 0: what a fault touches on any of the pairs' paths."""
+        m = pairs.shape[0]
+        return cls(
+            index,
+            eps,
+            np.tile(pairs[:, 0], n_path_ids),
+            np.tile(pairs[:, 1], n_path_ids),
+            np.repeat(np.arange(n_path_ids), m),
+            np.zeros(m * n_path_ids),
+        )
+
     @property
     def src_rnic(self) -> np.ndarray:
         return self.eps.rnic[self.src_ep]

@@ -409,11 +409,7 @@ class Simulation:
         return a
 
     def _all_paths_rows(self) -> RowSet:
-        m = self.pairs.shape[0]
-        src = np.tile(self.pairs[:, 0], self.n_path_ids)
-        dst = np.tile(self.pairs[:, 1], self.n_path_ids)
-        pid = np.repeat(np.arange(self.n_path_ids), m)
-        return RowSet(self.index, self.eps, src, dst, pid, np.zeros(src.size))
+        return RowSet.all_paths(self.index, self.eps, self.pairs, self.n_path_ids)
 
     def candidates(self, ftype: FaultType, *, used_only: bool = True) -> list[str]:
         """Components a fault of ``ftype`` could sit on; ``used_only`` keeps those on some ping
