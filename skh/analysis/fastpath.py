@@ -95,6 +95,10 @@ class FastPathConfig:
     #: a pair is held at most this long: a responder silent for longer is endpoint health's
     #: case (missed heartbeats withhold its pairs), else its agent is alive but probes nothing
     hold_max_s: float = 3.0
+    #: how far two hosts' clocks may disagree (NTP steps of up to a few hundred ms): a pair is
+    #: held unless its responder reported this far past the run's start, and a restart's gap
+    #: excuses failures this far around it
+    clock_skew_s: float = 0.25
     #: an outage starting within this long of the pair's previous outage ending is a flap
     flap_window_s: float = 120.0
     #: failure send times kept per pair
@@ -110,7 +114,7 @@ class FastPathConfig:
                     f"The '{name}' parameter of FastPathConfig must be >= 1. "
                     f"Got {getattr(self, name)!r} instead."
                 )
-        for name in ("unreachable_after_s", "stall_evidence_ms", "hold_max_s"):
+        for name in ("unreachable_after_s", "stall_evidence_ms", "hold_max_s", "clock_skew_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(
                     f"The '{name}' parameter of FastPathConfig must be >= 0. "
@@ -385,6 +389,8 @@ class FastPathState:
         if pids.size == 0:
             return
         s = self.state
+        skew = int(self.config.clock_skew_s * 1e9)
+        from_ns, to_ns = from_ns - skew, to_ns + skew
         self._drop_failures(pids, from_ns, to_ns)
         rf = s["run_first_ns"][pids]
         in_run = (s["consec"][pids] > 0) & (rf >= from_ns) & (rf <= to_ns)
@@ -456,14 +462,13 @@ class FastPathState:
             prog = np.full(n, _NEVER)
             ok = dst < progress_ns.size
             prog[ok] = progress_ns[dst[ok]]
-            # the responder's own prober reports every 1 / (its probes per second): allow that
-            out_rate = np.bincount(src, weights=s["rate_hz"], minlength=m_ep)
-            cadence_s = 1.0 / np.maximum(out_rate[dst], 1.0)
-            # the first failure of what is running now (the pair's run, or a flow's)
+            # the first failure of what is running now: the pair's run (any OK before it came
+            # from the responder, alive), else the flows' runs
             ff = np.where(fc > 0, s["flow_first_ns"], np.iinfo(np.int64).max).min(axis=1)
-            first = np.where(failing, np.minimum(s["run_first_ns"], ff), ff)
-            lag = (cadence_s * 1e9).astype(np.int64)
-            held = running & (prog < first - lag) & (first > now_ns - int(cfg.hold_max_s * 1e9))
+            first = np.where(failing, s["run_first_ns"], ff)
+            # send times come from two hosts' clocks: allow for their skew
+            skew = int(cfg.clock_skew_s * 1e9)
+            held = running & (prog < first + skew) & (first > now_ns - int(cfg.hold_max_s * 1e9))
         a_p, b_p = self.baseline(slice(0, n))
         log_alpha = np.log(cfg.alpha)
 
