@@ -177,7 +177,9 @@ class FakeResponder:
         data, addr = self.sock.recvfrom(2048)
         return fp.proto_decode(data), addr
 
-    def answer(self, probe, addr, *kinds, resp_session=99, session=None):
+    def answer(self, probe, addr, *kinds, resp_session=99, session=None, receipts=None):
+        """Sends the ACKs of ``kinds`` (2: ACK1, 3: ACK2); ``receipts`` = the set of tseqs of
+        the probe's stream to claim as received (ACK1 then carries them)."""
         for kind in kinds:
             kw = dict(
                 session=probe["session"] if session is None else session,
@@ -188,6 +190,11 @@ class FakeResponder:
             )
             if kind == 3:
                 kw.update(flags=1, ts_source=TsSource.USER, t3=1000, t4=1500)
+            if kind == 2 and receipts is not None:
+                q = probe["tseq"]
+                span = min(q, 128)
+                bits = sum(1 << i for i in range(span) if q - 1 - i in receipts)
+                kw.update(flags=2, rcpt_span=span, rcpt_bits=bits)
             self.sock.sendto(fp.proto_encode(kind, **kw), addr)
 
     def close(self):
@@ -220,12 +227,77 @@ def test_prober_drops_replays_late_and_unsolicited_acks(make_engine):
         fake.close()
     rows = prober.drain()
     by_seq = dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True))
+    # seq 1: no answer in time, from a responder without receipts: direction unknown
     assert by_seq[0] == ProbeStatus.OK and by_seq[1] == ProbeStatus.LOST
-    assert (
-        by_seq[2] == ProbeStatus.INVALID
-    )  # ACK1 arrived, ACK2 never paired: path works, stamps do not
+    # seq 2: ACK1 arrived, ACK2 never paired: the request got there, an answer did not come back
+    assert by_seq[2] == ProbeStatus.REPLY_LOST
     assert rows[rows["seq"] == 0]["rtt_ns"][0] > 0
     assert s.acks_received == 3
+    assert_accounted(s)
+
+
+def test_receipts_tell_which_direction_lost_a_probe(make_engine):
+    """A responder that acknowledges what it received (receipts in ACK1) lets the prober tell a
+    lost request from a lost reply; a probe that got one answer only is reply loss."""
+    fake = FakeResponder()
+    received: set[int] = set()
+    # tseq -> (claim it arrived, ACKs sent back)
+    script = {1: (False, ()), 2: (True, ()), 3: (True, (3,)), 4: (True, (2,))}
+    try:
+        prober = make_engine(timeout_s=0.2)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.05, count=8)
+        streams = set()
+        for tseq in range(8):
+            probe, addr = fake.next_probe()
+            assert probe["tseq"] == tseq  # the probe asks for receipts of its stream
+            streams.add(probe["stream"])
+            arrived, kinds = script.get(probe["tseq"], (True, (2, 3)))
+            if arrived:
+                received.add(probe["tseq"])
+            fake.answer(probe, addr, *kinds, receipts=received - {probe["tseq"]})
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    assert len(streams) == 1 and 0 not in streams
+    rows = prober.drain()
+    by_seq = dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True))
+    assert by_seq == {
+        0: ProbeStatus.OK,
+        1: ProbeStatus.REQUEST_LOST,  # a later ACK1 said it never arrived
+        2: ProbeStatus.REPLY_LOST,  # a later ACK1 said it arrived, no answer came back
+        3: ProbeStatus.REPLY_LOST,  # ACK2 only
+        4: ProbeStatus.REPLY_LOST,  # ACK1 only
+        5: ProbeStatus.OK,
+        6: ProbeStatus.OK,
+        7: ProbeStatus.OK,
+    }, by_seq
+    assert (s.request_lost, s.reply_lost, s.lost) == (1, 3, 0)
+    assert_accounted(s)
+
+
+def test_direction_nobody_can_tell_stays_lost(make_engine):
+    """Probes whose later probes also go unanswered (the responder vanished) are LOST, and wait
+    no longer than the next probe's timeout for an answer that could tell."""
+    fake = FakeResponder()
+    try:
+        prober = make_engine(timeout_s=0.1)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.02, count=6)
+        for _ in range(2):
+            probe, addr = fake.next_probe()
+            fake.answer(probe, addr, 2, 3, receipts={0})
+        t0 = time.monotonic()
+        assert wait_for(lambda: prober.stats().decided >= 6, timeout_s=5)
+        waited = time.monotonic() - t0
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    rows = prober.drain()
+    assert sorted(rows["status"].tolist()) == [ProbeStatus.OK] * 2 + [ProbeStatus.LOST] * 4
+    # the last probe (sent ~0.1 s in) waits its timeout and then at most its horizon
+    assert waited < 0.1 + 0.1 + 2 * 0.02 + 0.3, waited
+    assert s.awaiting_direction == 0
     assert_accounted(s)
 
 
