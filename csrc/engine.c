@@ -29,10 +29,12 @@ const char *const skh_stat_names[SKH_STAT__COUNT] = {
 #define RESP_CAP 1024 /* ACK1s waiting for their send stamp (power of two) */
 #define TXMAP_CAP 4096 /* tx_id -> owner of a send stamp still to come (power of two) */
 #define PARK_CAP 4096 /* lost probes waiting to learn their direction (power of two) */
-#define DEFER_CAP 256 /* datagrams waiting to be sent again after a transient local error */
+#define DEFER_CAP 1024 /* datagrams waiting to be sent again after a transient local error */
 #define RCPT_STREAMS 4096 /* prober streams a responder remembers receipts of */
 #define DEFER_RETRY_NS (1000LL * 1000LL) /* retry deferred sends every 1 ms */
-#define ACK_DEFER_NS (100LL * 1000LL * 1000LL) /* an ACK is given up after waiting 100 ms to leave */
+/* An ACK is given up after waiting this long to leave (for the address handle of a new prober: ARP
+ * takes ~1 s on first contact); later than a prober's timeout it would only be late anyway. */
+#define ACK_DEFER_NS (1000LL * 1000LL * 1000LL)
 /* Offsets CLOCK_REALTIME - CLOCK_MONOTONIC read apart farther than this (beyond the reads' own
  * spread) mean a step of the realtime clock: both run at one rate, only steps move the offset. */
 #define STEP_SLACK_NS 2000LL
@@ -65,6 +67,7 @@ struct slot {
     uint8_t t2_src, t5_src, t34_src;
     uint8_t deferred; /* waiting in the retry queue: not on the wire yet */
     uint8_t stepped; /* CLOCK_REALTIME stepped between T1 and reading ACK1 */
+    uint8_t rx_reset; /* our own receive path was reset while it waited: missing answers are ours */
     uint16_t path_id;
     uint32_t dst_ep;
     uint32_t tgt_seq;
@@ -72,7 +75,6 @@ struct slot {
     uint32_t resp_session;
     uint32_t park; /* index in the park while PARKED */
     int64_t t1, t_wall, t2, t2u, t5, t5u, t3, t4; /* decided at t1 + timeout at the latest */
-    int64_t interval_ns;
     struct rt_off off1;
 };
 
@@ -84,8 +86,6 @@ struct tstate {
     uint16_t ev_span;
     uint8_t have_ev;
     uint8_t no_rcpt; /* the responder answers without receipts (an older engine) */
-    uint32_t dead_tseq; /* newest probe that ended with no answer and nothing learnt */
-    uint8_t have_dead;
     uint64_t ev_bits[2];
     uint32_t parked; /* park entries of this stream */
 };
@@ -144,13 +144,12 @@ struct outq { /* datagrams queued for one send() batch */
     unsigned n;
 };
 
-struct deferred { /* a datagram kept for another try */
+struct deferred { /* a datagram kept for another try; its bytes are in defer_buf */
     uint8_t kind;
     uint8_t want_stamp;
     uint32_t ref, len;
     int64_t deadline;
     skh_addr dst;
-    uint8_t buf[SKH_PROBE_MAX_LEN];
 };
 
 struct skh_engine {
@@ -191,6 +190,7 @@ struct skh_engine {
     struct skh_rcpt_table *rcpt;
     /* datagrams to retry, oldest first */
     struct deferred *defer;
+    uint8_t *defer_buf; /* DEFER_CAP x probe_len */
     uint32_t defer_head, defer_tail;
     int64_t defer_next;
 
@@ -361,9 +361,6 @@ static uint8_t direction(const struct skh_engine *e, uint32_t tidx, uint32_t str
             return (ts->ev_bits[i / 64] >> (i % 64)) & 1 ? SKH_ST_REPLY_LOST : SKH_ST_REQUEST_LOST;
         }
     }
-    /* a later probe of the stream also ended unanswered: no answer is coming to tell */
-    if (ts->have_dead && (int32_t)(ts->dead_tseq - tseq) > 0)
-        return SKH_ST_LOST;
     return DIR_WAIT;
 }
 
@@ -423,21 +420,11 @@ static void finish_unanswered(struct skh_engine *e, struct slot *s, int64_t now)
 {
     struct tstate *ts = tstate_of(e, s);
     uint8_t d = ts ? direction(e, s->tidx, s->stream, s->tgt_seq) : SKH_ST_LOST;
+    if (d == DIR_WAIT && e->cfg.direction_wait_ns == 0)
+        d = SKH_ST_LOST;
     if (d != DIR_WAIT) {
-        if (ts && d == SKH_ST_LOST && (!ts->have_dead || (int32_t)(s->tgt_seq - ts->dead_tseq) > 0)) {
-            ts->dead_tseq = s->tgt_seq;
-            ts->have_dead = 1;
-            if (ts->parked)
-                e->park_dirty = 1;
-        }
         finish_status(e, s, d);
         return;
-    }
-    if (ts->parked) /* earlier parked probes of this stream now have a later silent one */
-        e->park_dirty = 1;
-    if (!ts->have_dead || (int32_t)(s->tgt_seq - ts->dead_tseq) > 0) {
-        ts->dead_tseq = s->tgt_seq;
-        ts->have_dead = 1;
     }
     if (e->park_head - e->park_tail == PARK_CAP) {
         /* full: the oldest gives up waiting */
@@ -448,10 +435,11 @@ static void finish_unanswered(struct skh_engine *e, struct slot *s, int64_t now)
     }
     uint32_t idx = e->park_head++;
     struct park *p = &e->park[idx & (PARK_CAP - 1)];
-    *p = (struct park){.live = 1, .linked = 1, .path_id = s->path_id, .wire_seq = s->wire_seq, .dst_ep = s->dst_ep,
-                       .tgt_seq = s->tgt_seq, .stream = s->stream, .tidx = s->tidx, .t_wall = s->t_wall};
-    /* the next probe's answer tells; a probe of a removed target waits no longer than this */
-    p->horizon = now + e->cfg.timeout_ns + 2 * s->interval_ns;
+    *p = (struct park){.live = 1, .linked = 1, .path_id = s->path_id, .wire_seq = s->wire_seq,
+                       .dst_ep = s->dst_ep, .tgt_seq = s->tgt_seq, .stream = s->stream,
+                       .tidx = s->tidx, .t_wall = s->t_wall};
+    /* a later answer (its receipts, or this probe's own late reply) may still tell */
+    p->horizon = now + e->cfg.direction_wait_ns;
     leave_pending(e, s);
     s->state = SLOT_PARKED;
     s->park = idx;
@@ -613,6 +601,7 @@ static void defer_one(struct skh_engine *e, unsigned i, int64_t now)
         send_failed(e, i, EAGAIN);
         return;
     }
+    uint8_t *buf = &e->defer_buf[(size_t)(e->defer_head % DEFER_CAP) * e->cfg.probe_len];
     struct deferred *d = &e->defer[e->defer_head++ % DEFER_CAP];
     d->kind = kind;
     d->ref = ref;
@@ -620,7 +609,7 @@ static void defer_one(struct skh_engine *e, unsigned i, int64_t now)
     d->len = e->out.pkt[i].len;
     d->deadline = deadline;
     d->dst = e->out.dst[i];
-    memcpy(d->buf, e->out.buf[i], d->len);
+    memcpy(buf, e->out.buf[i], d->len);
     if (s && !s->deferred) {
         s->deferred = 1;
         e->deferred_probes++;
@@ -667,6 +656,7 @@ static void retry_deferred(struct skh_engine *e, int64_t now)
     uint32_t n = e->defer_head - e->defer_tail;
     e->defer_next = 0;
     for (uint32_t k = 0; k < n; k++) {
+        const uint8_t *buf = &e->defer_buf[(size_t)(e->defer_tail % DEFER_CAP) * e->cfg.probe_len];
         struct deferred *d = &e->defer[e->defer_tail++ % DEFER_CAP];
         if (d->kind == TX_PROBE && !live_probe(e, d->ref))
             continue; /* decided meanwhile (its timeout) */
@@ -683,7 +673,7 @@ static void retry_deferred(struct skh_engine *e, int64_t now)
             continue;
         }
         unsigned i = out_slot(e);
-        memcpy(e->out.buf[i], d->buf, d->len);
+        memcpy(e->out.buf[i], buf, d->len);
         e->out.dst[i] = d->dst;
         e->out.pkt[i].buf = e->out.buf[i];
         e->out.pkt[i].len = d->len;
@@ -767,7 +757,6 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
             s->tgt_seq = t->seq++;
             s->stream = t->stream;
             s->tidx = (uint32_t)i;
-            s->interval_ns = t->interval_ns;
             s->path_id = t->path_id;
             s->off1 = rt_offset(NULL, &s->t_wall);
             s->t1 = mono();
@@ -962,6 +951,17 @@ static void on_error_report(struct skh_engine *e, const struct skh_rxpkt *p)
         finish_status(e, s, status_of_icmp_errno(-p->err));
 }
 
+/* The transport lost what was on its way in: every probe waiting for answers may have lost them
+ * on this host, not in the network. */
+static void receive_path_reset(struct skh_engine *e)
+{
+    for (uint32_t q = e->tail_seq; q != e->next_seq; q++) {
+        struct slot *s = live_probe(e, q);
+        if (s)
+            s->rx_reset = 1;
+    }
+}
+
 static int on_stamps(struct skh_engine *e);
 
 static int on_rx(struct skh_engine *e)
@@ -976,10 +976,14 @@ static int on_rx(struct skh_engine *e)
     int64_t t_rx;
     struct rt_off off = rt_offset(&t_rx, NULL);
     uint32_t resp_from = e->resp_head;
-    inc(e, SKH_STAT_received, (uint64_t)n);
+    inc(e, SKH_STAT_received, (uint64_t)n - (e->rx[0].err == -ENETRESET));
     for (int i = 0; i < n; i++) {
         const struct skh_rxpkt *p = &e->rx[i];
         struct skh_msg m;
+        if (p->err == -ENETRESET) {
+            receive_path_reset(e);
+            continue;
+        }
         if (p->err) {
             on_error_report(e, p);
             continue;
@@ -1086,6 +1090,9 @@ static int64_t expire(struct skh_engine *e, int64_t now)
                 finish_status(e, s, SKH_ST_LOCAL_ERROR);
             } else if ((s->have & (HAVE_ACK1 | HAVE_ACK2)) == (HAVE_ACK1 | HAVE_ACK2)) {
                 finish_answered(e, s); /* both answers but no T2: the user pair decides */
+            } else if (s->rx_reset) {
+                /* its answers may have reached us while our receive queue was being reset */
+                finish_status(e, s, SKH_ST_LOCAL_ERROR);
             } else if (s->have) {
                 /* one answer: the request arrived and the other answer was lost on the way back */
                 finish_status(e, s, SKH_ST_REPLY_LOST);
@@ -1179,6 +1186,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (!ops)
         return -EPROTONOSUPPORT;
     if (cfg->timeout_ns <= 0 || cfg->batch_window_ns < 0 || cfg->batch_window_ns >= cfg->timeout_ns ||
+        cfg->direction_wait_ns < 0 ||
         cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
         cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT)
         return -EINVAL;
@@ -1206,8 +1214,9 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     e->txmap = calloc(TXMAP_CAP, sizeof(*e->txmap));
     e->park = calloc(PARK_CAP, sizeof(*e->park));
     e->defer = calloc(DEFER_CAP, sizeof(*e->defer));
+    e->defer_buf = calloc(DEFER_CAP, e->cfg.probe_len);
     int rc = -ENOMEM;
-    if (!e->ring || !e->slots || !e->resp || !e->txmap || !e->park || !e->defer)
+    if (!e->ring || !e->slots || !e->resp || !e->txmap || !e->park || !e->defer || !e->defer_buf)
         goto fail;
     if (getrandom(&e->session, sizeof(e->session), 0) != sizeof(e->session))
         e->session = (uint32_t)now_ns(CLOCK_REALTIME) ^ (uint32_t)getpid();
@@ -1284,6 +1293,7 @@ void skh_engine_destroy(struct skh_engine *e)
     free(e->txmap);
     free(e->park);
     free(e->defer);
+    free(e->defer_buf);
     free(e);
 }
 

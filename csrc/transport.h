@@ -93,7 +93,9 @@ struct skh_rxpkt {
     uint8_t truncated; /* out: the datagram was longer than cap */
     uint8_t ts_source; /* out: clock of ts_ns (SKH_TS_NONE: no receive stamp) */
     int32_t err; /* out: 0 = a datagram from src; < 0 = -errno of an error report about a datagram
-                  * this transport sent to src, buf then holds (the start of) that datagram */
+                  * this transport sent to src, buf then holds (the start of) that datagram;
+                  * -ENETRESET (len 0, nothing else valid): the transport lost whatever was on its
+                  * way in (a queue pair reset), so answers due now may never arrive */
     int64_t ts_ns; /* out: receive stamp */
     skh_addr src; /* out: sender (or, for an error report, the original destination) */
 };

@@ -277,6 +277,7 @@ static int verbs_send(struct skh_transport *t, struct skh_txpkt *pkts, unsigned 
         uint32_t id = t->next_tx_id++;
         t->tx_id[slot] = id;
         t->tx_ah[slot] = ah_ref;
+        t->tx_want[slot] = pkts[i].want_stamp;
         /* software T2/T4: the last user-clock read before the datagram leaves, so T5-T2 (and T4-T3)
          * bracket the network; a stamp taken when the completion is polled could come after T5 */
         t->tx_sw_ns[slot] = t->info.hw_stamps ? 0 : mono_ns();
@@ -300,6 +301,15 @@ static int verbs_recv(struct skh_transport *t, struct skh_rxpkt *pkts, unsigned 
     if (rc < 0)
         return rc;
     unsigned k = 0;
+    if (t->rx_reset && n) {
+        t->rx_reset = 0;
+        pkts[k].len = 0;
+        pkts[k].truncated = 0;
+        pkts[k].err = -ENETRESET;
+        pkts[k].ts_source = SKH_TS_NONE;
+        memset(&pkts[k].src, 0, sizeof(pkts[k].src));
+        k++;
+    }
     while (k < n && t->rx_tail != t->rx_head) {
         struct skh_rx_done d = t->rx[t->rx_tail++ % SKH_RQ_DEPTH];
         const uint8_t *slot = t->buf + (size_t)d.slot * t->rx_slot;

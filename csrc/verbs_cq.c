@@ -89,14 +89,17 @@ void skh_verbs_post_recv(struct skh_transport *t, uint32_t slot)
     }
 }
 
-/* A send that will never complete successfully: its stamp slot says so, its AH is released. */
+/* A send completed (ok: its stamp; else it never left): the engine hears of it if it asked, the
+ * send's AH is released. */
 static void send_done(struct skh_transport *t, uint32_t slot, int ok, int64_t ts)
 {
-    struct skh_txstamp *s = &t->st[t->st_head++ % SKH_SQ_DEPTH];
-    s->tx_id = t->tx_id[slot];
-    s->err = ok ? 0 : -EIO;
-    s->ts_source = !ok ? SKH_TS_NONE : t->info.hw_stamps ? SKH_TS_HW : SKH_TS_USER;
-    s->ts_ns = !ok ? 0 : t->info.hw_stamps ? ts : t->tx_sw_ns[slot];
+    if (t->tx_want[slot]) {
+        struct skh_txstamp *s = &t->st[t->st_head++ % SKH_SQ_DEPTH];
+        s->tx_id = t->tx_id[slot];
+        s->err = ok ? 0 : -EIO;
+        s->ts_source = !ok ? SKH_TS_NONE : t->info.hw_stamps ? SKH_TS_HW : SKH_TS_USER;
+        s->ts_ns = !ok ? 0 : t->info.hw_stamps ? ts : t->tx_sw_ns[slot];
+    }
     skh_ah_release(t->ahc, t->tx_ah[slot]);
     t->tx_ah[slot] = SKH_AH_NONE;
     t->tx_tail++;
@@ -123,6 +126,7 @@ static int recover(struct skh_transport *t)
             if (t->rx_state[i] == RX_POSTED)
                 t->rx_state[i] = RX_FREE;
         t->qp_recoveries++;
+        t->rx_reset = 1;
     }
     t->qp_suspect = 0;
     for (uint32_t i = 0; i < SKH_RQ_DEPTH; i++)

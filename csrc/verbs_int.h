@@ -136,6 +136,7 @@ struct skh_transport {
     uint32_t next_tx_id;
     uint32_t tx_id[SKH_SQ_DEPTH];
     uint32_t tx_ah[SKH_SQ_DEPTH]; /* the address handle each send holds until its completion */
+    uint8_t tx_want[SKH_SQ_DEPTH]; /* the engine wants this send's stamp (or news of its failure) */
     int64_t tx_sw_ns[SKH_SQ_DEPTH];
     /* completions harvested from the CQ, waiting for recv()/stamps() */
     struct skh_rx_done rx[SKH_RQ_DEPTH];
@@ -145,6 +146,7 @@ struct skh_transport {
     unsigned unacked_events;
     int armed; /* a completion notification is requested and has not fired yet */
     int qp_suspect; /* an error completion was seen: check the QP's state once the CQ is drained */
+    int rx_reset; /* the QP was reset: tell the engine (recv() reports -ENETRESET once) */
     /* counters (engine thread writes, other threads may read a moment-old value) */
     uint64_t qp_recoveries, tx_errors, rx_errors, rx_no_grh;
 };

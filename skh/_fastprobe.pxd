@@ -80,6 +80,7 @@ cdef extern from "engine.h" nogil:
         SKH_STAT__COUNT
         SKH_MAX_IN_FLIGHT
         SKH_DEFAULT_IN_FLIGHT
+    int64_t SKH_DEFAULT_DIRECTION_WAIT_NS
 
     const char *const skh_stat_names[]
 
@@ -92,6 +93,7 @@ cdef extern from "engine.h" nogil:
         uint32_t probe_len
         uint32_t max_in_flight
         int64_t batch_window_ns
+        int64_t direction_wait_ns
 
     struct skh_engine:
         pass

@@ -18,6 +18,7 @@ CAP_TX_STAMPS = SKH_TCAP_TX_STAMPS
 CAP_RX_STAMPS = SKH_TCAP_RX_STAMPS
 MAX_IN_FLIGHT = SKH_MAX_IN_FLIGHT
 DEFAULT_IN_FLIGHT = SKH_DEFAULT_IN_FLIGHT
+DEFAULT_DIRECTION_WAIT_NS = SKH_DEFAULT_DIRECTION_WAIT_NS
 
 if PROBE_DTYPE.itemsize != 48:  # skh_record is static-asserted to 48 bytes in engine.c
     raise ImportError("skh.records.PROBE_DTYPE no longer matches the engine's skh_record")
@@ -113,7 +114,8 @@ cdef class FastEngine:
     def __cinit__(self, *, uint32_t endpoint_id, str transport, str bind, int port, str device,
                   int gid_index, int netns_fd, bint hw_timestamps, bint kernel_timestamps,
                   int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0,
-                  int64_t batch_window_ns=0, uint8_t traffic_class=0, uint8_t priority=0):
+                  int64_t batch_window_ns=0, uint8_t traffic_class=0, uint8_t priority=0,
+                  int64_t direction_wait_ns=SKH_DEFAULT_DIRECTION_WAIT_NS):
         cdef skh_engine_cfg cfg
         cdef bytes b_transport = transport.encode()
         cdef bytes b_bind = bind.encode()
@@ -138,6 +140,7 @@ cdef class FastEngine:
         cfg.probe_len = probe_len
         cfg.max_in_flight = max_in_flight
         cfg.batch_window_ns = batch_window_ns
+        cfg.direction_wait_ns = direction_wait_ns
         rc = skh_engine_create(&cfg, &self._e)
         if rc < 0:
             self._e = NULL

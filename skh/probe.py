@@ -31,6 +31,7 @@ from skh.records import PROBE_DTYPE
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW_S",
+    "DEFAULT_DIRECTION_WAIT_S",
     "DEFAULT_PORT",
     "DEFAULT_PROBE_BYTES",
     "PROBE_MAX_BYTES",
@@ -49,6 +50,9 @@ DEFAULT_PROBE_BYTES = PROBE_MIN_BYTES
 #: Probes due this close together leave in one send batch (one wake-up per round of a target list
 #: rather than one per target); each probe's own send time is still recorded (``Engine``).
 DEFAULT_BATCH_WINDOW_S = 500e-6
+#: An unanswered probe's record waits at most this long past its timeout for a later answer to say
+#: which direction lost it (REQUEST_LOST / REPLY_LOST); then it is LOST (docs/engine.md).
+DEFAULT_DIRECTION_WAIT_S = _fastprobe.DEFAULT_DIRECTION_WAIT_NS / 1e9
 
 _TRANSPORTS = ("udp", "verbs")
 _U32 = 2**32 - 1
@@ -181,7 +185,14 @@ class Engine:
     egress queue and VLAN PCP; verbs: the service level): set them to the training traffic's class
     so probes share its queue (RoCE fabrics commonly run it as DSCP 26, priority 3:
     ``traffic_class=104, priority=3``; see docs/engine.md). Replies carry the DSCP their probe
-    arrived with. ``batch_window_s``
+    arrived with.
+
+    Loss by direction: the engine asks responders for receipts (which of the stream's earlier
+    probes they received), so an unanswered probe is ``REQUEST_LOST`` or ``REPLY_LOST``; its record
+    waits up to ``direction_wait_s`` past the timeout for the answer that tells, and is ``LOST``
+    when none does (a responder that sends no receipts, an outage longer than that). A probe with
+    one of its two answers is ``REPLY_LOST``; one this host could not send, or whose answers its
+    own reset receive queue lost, ``LOCAL_ERROR``. ``batch_window_s``
     > 0 batches probes: each target's probes fall on multiples of its interval (after the first,
     sent at once), so targets sharing an interval go out together however far apart they were
     added, and a probe due within the window of a batch joins it; a round of a target list then
@@ -208,6 +219,7 @@ class Engine:
         batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
         traffic_class: int = 0,
         priority: int = 0,
+        direction_wait_s: float = DEFAULT_DIRECTION_WAIT_S,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -235,6 +247,7 @@ class Engine:
         batch_window_s = _check_seconds(batch_window_s, "batch_window_s", owner, 0.0)
         traffic_class = _check_int(traffic_class, "traffic_class", owner, 0, 255)
         priority = _check_int(priority, "priority", owner, 0, 7)
+        direction_wait_s = _check_seconds(direction_wait_s, "direction_wait_s", owner, 0.0)
         if batch_window_s >= timeout_s:
             raise _bad(
                 "batch_window_s", owner, f"shorter than timeout_s ({timeout_s:g} s)", batch_window_s
@@ -276,6 +289,7 @@ class Engine:
                 batch_window_ns=int(batch_window_s * 1e9),
                 traffic_class=traffic_class,
                 priority=priority,
+                direction_wait_ns=int(direction_wait_s * 1e9),
             )
         except EngineError as exc:
             # the machine lacks what was asked: an RDMA device/GID (any verbs open failure), NIC

@@ -33,7 +33,7 @@ class TickClock(ctypes.Structure):
         ("mask", ctypes.c_uint64),
         ("khz", ctypes.c_uint64),
         ("last_raw", ctypes.c_uint64),
-        ("last_ext", ctypes.c_uint64),
+        ("last_ext", ctypes.c_int64),
         ("primed", ctypes.c_int),
     ]
 
@@ -228,6 +228,30 @@ def test_tick_clock_extends_across_many_wraps(vu):
     assert true_ticks > 50 * (mask + 1)
 
 
+MLX5_MASK = 0x7FFF_FFFF_FFFF_FFFF  # mlx5_ib_query_device: props->timestamp_mask
+# device_frequency_khz of real devices: 156.25 MHz, 625 MHz, 1 GHz
+REAL_KHZ = (156_250, 625_000, 1_000_000)
+
+
+@pytest.mark.parametrize("khz", REAL_KHZ)
+@pytest.mark.parametrize("start", [0, 1 << 40, MLX5_MASK - 10**9, MLX5_MASK])
+def test_tick_clock_at_mlx5_mask_is_positive_and_exact(vu, khz, start):
+    """The raw counter may sit anywhere in its 63 bits (near the top it is past INT64_MAX once in
+    ns): only ticks since the first stamp are converted, so stamps stay positive and exact,
+    across the wrap of the 63-bit counter too."""
+    c = TickClock()
+    assert vu.skh_tick_clock_init(ctypes.byref(c), MLX5_MASK, khz) == 0
+    first = vu.skh_tick_clock_ns(ctypes.byref(c), start)
+    assert first > 0
+    ticks = 0
+    rng = random.Random(khz ^ start)
+    for _ in range(500):
+        ticks += rng.randrange(1, 3 * 10**9)  # up to ~20 s at 156.25 MHz between stamps
+        got = vu.skh_tick_clock_ns(ctypes.byref(c), (start + ticks) & MLX5_MASK)
+        assert got > first
+        assert got - first == ticks * 10**6 // khz
+
+
 def test_tick_clock_places_a_slightly_older_stamp_behind(vu):
     c = TickClock()
     vu.skh_tick_clock_init(ctypes.byref(c), 0xFFFF, 1_000_000)
@@ -407,6 +431,37 @@ def test_nic_ticks_across_wraps_give_valid_rtts(proto):
             assert out.ts_source == TS_HW
     assert valid == 3000, f"only {valid} of 3000 probes had a valid RTT"
     assert t_true * p_khz // 10**6 > 20 * (mask + 1)  # the counters did wrap, many times
+
+
+@pytest.mark.parametrize(("p_khz", "r_khz"), [(k, REAL_KHZ[i - 1]) for i, k in enumerate(REAL_KHZ)])
+def test_mlx5_ticks_across_the_63_bit_wrap_give_valid_rtts(proto, p_khz, r_khz):
+    """The engine's clock path at mlx5's real mask: counters starting just below 2^63 wrap during
+    the run; every probe valid, within one tick of each side of the true RTT."""
+    rng = random.Random(p_khz)
+    pc, rc_ = TickClock(), TickClock()
+    assert proto.skh_tick_clock_init(ctypes.byref(pc), MLX5_MASK, p_khz) == 0
+    assert proto.skh_tick_clock_init(ctypes.byref(rc_), MLX5_MASK, r_khz) == 0
+    # 0.5 s and 0.2 s of ticks before the wrap
+    p_off, r_off = MLX5_MASK - p_khz * 500, MLX5_MASK - r_khz * 200
+    tick_bound = -(-(10**6) // p_khz) + -(-(10**6) // r_khz)
+    t_true = 0
+
+    def ns(c, off, khz, t):
+        return proto.skh_tick_clock_ns(ctypes.byref(c), (off + t * khz // 10**6) & MLX5_MASK)
+
+    for _ in range(2000):
+        t_true += rng.randrange(1_000, 1_000_000)
+        one_way, resp = rng.randrange(2_000, 20_000), rng.randrange(500, 50_000)
+        t3 = t_true + one_way
+        s2, s3 = ns(pc, p_off, p_khz, t_true), ns(rc_, r_off, r_khz, t3)
+        s4, s5 = ns(rc_, r_off, r_khz, t3 + resp), ns(pc, p_off, p_khz, t3 + resp + one_way)
+        out = Rtt()
+        st = proto.skh_proto_rtt(
+            t_true - 100, s2, TS_HW, s3, s4, TS_HW, s5, t3 + resp + one_way + 100, ctypes.byref(out)
+        )
+        assert st == ST_OK and out.ts_source == TS_HW
+        assert abs(out.rtt_ns - 2 * one_way) <= tick_bound
+    assert t_true > 0.5e9  # both counters wrapped
 
 
 def test_raw_ticks_without_conversion_are_not_ns(proto):
