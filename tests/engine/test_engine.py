@@ -502,3 +502,69 @@ def test_path_sockets_are_bounded(make_engine):
         eng.add_target(64, "127.0.0.1", 9, interval_s=10, path_id=64)
     assert info.value.errno == errno.ENOSPC
     eng.add_target(65, "127.0.0.1", 9, interval_s=10, path_id=7)  # an existing path is reused
+
+
+def _recv_tos(sock: socket.socket) -> tuple[bytes, int]:
+    data, anc, _, _ = sock.recvmsg(2048, 64)
+    tos = [d[0] for level, kind, d in anc if level == socket.IPPROTO_IP and kind == socket.IP_TOS]
+    return data, tos[0] if tos else -1
+
+
+def test_probes_carry_the_traffic_class_and_replies_keep_the_probes_dscp(make_engine):
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    sink.settimeout(2)
+    try:
+        # DSCP 26 (the usual RoCE class) with ECT(0), priority 3
+        prober = make_engine(traffic_class=26 << 2 | 2, priority=3)
+        prober.start()
+        prober.add_target(1, "127.0.0.1", sink.getsockname()[1], interval_s=1, count=1, path_id=4)
+        data, tos = _recv_tos(sink)
+        assert fp.proto_decode(data)["path_id"] == 4 and tos == 106  # a path socket too
+    finally:
+        sink.close()
+
+    responder = make_engine(traffic_class=1)  # its own ECN bits: ECT(1)
+    responder.start()
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 46 << 2)  # EF
+    peer.settimeout(2)
+    try:
+        peer.sendto(fp.proto_encode(1, session=5, seq=1, t1=9), ("127.0.0.1", responder.local_port))
+        tos = {fp.proto_decode(d)["type"]: t for d, t in (_recv_tos(peer), _recv_tos(peer))}
+    finally:
+        peer.close()
+    assert tos == {2: 46 << 2 | 1, 3: 46 << 2 | 1}  # both replies: the probe's DSCP, our ECN
+
+
+def test_traffic_class_validation():
+    with pytest.raises(InvalidProbeSpec, match="'traffic_class'"):
+        Engine(traffic_class=256)
+    with pytest.raises(InvalidProbeSpec, match="'priority'"):
+        Engine(priority=8)
+
+
+def test_agent_config_sets_the_engines_traffic_class():
+    from skh.errors import ConfigError
+    from skh.orchestrator.agent_overlay import default_engine_factory
+    from skh.orchestrator.config import EndpointSpec, load_config
+
+    cfg = load_config(None, {"agent.traffic_class": 104, "agent.priority": 3})
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    sink.settimeout(2)
+    eng = default_engine_factory(EndpointSpec(rail=0, ip="127.0.0.1"), cfg.agent)
+    try:
+        assert (eng.traffic_class, eng.priority) == (104, 3)
+        eng.start()
+        eng.add_target(1, "127.0.0.1", sink.getsockname()[1], interval_s=1, count=1)
+        assert _recv_tos(sink)[1] == 104
+    finally:
+        eng.close()
+        sink.close()
+    with pytest.raises(ConfigError, match="agent.traffic_class"):
+        load_config(None, {"agent.traffic_class": 300})
