@@ -144,15 +144,16 @@ int skh_verbs_harvest(struct skh_transport *t)
 {
     struct ibv_poll_cq_attr pattr = {0};
     int rc;
-    /* every CQE found now had completed by now: one software stamp serves the whole batch */
-    int64_t now = t->info.hw_stamps ? 0 : mono_ns();
     while ((rc = ibv_start_poll(t->cq, &pattr)) == 0) {
         uint64_t wr_id = t->cq->wr_id;
         int ok = t->cq->status == IBV_WC_SUCCESS;
         int64_t ts = 0;
+        /* a software receive stamp is read once the CQE is seen, never before: a clock read at the
+         * start of the loop would be earlier than a CQE that arrived during it, and its T5 (or T3)
+         * too early could make an RTT negative (send stamps are read before posting instead) */
         if (ok)
             ts = t->info.hw_stamps ? skh_tick_clock_ns(&t->clock, ibv_wc_read_completion_ts(t->cq))
-                                   : now;
+                                   : mono_ns();
         if (wr_id & SKH_RECV_WRID_BIT) {
             uint32_t slot = (uint32_t)(wr_id & ~SKH_RECV_WRID_BIT) % SKH_RQ_DEPTH;
             if (ok) {
