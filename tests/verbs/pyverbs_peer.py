@@ -90,11 +90,11 @@ class Port:
         )
 
     def ah(self, gid: str):
-        from pyverbs.addr import AH, AHAttr, GID, GlobalRoute
+        import ipaddress
+
+        from pyverbs.addr import AH, GID, AHAttr, GlobalRoute
 
         if gid not in self.ahs:
-            import ipaddress
-
             # pyverbs' GID() takes the full eight-group notation only
             full = ipaddress.IPv6Address(gid).exploded
             gr = GlobalRoute(dgid=GID(full), sgid_index=self.gid_index, hop_limit=64)
