@@ -219,14 +219,16 @@ static int64_t now_ns(clockid_t c)
 static int64_t mono(void) { return now_ns(CLOCK_MONOTONIC); }
 
 /* The realtime clock's offset now; *mono_out gets the monotonic time read first, *real_out the
- * realtime read. */
-static struct rt_off rt_offset(int64_t *mono_out, int64_t *real_out)
+ * realtime read, *mono_last the monotonic time read last. */
+static struct rt_off rt_offset(int64_t *mono_out, int64_t *real_out, int64_t *mono_last)
 {
     int64_t m0 = mono(), r = now_ns(CLOCK_REALTIME), m1 = mono();
     if (mono_out)
         *mono_out = m0;
     if (real_out)
         *real_out = r;
+    if (mono_last)
+        *mono_last = m1;
     return (struct rt_off){.lo = r - m1, .hi = r - m0};
 }
 
@@ -426,6 +428,10 @@ static void finish_unanswered(struct skh_engine *e, struct slot *s, int64_t now)
         finish_status(e, s, d);
         return;
     }
+    if (!e->park && !(e->park = calloc(PARK_CAP, sizeof(*e->park)))) {
+        finish_status(e, s, SKH_ST_LOST); /* no memory to wait in */
+        return;
+    }
     if (e->park_head - e->park_tail == PARK_CAP) {
         /* full: the oldest gives up waiting */
         struct park *old = &e->park[e->park_tail & (PARK_CAP - 1)];
@@ -597,7 +603,17 @@ static void defer_one(struct skh_engine *e, unsigned i, int64_t now)
     int64_t deadline = e->out.deadline[i];
     if (!deadline)
         deadline = s ? s->t1 + e->cfg.timeout_ns : now + ACK_DEFER_NS;
-    if (e->defer_head - e->defer_tail == DEFER_CAP || now >= deadline) {
+    if (!e->defer) { /* first use: most engines never defer anything */
+        e->defer = calloc(DEFER_CAP, sizeof(*e->defer));
+        e->defer_buf = calloc(DEFER_CAP, e->cfg.probe_len);
+        if (!e->defer || !e->defer_buf) {
+            free(e->defer);
+            free(e->defer_buf);
+            e->defer = NULL;
+            e->defer_buf = NULL;
+        }
+    }
+    if (!e->defer || e->defer_head - e->defer_tail == DEFER_CAP || now >= deadline) {
         send_failed(e, i, EAGAIN);
         return;
     }
@@ -758,8 +774,7 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
             s->stream = t->stream;
             s->tidx = (uint32_t)i;
             s->path_id = t->path_id;
-            s->off1 = rt_offset(NULL, &s->t_wall);
-            s->t1 = mono();
+            s->off1 = rt_offset(NULL, &s->t_wall, &s->t1); /* T1: the last clock read */
             struct skh_msg m = {.type = SKH_MSG_PROBE, .session = e->session, .seq = seq,
                                 .path_id = t->path_id, .t1 = (uint64_t)s->t1, .stream = t->stream,
                                 .tseq = s->tgt_seq};
@@ -974,7 +989,7 @@ static int on_rx(struct skh_engine *e)
     if (n <= 0)
         return 0;
     int64_t t_rx;
-    struct rt_off off = rt_offset(&t_rx, NULL);
+    struct rt_off off = rt_offset(&t_rx, NULL, NULL);
     uint32_t resp_from = e->resp_head;
     inc(e, SKH_STAT_received, (uint64_t)n - (e->rx[0].err == -ENETRESET));
     for (int i = 0; i < n; i++) {
@@ -1060,7 +1075,7 @@ static int on_stamps(struct skh_engine *e)
             if (ts->ts_source == SKH_TS_KERNEL) {
                 /* CLOCK_REALTIME stamps: a step between T3 and T4 would be in T4-T3 */
                 if (!have_off) {
-                    off = rt_offset(NULL, NULL);
+                    off = rt_offset(NULL, NULL, NULL);
                     have_off = 1;
                 }
                 if (rt_stepped(r->off3, off)) {
@@ -1212,11 +1227,9 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     e->slots = calloc((size_t)e->slot_mask + 1, sizeof(*e->slots));
     e->resp = calloc(RESP_CAP, sizeof(*e->resp));
     e->txmap = calloc(TXMAP_CAP, sizeof(*e->txmap));
-    e->park = calloc(PARK_CAP, sizeof(*e->park));
-    e->defer = calloc(DEFER_CAP, sizeof(*e->defer));
-    e->defer_buf = calloc(DEFER_CAP, e->cfg.probe_len);
+    /* the park and the retry queue are allocated when first needed */
     int rc = -ENOMEM;
-    if (!e->ring || !e->slots || !e->resp || !e->txmap || !e->park || !e->defer || !e->defer_buf)
+    if (!e->ring || !e->slots || !e->resp || !e->txmap)
         goto fail;
     if (getrandom(&e->session, sizeof(e->session), 0) != sizeof(e->session))
         e->session = (uint32_t)now_ns(CLOCK_REALTIME) ^ (uint32_t)getpid();
