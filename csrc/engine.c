@@ -654,6 +654,13 @@ static void flush(struct skh_engine *e)
          * on the error queue, so retry. */
         if ((err == ECONNREFUSED && stale_retries++ < 2) || err == EINTR)
             continue;
+        if (err == EINPROGRESS) {
+            /* this destination is not ready yet (its address handle is being resolved): only
+             * this datagram waits, the others go on */
+            defer_one(e, done, t);
+            done++;
+            continue;
+        }
         if (transient(err)) {
             /* the rest of the batch would meet the same full queue: keep it all, in order */
             for (; done < e->out.n; done++)

@@ -152,9 +152,10 @@ struct skh_transport_ops {
      * (the engine then polls again instead of sleeping), 0 when sleeping is safe, or -errno. */
     int (*arm)(struct skh_transport *t);
     /* Sends pkts[0..n) in order. Returns how many were sent (their tx_id set); when pkts[0] itself
-     * could not be sent, -errno of that failure. -EAGAIN / -ENOBUFS / -ENOMEM / -EINPROGRESS mean
-     * "not now" (a full queue or buffer, an address handle still being resolved): the engine keeps
-     * the datagram and tries again; any other error is final for that datagram. */
+     * could not be sent, -errno of that failure. -EAGAIN / -ENOBUFS / -ENOMEM mean "not now, for
+     * anything" (a full queue or buffer), -EINPROGRESS "not now, for this destination" (its
+     * address handle is still being resolved): the engine keeps the datagram (and, for the former,
+     * the rest of the batch) and tries again; any other error is final for that datagram. */
     int (*send)(struct skh_transport *t, struct skh_txpkt *pkts, unsigned n);
     /* Up to n received datagrams / error reports; 0 when none is ready. The engine calls stamps()
      * right before recv() in each round, so a transport may gather both from one queue read. */

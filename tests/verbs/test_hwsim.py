@@ -222,7 +222,7 @@ def test_a_qp_in_error_state_is_recovered_and_its_probes_are_local_errors(standi
     ).any()
     assert (st == ProbeStatus.LOCAL_ERROR).sum() <= 3
     after = rows[rows["t_wall_ns"] > res["t_fault_ns"] + 20_000_000]
-    assert len(after) >= 150 and (after["status"] == ProbeStatus.OK).all()
+    assert len(after) >= 100 and (after["status"] == ProbeStatus.OK).all()
     assert (after["ts_source"] == TsSource.HW).all()
 
 
@@ -242,7 +242,7 @@ def test_a_responder_qp_in_error_state_recovers_and_the_gap_is_request_loss(stan
     # probes that reached the responder's dead QP never reached the responder
     assert not np.isin(st, [ProbeStatus.LOST, ProbeStatus.REPLY_LOST]).any(), np.unique(st)
     after = rows[rows["t_wall_ns"] > res["t_fault_ns"] + 20_000_000]
-    assert len(after) >= 150 and (after["status"] == ProbeStatus.OK).all()
+    assert len(after) >= 100 and (after["status"] == ProbeStatus.OK).all()
 
 
 @pytest.mark.parametrize(
