@@ -14,6 +14,12 @@ passes the full pipeline (:class:`skh.orchestrator.pipeline.PipelineHook`); with
 unless ``detector = "none"`` the streaming detector of :mod:`skh.analysis.detect` is used
 (:class:`DetectorHook`); ``spool_dir`` additionally archives each round's raw
 records as ``.npy``.
+
+Every pushed batch enters at :meth:`Analyzer._on_batch` and every REP request at
+:meth:`Analyzer._answer`: the sender becomes a :class:`~skh.orchestrator.authz.Principal` (PULL and
+REP carry no routing id: the connection's ZAP ``User-Id`` names it), the analyzer's
+:class:`~skh.orchestrator.authz.Policy` authorizes the decoded message, then its type's handler
+runs.
 """
 
 from __future__ import annotations
@@ -31,15 +37,16 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from skh.errors import ProtocolError
+from skh.errors import ProtocolError, Unauthorized
 from skh.orchestrator.alerts import MAX_REPLAY, AlertLog
+from skh.orchestrator.authz import AllowAll, Policy, Principal, transport_user_id
 from skh.orchestrator.config import AnalyzerConfig
 from skh.orchestrator.daemon import bind, make_socket
 from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import SecurityConfig, ServerSecurity
 from skh.records import empty_counters, empty_probes
-from skh.wire import ALERTS_TOPIC, Codec, MsgType, decode_counters, decode_probes
+from skh.wire import ALERTS_TOPIC, Codec, Envelope, MsgType, decode_counters, decode_probes
 
 __all__ = ["Analyzer", "RoundHook", "DetectorHook", "load_detector_hook"]
 
@@ -126,8 +133,10 @@ class Analyzer:
         hook: RoundHook | None = None,
         ctx: zmq.Context | None = None,
         metrics: CollectorRegistry | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.cfg = cfg
+        self.policy: Policy = policy if policy is not None else AllowAll()
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
         self.counters: Counter[str] = Counter()
         self.hook = hook if hook is not None or cfg.detector == "none" else load_detector_hook()
@@ -207,32 +216,47 @@ class Analyzer:
         n = 0
         while n < _DRAIN:
             try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK)
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             n += 1
-            if len(frames) != 1:
-                self.codec.rejected["malformed"] += 1
-                continue
-            try:
-                env = self.codec.decode(frames[0])
-                if env.type is MsgType.PROBE_BATCH:
-                    recs = decode_probes(env.body)
-                    self._probes.append(recs)
-                    self.counters["probe_records"] += recs.size
-                    self._heartbeat(env.body.get("eps"))
-                elif env.type is MsgType.COUNTER_BATCH:
-                    recs = decode_counters(env.body)
-                    self._counter_batches.append(recs)
-                    self.counters["counter_records"] += recs.size
-                else:
-                    self.codec.rejected["unexpected"] += 1
-                    continue
-                self.counters["batches"] += 1
-            except ProtocolError as exc:
-                self.counters["bad_batches"] += 1
-                log.debug("rejected batch: %s", exc)
+            self._on_batch(frames)
         return n
+
+    def _on_batch(self, frames: list[zmq.Frame]) -> None:
+        """The one entry of every pushed frame: identify, decode, authorize, handle."""
+        if len(frames) != 1:
+            self.codec.rejected["malformed"] += 1
+            return
+        try:
+            who = self.policy.identify(b"", transport_user_id(frames[0]))
+            env = self.codec.decode(frames[0].buffer)
+            handler = self._batch_handlers.get(env.type)
+            if handler is None:
+                self.codec.rejected["unexpected"] += 1
+                return
+            self.policy.authorize(who, env)
+            handler(self, who, env)
+            self.counters["batches"] += 1
+        except Unauthorized as exc:
+            self.counters["unauthorized"] += 1
+            log.debug("refused batch: %s", exc)
+        except ProtocolError as exc:
+            self.counters["bad_batches"] += 1
+            log.debug("rejected batch: %s", exc)
+
+    def _on_probes(self, who: Principal, env: Envelope) -> None:
+        recs = decode_probes(env.body)
+        self._probes.append(recs)
+        self.counters["probe_records"] += recs.size
+        self._heartbeat(env.body.get("eps"))
+
+    def _on_counters(self, who: Principal, env: Envelope) -> None:
+        recs = decode_counters(env.body)
+        self._counter_batches.append(recs)
+        self.counters["counter_records"] += recs.size
+
+    _batch_handlers = {MsgType.PROBE_BATCH: _on_probes, MsgType.COUNTER_BATCH: _on_counters}
 
     def _heartbeat(self, eps: Any) -> None:
         beat = getattr(self.hook, "on_heartbeat", None)
@@ -319,33 +343,42 @@ class Analyzer:
         # REP is lock-step: every request gets exactly one answer, even garbage
         for _ in range(_DRAIN):
             try:
-                frames = self.rep.recv_multipart(zmq.NOBLOCK)
+                frames = self.rep.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                if len(frames) != 1:
-                    self.codec.rejected["malformed"] += 1
-                    raise ProtocolError(f"a request is one frame, got {len(frames)}")
-                env = self.codec.decode(frames[0])
-                if env.type is MsgType.REPLAY:
-                    limit = min(int(env.body.get("limit", MAX_REPLAY)), MAX_REPLAY)
-                    recs = self.alerts.since(int(env.body["since"]), max(1, limit))
-                    mtype, body = (
-                        MsgType.REPLAY_REPLY,
-                        {"alerts": recs, "last_seq": self.alerts.last_seq},
-                    )
-                elif env.type is MsgType.STATUS:
-                    mtype, body = MsgType.ACK, {"ok": True, "data": self.status()}
-                else:
-                    self.codec.rejected["unexpected"] += 1
-                    mtype, body = (
-                        MsgType.ACK,
-                        {"ok": False, "error": f"unexpected {env.type.value}"},
-                    )
-            except ProtocolError as exc:
-                mtype, body = MsgType.ACK, {"ok": False, "error": str(exc)}
+            mtype, body = self._answer(frames)
             self.rep.send(self.codec.encode(mtype, "analyzer", self.counters["replies"], body))
             self.counters["replies"] += 1
+
+    def _answer(self, frames: list[zmq.Frame]) -> tuple[MsgType, dict[str, Any]]:
+        """The one entry of every REP request: identify, decode, authorize, answer."""
+        try:
+            if len(frames) != 1:
+                self.codec.rejected["malformed"] += 1
+                raise ProtocolError(f"a request is one frame, got {len(frames)}")
+            who = self.policy.identify(b"", transport_user_id(frames[0]))
+            env = self.codec.decode(frames[0].buffer)
+            handler = self._rep_handlers.get(env.type)
+            if handler is None:
+                self.codec.rejected["unexpected"] += 1
+                return MsgType.ACK, {"ok": False, "error": f"unexpected {env.type.value}"}
+            self.policy.authorize(who, env)
+            return handler(self, who, env)
+        except Unauthorized as exc:
+            self.counters["unauthorized"] += 1
+            return MsgType.ACK, {"ok": False, "error": str(exc)}
+        except ProtocolError as exc:
+            return MsgType.ACK, {"ok": False, "error": str(exc)}
+
+    def _on_replay(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
+        limit = min(int(env.body.get("limit", MAX_REPLAY)), MAX_REPLAY)
+        recs = self.alerts.since(int(env.body["since"]), max(1, limit))
+        return MsgType.REPLAY_REPLY, {"alerts": recs, "last_seq": self.alerts.last_seq}
+
+    def _on_status(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
+        return MsgType.ACK, {"ok": True, "data": self.status()}
+
+    _rep_handlers = {MsgType.REPLAY: _on_replay, MsgType.STATUS: _on_status}
 
     def status(self) -> dict[str, Any]:
         return {
