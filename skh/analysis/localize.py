@@ -24,8 +24,8 @@ RNIC's offloaded vs OVS flow tables, a host's report). It asks only what it need
    an endpoint report naming a fault no verdict names yet (two faults on the same pairs).
    The rest is reported as unexplained with its evidence, never forced.
 
-Verdicts carry the failure type (:class:`FailureType`: the paper's 19, plus overlay black
-hole/loop and agent crash/late), the evidence and the candidates; :class:`AlertTracker`
+Verdicts carry the failure type (:class:`skh.failures.FailureType`: the paper's 19, plus overlay
+black hole/loop and agent crash/late), the evidence and the candidates; :class:`AlertTracker`
 deduplicates them while a fault lasts and resolves them when it clears.
 
 Everything here is pure data in, data out: no sockets, no engine, no orchestrator.
@@ -242,18 +242,18 @@ class _Work:
     deferred: list[tuple[UnderlayCulprit, list[Trace]]] = field(default_factory=list)
 
 
-_RNIC_SIDE = {FailureType.BOND_ERROR, FailureType.GID_CHANGE}
+_RNIC_SIDE = {FailureType.BOND_ERROR, FailureType.RNIC_GID_CHANGE}
 #: types whose only symptom is delay (Table 1's "high latency" rows)
 _LATENCY_ONLY = {
-    FailureType.RNIC_FIRMWARE,
-    FailureType.OFFLOAD_FAILURE,
+    FailureType.RNIC_FIRMWARE_NOT_RESPONDING,
+    FailureType.OFFLOADING_FAILURE,
     FailureType.PCIE_NIC_ERROR,
-    FailureType.GPUDIRECT_ERROR,
+    FailureType.GPUDIRECT_RDMA_ERROR,
     FailureType.NOT_USING_RDMA,
-    FailureType.REPETITIVE_OFFLOAD,
-    FailureType.SUBOPTIMAL_OFFLOAD,
+    FailureType.REPETITIVE_FLOW_OFFLOADING,
+    FailureType.SUBOPTIMAL_FLOW_OFFLOADING,
     FailureType.HUGEPAGE_MISCONFIG,
-    FailureType.CONGESTION_CONTROL,
+    FailureType.CC_ISSUE,
 }
 
 
@@ -542,7 +542,7 @@ class Localizer:
                 key = (
                     ep.job,
                     ep.container,
-                    FailureType.AGENT_CRASH if bits & _DEAD_BITS else FailureType.AGENT_LATE,
+                    FailureType.AGENT_CRASH if bits & _DEAD_BITS else FailureType.LATE_AGENT,
                 )
             endpoints.setdefault(key, set()).add(e)
             blamed.setdefault(key, [])
@@ -560,7 +560,7 @@ class Localizer:
                     if ep.container in rep.agents_dead:
                         hit = (ep.job, ep.container, FailureType.AGENT_CRASH)
                     elif ep.container in rep.agents_late:
-                        hit = (ep.job, ep.container, FailureType.AGENT_LATE)
+                        hit = (ep.job, ep.container, FailureType.LATE_AGENT)
                     if hit:
                         break
             if hit:
@@ -584,7 +584,7 @@ class Localizer:
                     "endpoints": eps,
                     "health_bits": {e: w.agents[e] for e in eps},
                 },
-                symptom="unreachable" if ftype != FailureType.AGENT_LATE else "latency",
+                symptom="unreachable" if ftype != FailureType.LATE_AGENT else "latency",
             )
             w.left -= set(pairs)
 
@@ -701,7 +701,7 @@ class Localizer:
                     "rnic",
                     c.component,
                     "rnic",
-                    FailureType.RNIC_HARDWARE,
+                    FailureType.RNIC_HW_FAILURE,
                     now_ns,
                     evidence=evidence,
                     candidates=c.candidates,
@@ -819,7 +819,7 @@ class Localizer:
                 "rnic",
                 rnic,
                 "rnic",
-                FailureType.REPETITIVE_OFFLOAD,
+                FailureType.REPETITIVE_FLOW_OFFLOADING,
                 {"host_report": "offload_churn"},
             )
         return None

@@ -305,7 +305,7 @@ def localization_suite(
 
     import numpy as np
 
-    from skh.sim.faults import FAULT_SPECS, Fault, FaultType
+    from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault
 
     rng = np.random.default_rng(seed)
     loc = sim_localizer(sim, rnic_dump_interval_s=0.0)
@@ -354,7 +354,7 @@ def localization_suite(
             }
         )
 
-    for ft in types or list(FaultType):
+    for ft in types or list(SIMULATED_TYPES):
         cands = sim.candidates(ft)
         if not cands:
             continue
@@ -370,11 +370,11 @@ def localization_suite(
     if both_layers:
         over = [
             f
-            for f in FaultType
+            for f in SIMULATED_TYPES
             if FAULT_SPECS[f].target in ("container", "host", "rnic")
             and FAULT_SPECS[f].symptom not in ("agent_down", "agent_slow")
         ]
-        under = [f for f in FaultType if FAULT_SPECS[f].target in ("link", "switch")]
+        under = [f for f in SIMULATED_TYPES if FAULT_SPECS[f].target in ("link", "switch")]
         k = 0
         for o in over:
             for u in under:
@@ -408,7 +408,7 @@ def end_to_end_suite(
 
     from skh.analysis.detect import Detector
     from skh.analysis.localize import Suspect, failing_path_ids
-    from skh.sim.faults import Fault, FaultType
+    from skh.sim.faults import SIMULATED_TYPES, Fault
 
     rng = np.random.default_rng(seed)
     det = Detector()
@@ -426,7 +426,7 @@ def end_to_end_suite(
     for _ in range(warmup_s):
         step()
     out: list[dict] = []
-    for ft in types or list(FaultType):
+    for ft in types or list(SIMULATED_TYPES):
         cands = sim.candidates(ft)
         for _ in range(trials):
             t = sim.clock.now_s

@@ -36,8 +36,9 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
     """Run the scripted scenario; returns what the report needs."""
     from skh.analysis.skeleton import Skeleton
     from skh.collect.sim import SimSource, sim_overlay_component, sim_overlay_endpoint
+    from skh.failures import FailureType
     from skh.orchestrator.pipeline import Pipeline, PipelineConfig
-    from skh.sim.faults import Fault, FaultType
+    from skh.sim.faults import Fault
     from skh.sim.scenario import Simulation
 
     fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2)
@@ -72,7 +73,7 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
     )
     truths = []
     for i, (name, start, end) in enumerate(SCRIPT):
-        ftype = FaultType[name]
+        ftype = FailureType[name]
         cands = sim.candidates(ftype)
         if cands:
             # spread over the cluster: faults on one RNIC would share their pairs
