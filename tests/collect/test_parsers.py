@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from skh.analysis._localize_classify import classify_flow_diff
 from skh.analysis.localize import FailureType, FlowRule, FlowTables, diff_megaflows, walk_overlay
+from skh.analysis.localize.classify import classify_flow_diff
 from skh.collect.linux import (
     LinuxState,
     LocalEndpoint,

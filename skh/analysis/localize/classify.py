@@ -7,8 +7,8 @@ A table of rules, first match wins. The evidence a localization step found decid
 
 from __future__ import annotations
 
-from skh.analysis._localize_types import FailureType as F
-from skh.analysis._localize_types import FlowDiff, HostReport, Symptom
+from skh.analysis.localize.data import FlowDiff, HostReport, Symptom
+from skh.failures import FailureType as F
 
 __all__ = [
     "classify_underlay",

@@ -15,7 +15,8 @@ __all__ = [
     "Symptom",
     "Layer",
     "Severity",
-    "FailureType",
+    "SYMPTOM_RANK",
+    "SEVERITY_OF",
     "Trace",
     "OverlayTables",
     "OverlayWalk",
@@ -40,6 +41,15 @@ class Severity(IntEnum):
     WARNING = 1  # latency: training slows
     MAJOR = 2  # loss: retransmissions, a collective may stall
     CRITICAL = 3  # unreachable: a collective times out after ~4 s and the job fails
+
+
+#: how bad a symptom is: a pair's worst symptom wins, a verdict takes its pairs' worst
+SYMPTOM_RANK: dict[str, int] = {"latency": 0, "loss": 1, "unreachable": 2}
+SEVERITY_OF: dict[str, Severity] = {
+    "latency": Severity.WARNING,
+    "loss": Severity.MAJOR,
+    "unreachable": Severity.CRITICAL,
+}
 
 
 @dataclass(frozen=True, slots=True)
