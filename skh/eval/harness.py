@@ -11,8 +11,9 @@ One run (:func:`run_eval`) builds the real Lingjun topology scaled to the profil
    crosses; scored by :mod:`skh.eval.scoring`; plus **end-to-end localization** of each
    detected fault: every suspect detection raised within ``E2E_ROUND_S`` of the fault's first
    detection, localized together from the simulated agents' answers (false suspects included);
-3. **localization** — :func:`skh.collect.sim.localization_suite` (the localizer fed the suspect
-   detection would raise for one fault, or one fault in each layer at once), per type and layer;
+3. **localization** — :func:`skh.eval.localization.localization_suite` (oracle: the localizer
+   fed the suspect detection would raise for one fault, or one fault in each layer at once),
+   per type and layer;
 4. **random sampling** — which of the detection run's faults a Pingmesh-style random pinglist
    with the skeleton's per-endpoint budget would have probed across at all;
 5. **probing cost** — :func:`skh.eval.probing.sweep_table`;
@@ -39,14 +40,15 @@ from skh.analysis.detect import Detector, DetectorConfig
 from skh.analysis.localize import Suspect, failing_path_ids
 from skh.analysis.sampling import ResultThinner
 from skh.analysis.skeleton import infer_skeleton, pairs_coverage
-from skh.collect.sim import SimSource, live_pairs, localization_suite, score, sim_localizer
 from skh.eval.agent_cost import agent_cost
+from skh.eval.localization import localization_suite, score
 from skh.eval.probing import random_sample_pairs, sweep_table
 from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.sim import LINGJUN_TOPO
+from skh.sim.answers import SimSource, live_pairs, sim_localizer
 from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault, RowSet, link_component
 from skh.sim.scenario import Simulation
 from skh.sim.topology import rng_for

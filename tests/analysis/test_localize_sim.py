@@ -10,9 +10,10 @@ import pytest
 
 from skh.analysis.detect import Detector
 from skh.analysis.localize import FailureType, Suspect, failing_path_ids
-from skh.collect.sim import SimSource, live_pairs, localization_suite, score, sim_localizer
+from skh.eval.localization import localization_suite, score
 from skh.failures import FAILURES
 from skh.model import Fabric
+from skh.sim.answers import SimSource, live_pairs, sim_localizer
 from skh.sim.faults import SIMULATED_TYPES, Fault
 from skh.sim.scenario import Simulation
 
