@@ -107,7 +107,6 @@ class FaultSpec:
 
 
 _T = FailureType
-_MS = 1_000_000.0
 #: every simulated fault type's model (see the module table)
 FAULT_SPECS: dict[FailureType, FaultSpec] = {
     s.type: s
@@ -138,7 +137,7 @@ FAULT_SPECS: dict[FailureType, FaultSpec] = {
         FaultSpec(_T.HUGEPAGE_MISCONFIG, "latency", extra_ns=20_000.0),
         FaultSpec(_T.CC_ISSUE, "latency", extra_ns=30_000.0),
         FaultSpec(_T.AGENT_CRASH, "agent_down"),
-        FaultSpec(_T.LATE_AGENT, "agent_slow", loss_rate=0.1, extra_ns=2 * _MS),
+        FaultSpec(_T.LATE_AGENT, "agent_slow", loss_rate=0.1, extra_ns=2_000_000.0),
         FaultSpec(_T.OVERLAY_LOOP, "unreachable", status=ProbeStatus.UNREACHABLE),
     )
 }
