@@ -1,7 +1,7 @@
 """``skh demo --sim``: the same :class:`~skh.orchestrator.pipeline.Pipeline` over the simulator,
 in virtual time (no root, no daemons): the simulator's counters feed skeleton inference, whose
 skeletons become the simulator's ping lists; its probe results feed detection; its agents'
-answers (:class:`skh.collect.sim.SimSource`) feed localization; the alerts are scored against
+answers (:class:`skh.sim.answers.SimSource`) feed localization; the alerts are scored against
 its ground truth and written to the same HTML report as the live demo.
 """
 
@@ -27,7 +27,7 @@ SCRIPT: tuple[tuple[str, float, float], ...] = (
 
 
 def _same(component: str, truth: str) -> bool:
-    from skh.collect.sim import _same as same
+    from skh.eval.localization import same_component as same
 
     return same(component, truth)
 
@@ -35,9 +35,10 @@ def _same(component: str, truth: str) -> bool:
 def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, Any]:
     """Run the scripted scenario; returns what the report needs."""
     from skh.analysis.skeleton import Skeleton
-    from skh.collect.sim import SimSource, sim_overlay_component, sim_overlay_endpoint
+    from skh.failures import FailureType
     from skh.orchestrator.pipeline import Pipeline, PipelineConfig
-    from skh.sim.faults import Fault, FaultType
+    from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint
+    from skh.sim.faults import Fault
     from skh.sim.scenario import Simulation
 
     fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2)
@@ -72,7 +73,7 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
     )
     truths = []
     for i, (name, start, end) in enumerate(SCRIPT):
-        ftype = FaultType[name]
+        ftype = FailureType[name]
         cands = sim.candidates(ftype)
         if cands:
             # spread over the cluster: faults on one RNIC would share their pairs
