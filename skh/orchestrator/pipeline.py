@@ -751,6 +751,8 @@ class Pipeline:
             out.append(
                 {
                     "kind": "skeleton",
+                    "state": "event",
+                    "alert_id": f"skeleton|{job}|{version}",
                     "severity": "info",
                     "job": job,
                     "layer": "skeleton",

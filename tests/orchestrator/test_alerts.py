@@ -132,4 +132,5 @@ def test_detector_hook_turns_suspect_events_into_alerts():
     a = alerts[0]
     assert a["job"] == "train" and a["severity"] == "critical" and a["layer"] == "network"
     assert sorted(map(tuple, a["pairs"])) == [(0, 1), (1, 0)]
-    assert a["first_seen_ns"] <= a["detected_ns"]
+    assert a["first_seen_ns"] <= a["detected_at_ns"]
+    assert a["kind"] == "suspect" and a["state"] == "event"
