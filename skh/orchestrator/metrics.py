@@ -15,6 +15,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 __all__ = [
     "CollectorRegistry",
@@ -128,6 +129,6 @@ class Histograms(Collector):
             fam = HistogramMetricFamily(name, doc, labels=list(names))
             for labels, (counts, total) in list(self._data[name].items()):
                 cum = np.cumsum(counts).tolist()
-                edges = [str(b) for b in bounds] + ["+Inf"]
+                edges = [floatToGoString(b) for b in bounds] + ["+Inf"]
                 fam.add_metric(list(labels), list(zip(edges, cum, strict=True)), total)
             yield fam
