@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,3 +181,44 @@ def c_subscriber(tmp_path_factory):
 @pytest.fixture
 def need_tool():
     return need
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    """Debian's prometheus-alertmanager on a loopback port; yields its base URL."""
+    exe = shutil.which("prometheus-alertmanager")
+    need("prometheus-alertmanager", exe is not None)
+    (tmp_path / "am.yml").write_text("route:\n  receiver: default\nreceivers:\n  - name: default\n")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            exe,
+            f"--config.file={tmp_path / 'am.yml'}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/-/ready", timeout=1).read()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.1)
+        else:
+            raise AssertionError("alertmanager did not become ready")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)

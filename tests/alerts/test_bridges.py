@@ -8,9 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,12 +24,6 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 pytestmark = pytest.mark.system
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _forward(bus, *args, timeout=60):
     return subprocess.run(
         [sys.executable, "-m", "skh", "alerts", "forward", *bus.client_args(), *args],
@@ -41,40 +33,6 @@ def _forward(bus, *args, timeout=60):
         text=True,
         timeout=timeout,
     )
-
-
-@pytest.fixture
-def alertmanager(tmp_path, need_tool):
-    exe = shutil.which("prometheus-alertmanager")
-    need_tool("prometheus-alertmanager", exe is not None)
-    (tmp_path / "am.yml").write_text("route:\n  receiver: default\nreceivers:\n  - name: default\n")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            exe,
-            f"--config.file={tmp_path / 'am.yml'}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/-/ready", timeout=1).read()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                time.sleep(0.1)
-        else:
-            raise AssertionError("alertmanager did not become ready")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _active(url: str) -> list[dict]:
