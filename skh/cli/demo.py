@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(highlight=False)
-    if args.serve:
+    if getattr(args, "serve", False):
         return run_serve(args)
     if args.sim:
         from skh.demo.simmode import run_sim

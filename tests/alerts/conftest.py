@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from skh.orchestrator.config import load_config
 from skh.orchestrator.security import generate_keypair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,9 +152,11 @@ def stop_bus(bus: Bus) -> None:
 
 
 @pytest.fixture(scope="module")
-def bus(tmp_path_factory):
-    """A fresh bus per test module: its clients start while the scenario plays."""
-    b = start_bus(tmp_path_factory.mktemp("bus"))
+def bus(request, tmp_path_factory):
+    """A fresh bus per test module: its clients start while the scenario plays, at the module's
+    ``BUS_SPEED`` (virtual seconds per second; modules that only need the finished log play it
+    as fast as the simulator runs)."""
+    b = start_bus(tmp_path_factory.mktemp("bus"), speed=getattr(request.module, "BUS_SPEED", 40.0))
     try:
         yield b
     finally:
@@ -222,3 +225,30 @@ def alertmanager(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture
+def local_config(tmp_path):
+    """``local_config(**overrides)``: an insecure config whose daemons bind ephemeral loopback
+    ports, log alerts under ``tmp_path`` and connect nowhere else."""
+
+    def make(**overrides):
+        base = {
+            "security.insecure": True,
+            "controller.bind": "tcp://127.0.0.1:0",
+            "controller.pub_bind": "tcp://127.0.0.1:0",
+            "controller.db": str(tmp_path / "registry.db"),
+            "analyzer.bind": "tcp://127.0.0.1:0",
+            "analyzer.alerts_bind": "tcp://127.0.0.1:0",
+            "analyzer.replay_bind": "tcp://127.0.0.1:0",
+            "analyzer.alert_log": str(tmp_path / "alerts.log"),
+            "analyzer.detector": "none",
+            "agent.controller": "tcp://127.0.0.1:9",
+            "agent.controller_pub": "tcp://127.0.0.1:9",
+            "agent.analyzer": "tcp://127.0.0.1:9",
+        }
+        return load_config(
+            None, {**base, **{k.replace("__", "."): v for k, v in overrides.items()}}
+        )
+
+    return make

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+BUS_SPEED = 1000.0  # these need the finished log, not a live one
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 pytestmark = pytest.mark.system

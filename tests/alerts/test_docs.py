@@ -22,6 +22,7 @@ from skh.orchestrator.alerts import alert_schema
 from skh.orchestrator.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
+BUS_SPEED = 1000.0  # these need the finished log, not a live one
 DOC = ROOT / "docs" / "alerts.md"
 
 pytestmark = pytest.mark.system

@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from skh.orchestrator.agent_overlay import OverlayAgent
 from skh.orchestrator.analyzer import Analyzer
-from skh.orchestrator.config import load_config
 from skh.orchestrator.controller import Controller
 from skh.orchestrator.metrics import CollectorRegistry, Histograms
 from skh.records import ProbeStatus, empty_probes
 
 ROOT = Path(__file__).resolve().parents[2]
+BUS_SPEED = 1000.0  # these need the finished log, not a live one
 DASHBOARD = ROOT / "deploy" / "grafana" / "skh.json"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 
@@ -60,27 +60,10 @@ class _Engine:
 
 
 @pytest.fixture
-def daemons(tmp_path):
+def daemons(local_config):
     """The analyzer, controller and an overlay agent, each with its registry (not running)."""
-    cfg = load_config(
-        None,
-        {
-            "security.insecure": True,
-            "controller.bind": "tcp://127.0.0.1:0",
-            "controller.pub_bind": "tcp://127.0.0.1:0",
-            "controller.db": str(tmp_path / "registry.db"),
-            "analyzer.bind": "tcp://127.0.0.1:0",
-            "analyzer.alerts_bind": "tcp://127.0.0.1:0",
-            "analyzer.replay_bind": "tcp://127.0.0.1:0",
-            "analyzer.alert_log": str(tmp_path / "alerts.log"),
-            "analyzer.detector": "none",
-            "agent.job": "j",
-            "agent.container": "c",
-            "agent.endpoints": [{"rail": 0, "ip": "127.0.0.1"}],
-            "agent.controller": "tcp://127.0.0.1:9",
-            "agent.controller_pub": "tcp://127.0.0.1:9",
-            "agent.analyzer": "tcp://127.0.0.1:9",
-        },
+    cfg = local_config(
+        agent__job="j", agent__container="c", agent__endpoints=[{"rail": 0, "ip": "127.0.0.1"}]
     )
     ctx = zmq.Context()
     regs = {k: CollectorRegistry() for k in ("analyzer", "controller", "agent")}

@@ -20,7 +20,6 @@ import pytest
 import zmq
 
 from skh.orchestrator.analyzer import Analyzer
-from skh.orchestrator.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -148,19 +147,8 @@ class _GapHook:
 
 
 @pytest.mark.parametrize("which", ["py", "c"])
-def test_a_gap_on_the_pub_socket_is_filled_by_a_replay(which, request, tmp_path):
-    cfg = load_config(
-        None,
-        {
-            "security.insecure": True,
-            "analyzer.bind": "tcp://127.0.0.1:0",
-            "analyzer.alerts_bind": "tcp://127.0.0.1:0",
-            "analyzer.replay_bind": "tcp://127.0.0.1:0",
-            "analyzer.alert_log": str(tmp_path / "alerts.log"),
-            "analyzer.round_s": 0.1,
-            "analyzer.detector": "none",
-        },
-    )
+def test_a_gap_on_the_pub_socket_is_filled_by_a_replay(which, request, local_config, tmp_path):
+    cfg = local_config(analyzer__round_s=0.1)
     hook = _GapHook()
     ctx = zmq.Context()
     an = Analyzer(cfg.analyzer, cfg.security, hook=hook, ctx=ctx)
