@@ -27,6 +27,7 @@ import bisect
 import json
 import logging
 import os
+import threading
 import time
 from array import array
 from collections.abc import Iterator, Mapping
@@ -450,14 +451,27 @@ class AlertFollower:
             req.close(0)
 
     def follow(
-        self, since: int = 0, *, idle_timeout_s: float | None = None
+        self,
+        since: int = 0,
+        *,
+        idle_timeout_s: float | None = None,
+        stop: threading.Event | None = None,
     ) -> Iterator[dict[str, Any]]:
+        """Records after ``since``; ends after ``idle_timeout_s`` without one, or soon after
+        ``stop`` is set (the socket is polled in short slices for it)."""
         self.last = since
         yield from self._replay()
-        idle_ms = None if idle_timeout_s is None else int(idle_timeout_s * 1000)
-        while True:
-            if not self.sub.poll(idle_ms):
+        idle_since = time.monotonic()
+        while stop is None or not stop.is_set():
+            left = (
+                None if idle_timeout_s is None else idle_since + idle_timeout_s - time.monotonic()
+            )
+            if left is not None and left <= 0:
                 return
+            wait = left if stop is None else min(0.2, 1e9 if left is None else left)
+            if not self.sub.poll(None if wait is None else int(wait * 1000)):
+                continue
+            idle_since = time.monotonic()
             try:
                 _topic, raw = self.sub.recv_multipart()
                 env = self.codec.decode(raw)

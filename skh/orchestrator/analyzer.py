@@ -334,7 +334,11 @@ class Analyzer:
             took = drain() if drain is not None else [time.monotonic() - t0]
             self.latency.observe("skh_analyzer_round_seconds", (), np.asarray(took))
             for alert in found:
-                published.append(self.publish(alert))
+                try:
+                    published.append(self.publish(alert))
+                except ProtocolError as exc:  # an alert no record can hold: counted, not fatal
+                    self.counters["alerts_refused"] += 1
+                    log.error("alert not published: %s", exc)
         return published
 
     def _write_spool(self, now_ns: int, probes: np.ndarray, counters: np.ndarray) -> None:

@@ -238,7 +238,7 @@ def forward(
                 follower = make_follower()
             try:
                 poll_s = resend_s if idle_exit_s is None else min(resend_s, idle_exit_s)
-                for rec in follower.follow(state.last_seq, idle_timeout_s=poll_s):
+                for rec in follower.follow(state.last_seq, idle_timeout_s=poll_s, stop=stop):
                     _deliver(receiver, rec, state, stats, stop, backoff_max_s)
                     if stop.is_set():
                         return stats

@@ -154,3 +154,34 @@ def test_webhook_bridge_retries_survives_a_kill_and_loses_nothing(bus, receiver,
         assert {k: body[k] for k in ("seq", "ts_ns", "schema", "alert")} == log[body["seq"] - 1]
     keys = [key for key, _body in receiver.got]
     assert len(set(keys)) == len(log)  # the duplicate is recognisable by its key
+
+
+def test_a_bridge_stops_promptly_on_sigterm_with_its_position_saved(bus, receiver, tmp_path):
+    receiver.fail_first, receiver.hold_at = 0, -1
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+    state = tmp_path / "term.state"
+    cmd = [sys.executable, "-m", "skh", "alerts", "forward", *bus.client_args()]
+    bridge = subprocess.Popen(
+        [*cmd, "--webhook", url, "--state", str(state)],
+        cwd=bus.dir,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        last = len(bus.records())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if state.exists() and json.loads(state.read_text())["last_seq"] == last:
+                break
+            time.sleep(0.1)
+        t = time.monotonic()
+        bridge.send_signal(signal.SIGTERM)
+        assert bridge.wait(10) == 0, bridge.stderr.read()[-2000:]
+        assert time.monotonic() - t < 3  # not a whole resend period
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait()
+    assert json.loads(bridge.stdout.read())["last_seq"] == last
