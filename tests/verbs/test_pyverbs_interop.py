@@ -103,5 +103,8 @@ def test_a_pyverbs_prober_gets_answers_and_true_receipts_from_the_engine():
     assert sorted(res["answered"]) == sorted(set(range(60)) - omit), res
     assert res["receipts_wrong"] == [] and res["no_receipts"] == [], res
     assert res["ts_sources"] and set(res["ts_sources"]) == {TsSource.USER}  # rxe: no NIC clock
-    assert all(0 < r < 50_000_000 for r in res["rtt_ns"]), res["rtt_ns"]
+    # both sides stamp with their user clocks here (rxe has no NIC clock), so the RTT includes a
+    # Python poller's scheduling in an emulated VM: positive always, tens of ms on a starved host
+    assert all(0 < r < 1_000_000_000 for r in res["rtt_ns"]), res["rtt_ns"]
+    assert sorted(res["rtt_ns"])[len(res["rtt_ns"]) // 2] < 50_000_000, res["rtt_ns"]
     assert stats.probes_received == 57 and stats.replies_sent == 114
