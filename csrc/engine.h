@@ -87,12 +87,14 @@ struct skh_engine_cfg {
     int64_t batch_window_ns;
     /* How long past its timeout an unanswered probe's record may wait for a later answer whose
      * receipts say which direction lost it (proto.h); then it is LOST. Records of loss are late by
-     * at most this; 0 = never wait (a loss is REQUEST_LOST/REPLY_LOST only when the receipts are
-     * there at its timeout, which at probe intervals well below the timeout they usually are). */
+     * at most this. 0 (the default) = never wait: a loss is REQUEST_LOST/REPLY_LOST when the
+     * receipts are there at its timeout -- at probe intervals well below the timeout they usually
+     * are -- and LOST otherwise; agents need their records at the analyzer within its allowed
+     * lateness, which a wait would eat into. */
     int64_t direction_wait_ns;
 };
 
-#define SKH_DEFAULT_DIRECTION_WAIT_NS (250LL * 1000LL * 1000LL)
+#define SKH_DEFAULT_DIRECTION_WAIT_NS 0LL
 
 /* Probes one engine keeps undecided, the default and the most. The in-flight table is sized from it
  * and decided in send order, so it must hold probes/s x timeout_s (a lost probe keeps its place until

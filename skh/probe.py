@@ -51,7 +51,8 @@ DEFAULT_PROBE_BYTES = PROBE_MIN_BYTES
 #: rather than one per target); each probe's own send time is still recorded (``Engine``).
 DEFAULT_BATCH_WINDOW_S = 500e-6
 #: An unanswered probe's record waits at most this long past its timeout for a later answer to say
-#: which direction lost it (REQUEST_LOST / REPLY_LOST); then it is LOST (docs/engine.md).
+#: which direction lost it (REQUEST_LOST / REPLY_LOST); then it is LOST. 0: decide at the timeout
+#: with the receipts at hand, so records reach an analyzer as early as before (docs/engine.md).
 DEFAULT_DIRECTION_WAIT_S = _fastprobe.DEFAULT_DIRECTION_WAIT_NS / 1e9
 
 _TRANSPORTS = ("udp", "verbs")
@@ -188,9 +189,9 @@ class Engine:
     arrived with.
 
     Loss by direction: the engine asks responders for receipts (which of the stream's earlier
-    probes they received), so an unanswered probe is ``REQUEST_LOST`` or ``REPLY_LOST``; its record
-    waits up to ``direction_wait_s`` past the timeout for the answer that tells, and is ``LOST``
-    when none does (a responder that sends no receipts, an outage longer than that). A probe with
+    probes they received), so an unanswered probe is ``REQUEST_LOST`` or ``REPLY_LOST`` when the
+    receipts at its timeout tell (or, with ``direction_wait_s`` > 0, that long after it), and
+    ``LOST`` when none do (a responder that sends no receipts, an outage). A probe with
     one of its two answers is ``REPLY_LOST``; one this host could not send, or whose answers its
     own reset receive queue lost, ``LOCAL_ERROR``. ``batch_window_s``
     > 0 batches probes: each target's probes fall on multiples of its interval (after the first,

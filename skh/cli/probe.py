@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         gid_index=args.gid_index,
         probe_bytes=args.size,
+        # a person can wait for the next probe's answer to learn which way a lost one went
+        direction_wait_s=min(args.interval + 0.1, 5.0),
         **class_of_service(args),
     ) as engine:
         for i, t in enumerate(targets):

@@ -276,12 +276,39 @@ def test_receipts_tell_which_direction_lost_a_probe(make_engine):
     assert_accounted(s)
 
 
-def test_direction_nobody_can_tell_stays_lost(make_engine):
-    """Probes whose later probes also go unanswered (the responder vanished) are LOST, and wait
-    no longer than the next probe's timeout for an answer that could tell."""
+@pytest.mark.parametrize(
+    ("wait_s", "status"), [(0.0, ProbeStatus.LOST), (0.5, ProbeStatus.REQUEST_LOST)]
+)
+def test_a_record_may_wait_for_the_next_answer_to_learn_its_direction(make_engine, wait_s, status):
+    """Probing slower than the timeout, the receipts that tell come with the next probe's answer:
+    with direction_wait_s the record waits for them, without it the direction is unknown."""
     fake = FakeResponder()
     try:
-        prober = make_engine(timeout_s=0.1)
+        prober = make_engine(timeout_s=0.1, direction_wait_s=wait_s)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.3, count=3)
+        for tseq in range(3):
+            probe, addr = fake.next_probe()
+            if tseq != 1:  # probe 1 "never arrives"
+                fake.answer(probe, addr, 2, 3, receipts={0, 1, 2} - {1, tseq})
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    rows = prober.drain()
+    assert dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True)) == {
+        0: ProbeStatus.OK,
+        1: status,
+        2: ProbeStatus.OK,
+    }
+    assert_accounted(s)
+
+
+def test_direction_nobody_can_tell_stays_lost(make_engine):
+    """Probes whose later probes also go unanswered (the responder vanished) are LOST, and wait
+    no longer than direction_wait_s past their timeout for an answer that could tell."""
+    fake = FakeResponder()
+    try:
+        prober = make_engine(timeout_s=0.1, direction_wait_s=0.25)
         prober.start()
         prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.02, count=6)
         for _ in range(2):
@@ -295,8 +322,8 @@ def test_direction_nobody_can_tell_stays_lost(make_engine):
         fake.close()
     rows = prober.drain()
     assert sorted(rows["status"].tolist()) == [ProbeStatus.OK] * 2 + [ProbeStatus.LOST] * 4
-    # the last probe (sent ~0.1 s in) waits its timeout and then at most its horizon
-    assert waited < 0.1 + 0.1 + 2 * 0.02 + 0.3, waited
+    # the last probe (sent ~0.1 s in) waits its timeout and then at most direction_wait_s
+    assert waited < 0.1 + 0.1 + 0.25 + 0.2, waited
     assert s.awaiting_direction == 0
     assert_accounted(s)
 
