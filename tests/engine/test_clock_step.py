@@ -48,8 +48,9 @@ def test_a_stepped_realtime_clock_invalidates_the_probes_it_fell_into(shim):
     assert res["clock_steps"] == invalid
     assert 12 <= invalid <= 50, status  # binomial(100, 0.3): mean 30, sd 4.6
     assert status.count(ProbeStatus.OK) == 100 - invalid
-    # no RTT carries the step
-    assert max(r for r, s in zip(res["rtt"], status, strict=True) if s == ProbeStatus.OK) < 5e6
+    # no RTT carries a 5 s step (the Python responder's user-clock stamps put its scheduling, ms
+    # on a busy machine, into these RTTs)
+    assert max(r for r, s in zip(res["rtt"], status, strict=True) if s == ProbeStatus.OK) < 1e9
 
 
 def test_without_a_step_nothing_is_invalid():

@@ -284,9 +284,9 @@ def test_a_record_may_wait_for_the_next_answer_to_learn_its_direction(make_engin
     with direction_wait_s the record waits for them, without it the direction is unknown."""
     fake = FakeResponder()
     try:
-        prober = make_engine(timeout_s=0.1, direction_wait_s=wait_s)
+        prober = make_engine(timeout_s=0.2, direction_wait_s=wait_s)
         prober.start()
-        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.3, count=3)
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.5, count=3)
         for tseq in range(3):
             probe, addr = fake.next_probe()
             if tseq != 1:  # probe 1 "never arrives"

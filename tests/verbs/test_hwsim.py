@@ -121,14 +121,18 @@ def test_hw_stamped_rtt_is_the_injected_delay(standin, clocks):
     assert (rows["responder_delay_ns"] > 0).all() and (rows["prober_delay_ns"] >= 0).all()
     assert res["responder"]["replies_user_stamps"] == 0
     if "wrap" in str(clocks) or clocks.get("p_mask"):
-        before, after = res["counters_before"], res["counters_after"]
-        assert after["mlx5_0"] < before["mlx5_0"] and after["mlx5_1"] < before["mlx5_1"], (
-            "the test must make both counters wrap during the run"
-        )
+        # the raw counters ran past their mask during the run (at least once)
+        for dev, side in (("mlx5_0", "p"), ("mlx5_1", "r")):
+            ticks = res["elapsed_ns"] * clocks[f"{side}_khz"] // 10**6
+            mask = clocks.get(f"{side}_mask", MLX5_MASK)
+            assert res["counters_before"][dev] + ticks > mask, "the counters must wrap in the run"
 
 
-def truth_by_tseq(log: list[dict], session: int) -> dict[int, str]:
-    """What really happened to each probe, from the stand-in's own log."""
+def truth_by_tseq(log: list[dict], session: int, timeout_ns: int) -> dict[int, str]:
+    """What really happened to each probe, from the stand-in's own log: "request" or "reply" lost,
+    "ok", or "late" when an answer reached the prober around or after the probe's timeout (the
+    responder's first replies wait for its address handle to the prober; a busy machine delays
+    the stand-in's delivery thread), where OK and REPLY_LOST are both true."""
     probes = {e["seq"]: e for e in log if e["type"] == PROBE and e["session"] == session}
     acks: dict[int, list[dict]] = {}
     for e in log:
@@ -136,12 +140,15 @@ def truth_by_tseq(log: list[dict], session: int) -> dict[int, str]:
             acks.setdefault(e["seq"], []).append(e)
     out = {}
     for seq, p in probes.items():
+        a = acks.get(seq, [])
         if p["fate"] != 1:
             out[p["tseq"]] = "request"
-        elif len(acks.get(seq, [])) == 2 and all(a["fate"] == 1 for a in acks[seq]):
-            out[p["tseq"]] = "ok"
-        else:
+        elif len(a) < 2 or any(x["fate"] != 1 for x in a):
             out[p["tseq"]] = "reply"
+        elif max(x["deliver_ns"] for x in a) > p["t_ns"] + timeout_ns - 2_000_000:
+            out[p["tseq"]] = "late"
+        else:
+            out[p["tseq"]] = "ok"
     return out
 
 
@@ -152,29 +159,33 @@ def test_loss_by_direction_matches_what_the_fabric_dropped(standin):
         standin,
         "loss",
         two_devices(),
-        n=1500,
-        interval_s=0.001,
+        n=1000,
+        interval_s=0.002,
         timeout_s=0.05,
+        # receipts that come late (a loaded machine) are still waited for
+        direction_wait_s=0.5,
         seed=20250917,
         loss=[["mlx5_0", "mlx5_1", 0.1, PROBE], ["mlx5_1", "mlx5_0", 0.1, 0]],
     )
     rows = rows_of(res["rows"])
-    truth = truth_by_tseq(res["log"], res["session"])
-    assert len(rows) == len(truth) == 1500
+    truth = truth_by_tseq(res["log"], res["session"], 50_000_000)
+    assert len(rows) == len(truth) == 1000
+    assert sum(v == "late" for v in truth.values()) < 100, truth
     want = {
-        "ok": ProbeStatus.OK,
-        "request": ProbeStatus.REQUEST_LOST,
-        "reply": ProbeStatus.REPLY_LOST,
+        "ok": {ProbeStatus.OK},
+        "request": {ProbeStatus.REQUEST_LOST},
+        "reply": {ProbeStatus.REPLY_LOST},
+        "late": {ProbeStatus.OK, ProbeStatus.REPLY_LOST},
     }
     # a loss nobody can attribute stays LOST: before the responder first heard of the stream
     # (it cannot vouch for probes it never knew of) or after the last answer that came back
     heard = [t for t, v in sorted(truth.items()) if v != "request"]
-    answered = [t for t, v in sorted(truth.items()) if v == "ok"]
+    answered = [t for t, v in sorted(truth.items()) if v in ("ok", "late")]
     unknowable = {t for t in truth if t < heard[0] or t > answered[-1]}
     wrong = [
         (int(r["seq"]), truth[int(r["seq"])], ProbeStatus(int(r["status"])).name)
         for r in rows
-        if r["status"] != want[truth[int(r["seq"])]]
+        if r["status"] not in want[truth[int(r["seq"])]]
         and not (r["status"] == ProbeStatus.LOST and int(r["seq"]) in unknowable)
     ]
     assert not wrong, wrong[:20]
@@ -182,7 +193,8 @@ def test_loss_by_direction_matches_what_the_fabric_dropped(standin):
     assert len(lost) <= 4, lost["seq"]
     n_req = sum(v == "request" for v in truth.values())
     n_rep = sum(v == "reply" for v in truth.values())
-    assert 100 <= n_req <= 200 and 200 <= n_rep <= 370, (n_req, n_rep)  # 10 %; 19 % of the rest
+    # binomial: 10 % (mean 100, sd 9.5); 19 % of the rest (mean 171, sd 12)
+    assert 60 <= n_req <= 140 and 120 <= n_rep <= 230, (n_req, n_rep)
     s = res["prober"]
     assert (s["request_lost"], s["reply_lost"]) == (
         int((rows["status"] == ProbeStatus.REQUEST_LOST).sum()),
@@ -191,8 +203,11 @@ def test_loss_by_direction_matches_what_the_fabric_dropped(standin):
 
     # the detector counts the reverse path's loss as loss: the pair is flagged from these records
     det = Detector()
-    rev = rows[rows["status"] != ProbeStatus.REQUEST_LOST]  # reply loss only
-    assert (rev["status"] == ProbeStatus.REPLY_LOST).sum() >= 200
+    rev = np.sort(rows[rows["status"] != ProbeStatus.REQUEST_LOST], order="t_wall_ns")
+    # up to the last answered probe: the fast path decides a trailing failure by the probe after
+    # it (OK: loss; failed: an outage)
+    rev = rev[: np.flatnonzero(rev["status"] == ProbeStatus.OK)[-1] + 1]
+    assert (rev["status"] == ProbeStatus.REPLY_LOST).sum() >= 100
     det.ingest(rev)
     events = []
     t0, t_end = int(rows["t_wall_ns"].min()), int(rows["t_wall_ns"].max())
@@ -225,7 +240,8 @@ def test_a_qp_in_error_state_is_recovered(standin, who, not_allowed):
     if who == "prober":
         assert (st == ProbeStatus.LOCAL_ERROR).sum() <= 3
     after = rows[rows["t_wall_ns"] > res["t_fault_ns"] + 20_000_000]
-    assert len(after) >= 100 and (after["status"] == ProbeStatus.OK).all()
+    # probing goes on (at most 240 probes in the 0.48 s; far fewer on a starved machine)
+    assert len(after) >= 30 and (after["status"] == ProbeStatus.OK).all()
     assert (after["ts_source"] == TsSource.HW).all()
 
 

@@ -20,6 +20,7 @@ from skh.probe import Engine
 class Event(ctypes.Structure):  # struct skh_hwsim_event
     _fields_ = [
         ("t_ns", ctypes.c_int64),
+        ("deliver_ns", ctypes.c_int64),
         ("session", ctypes.c_uint32),
         ("seq", ctypes.c_uint32),
         ("stream", ctypes.c_uint32),
@@ -99,6 +100,7 @@ def result(prober: Engine, responder: Engine, **extra) -> dict:
 
 def scenario_rtt(a: dict) -> dict:
     """n probes from mlx5_0 to mlx5_1; the raw counters before and after show any wrap."""
+    t_before = time.monotonic_ns()
     before = {d: sim.skh_hwsim_counter(d.encode()) for d in ("mlx5_0", "mlx5_1")}
     with (
         engine("mlx5_0", 1, timeout_s=0.5, **a.get("prober", {})) as p,
@@ -106,13 +108,16 @@ def scenario_rtt(a: dict) -> dict:
     ):
         probe(p, r, 7, interval_s=a["interval_s"], count=a["n"], path_id=a.get("path_id", 0))
         settle(p, r, decided=a["n"], timeout_s=a["n"] * a["interval_s"] + 10)
-        after = {d: sim.skh_hwsim_counter(d.encode()) for d in ("mlx5_0", "mlx5_1")}
-        return result(p, r, counters_before=before, counters_after=after, log=sim_log())
+        elapsed_ns = time.monotonic_ns() - t_before
+        return result(p, r, counters_before=before, elapsed_ns=elapsed_ns, log=sim_log())
 
 
 def scenario_loss(a: dict) -> dict:
     """Injected loss per direction; the log says which datagram the stand-in dropped."""
-    with engine("mlx5_0", 1, timeout_s=a["timeout_s"]) as p, engine("mlx5_1", 2) as r:
+    with (
+        engine("mlx5_0", 1, timeout_s=a["timeout_s"], direction_wait_s=a["direction_wait_s"]) as p,
+        engine("mlx5_1", 2) as r,
+    ):
         for src, dst, prob, kind in a["loss"]:
             sim.skh_hwsim_set_loss(src.encode(), dst.encode(), prob, kind, a["seed"])
         probe(p, r, 7, interval_s=a["interval_s"], count=a["n"])

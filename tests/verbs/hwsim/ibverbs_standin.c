@@ -120,6 +120,7 @@ struct sim_pkt {
 /* One datagram's fate, for the tests (skh_hwsim_log). */
 struct skh_hwsim_event {
     int64_t t_ns; /* departure */
+    int64_t deliver_ns; /* when the delivery thread handed it over (late on a busy machine) */
     uint32_t session, seq, stream, tseq, flow_label;
     uint8_t type; /* the probe protocol's message type (byte 5), 0 when not one of ours */
     uint8_t src_dev, dst_dev, tclass, sl;
@@ -506,8 +507,10 @@ static void deliver(struct sim_pkt *p)
             qp = qps[i];
     int ok = qp && (qp->qp.state == IBV_QPS_RTR || qp->qp.state == IBV_QPS_RTS) &&
              qp->qkey == p->qkey && qp->rq_head != qp->rq_tail;
-    if (p->log_idx != UINT32_MAX)
+    if (p->log_idx != UINT32_MAX) {
         log_buf[p->log_idx].fate = ok ? 1 : 3;
+        log_buf[p->log_idx].deliver_ns = now_ns();
+    }
     if (!ok)
         return; /* UD: no QP, wrong Q_Key or an empty receive queue is a silent drop */
     struct sim_rwr w = qp->rq[qp->rq_head++ % qp->rq_cap];
