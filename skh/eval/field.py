@@ -28,8 +28,9 @@ import numpy as np
 from skh.analysis.detect import Detector
 from skh.analysis.sampling import ResultThinner
 from skh.analysis.skeleton import infer_skeleton
+from skh.failures import FailureType
 from skh.model import Fabric
-from skh.sim.faults import FAULT_SPECS, Fault, FaultType, RowSet, link_component
+from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault, RowSet, link_component
 from skh.sim.jobs import SimJob
 from skh.sim.scenario import Simulation
 from skh.sim.topology import rng_for
@@ -58,14 +59,14 @@ GRAY_LATENCY_NS: tuple[float, ...] = (2_000.0, 4_000.0, 6_000.0, 8_000.0)
 PAPER_FAILURES_PER_HOST_H = 4816 / (4096 * 182.5 * 24)
 TRACE_FAILURES_PER_HOST_H = (30 + 40) / (400 * 348.98 * 24)
 #: faults whose type the field plan draws: the paper's 19 and the simulator's extras
-_FLAPPING = {t for t in FaultType if FAULT_SPECS[t].flap_period_s > 0}
+_FLAPPING = {t for t in SIMULATED_TYPES if FAULT_SPECS[t].flap_period_s > 0}
 
 
 @dataclass(frozen=True, slots=True)
 class Planned:
     start_s: float
     length_s: float
-    type: FaultType
+    type: FailureType
     new_job: bool = False
     #: gray faults: ("loss" | "latency", magnitude, paths or None)
     gray: tuple[str, float, tuple[int, ...] | None] | None = None
@@ -75,7 +76,7 @@ def draw_plan(profile: Any, seed: int, t0_s: float, t1_s: float) -> list[Planned
     """Fault arrivals in ``[t0_s, t1_s)`` (see the module doc), sorted by start."""
     rng = rng_for(seed, 0xF1E1D)
     span = t1_s - t0_s
-    types = list(profile.types or FaultType)
+    types = list(profile.types or SIMULATED_TYPES)
     out: list[Planned] = []
     n = int(rng.poisson(profile.faults_per_h * span / 3600.0))
     for _ in range(n):
@@ -95,7 +96,7 @@ def draw_plan(profile: Any, seed: int, t0_s: float, t1_s: float) -> list[Planned
             Planned(
                 start,
                 float(profile.fault_s * 2),
-                FaultType.CRC_ERROR if kind == "loss" else FaultType.CC_ISSUE,
+                FailureType.CRC_ERROR if kind == "loss" else FailureType.CC_ISSUE,
                 gray=(kind, float(mag), paths),
             )
         )
@@ -118,7 +119,7 @@ def inferred_pairs(seed: int, skeleton_s: int):
 
 def place(
     sim: Simulation,
-    ft: FaultType,
+    ft: FailureType,
     start: float,
     length: float,
     rng: np.random.Generator,
@@ -276,7 +277,11 @@ def ramp_scenario(profile: Any, seed: int, noise: Any) -> dict[str, Any]:
         job_kw={"lifetime_median_s": 20 * 3600.0, "lifetime_sigma": 0.1},
     )
     rng = rng_for(seed, 0x8A3B)
-    types = [FaultType.PCIE_NIC_ERROR, FaultType.CC_ISSUE, FaultType.RNIC_FIRMWARE_NOT_RESPONDING]
+    types = [
+        FailureType.PCIE_NIC_ERROR,
+        FailureType.CC_ISSUE,
+        FailureType.RNIC_FIRMWARE_NOT_RESPONDING,
+    ]
     duration = int(block_s * profile.ramp_blocks)
     records = []
     for i in range(profile.ramps):

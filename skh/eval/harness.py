@@ -11,8 +11,9 @@ One run (:func:`run_eval`) builds the real Lingjun topology scaled to the profil
    crosses; scored by :mod:`skh.eval.scoring`; plus **end-to-end localization** of each
    detected fault: every suspect detection raised within ``E2E_ROUND_S`` of the fault's first
    detection, localized together from the simulated agents' answers (false suspects included);
-3. **localization** — :func:`skh.collect.sim.localization_suite` (the localizer fed the suspect
-   detection would raise for one fault, or one fault in each layer at once), per type and layer;
+3. **localization** — :func:`skh.eval.localization.localization_suite` (oracle: the localizer
+   fed the suspect detection would raise for one fault, or one fault in each layer at once),
+   per type and layer;
 4. **random sampling** — which of the detection run's faults a Pingmesh-style random pinglist
    with the skeleton's per-endpoint budget would have probed across at all;
 5. **probing cost** — :func:`skh.eval.probing.sweep_table`;
@@ -35,15 +36,17 @@ import numpy as np
 
 from skh.analysis.detect import DetectorConfig
 from skh.analysis.skeleton import infer_skeleton, pairs_coverage
-from skh.collect.sim import SimSource, live_pairs, localization_suite, sim_localizer
 from skh.eval.agent_cost import agent_cost
 from skh.eval.field import field_run, inferred_pairs, projection, ramp_scenario
+from skh.eval.localization import localization_suite, same_component
 from skh.eval.probing import random_sample_pairs, sweep_table
 from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events, summarize, wilson
+from skh.failures import TYPE_CLASSES, FailureType, type_class
 from skh.model import Fabric, same_rail_pairs
 from skh.sim import LINGJUN_TOPO
-from skh.sim.faults import FAULT_SPECS, FaultType, RowSet
+from skh.sim.answers import SimSource, live_pairs, sim_localizer
+from skh.sim.faults import FAULT_SPECS, RowSet
 from skh.sim.noise import REGIMES, TRAIN_SEEDS, regime
 from skh.sim.scenario import Simulation
 from skh.sim.traffic import throughput
@@ -127,36 +130,12 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
 
 # ----------------------------------------------------------------------------------- detection
 
-#: the simulator's fault types as the localizer names them (same names unless listed)
-_LOCALIZER_NAME = {
-    "RNIC_HW_FAILURE": "RNIC_HARDWARE",
-    "RNIC_FIRMWARE_NOT_RESPONDING": "RNIC_FIRMWARE",
-    "OFFLOADING_FAILURE": "OFFLOAD_FAILURE",
-    "RNIC_GID_CHANGE": "GID_CHANGE",
-    "GPUDIRECT_RDMA_ERROR": "GPUDIRECT_ERROR",
-    "REPETITIVE_FLOW_OFFLOADING": "REPETITIVE_OFFLOAD",
-    "SUBOPTIMAL_FLOW_OFFLOADING": "SUBOPTIMAL_OFFLOAD",
-    "CC_ISSUE": "CONGESTION_CONTROL",
-    "LATE_AGENT": "AGENT_LATE",
-    "VSWITCH_LOOP": "OVERLAY_LOOP",
-}
-#: types nothing the system reads can tell apart, merged into one class for the type score.
-#: None today: every type leaves its own mark in the probes, the traceroutes, the overlay
-#: dumps, the flow tables or the host report (when the report's flag is there; a missing or
-#: stale flag is the localizer's problem, and scored as such)
-MERGED_TYPES: tuple[frozenset[str], ...] = ()
+#: the merged type classes as the report lists them
+_MERGED = {c.name: sorted(t.name for t in c.members) for c in TYPE_CLASSES}
 
 
-def _type_class(name: str) -> str:
-    for group in MERGED_TYPES:
-        if name in group:
-            return "+".join(sorted(group))
-    return name
-
-
-def _type_ok(truth: FaultType, verdict_type: Any) -> bool:
-    want = _LOCALIZER_NAME.get(truth.name, truth.name)
-    return _type_class(want) == _type_class(getattr(verdict_type, "name", str(verdict_type)))
+def _type_ok(truth: FailureType, verdict_type: Any) -> bool:
+    return verdict_type is not None and type_class(truth) == type_class(verdict_type)
 
 
 def _reaffect(sim: Simulation, rec: Any) -> Any:
@@ -179,11 +158,6 @@ def _eps_of(sim: Simulation, records) -> dict[int, set[int]]:
     return out
 
 
-def _same(component: str, truth: str) -> bool:
-    # verdicts name a container job/container; the simulator names it by its (unique) name
-    return component == truth or component.endswith("/" + truth)
-
-
 def e2e_localization(
     sim: Simulation, run: dict, detected: dict[int, list], skip: set[int]
 ) -> dict[str, Any]:
@@ -191,7 +165,7 @@ def e2e_localization(
     ``E2E_ROUND_S`` of its first detection (false and other faults' suspects included), or of
     its flapping re-raise when there is one (the alert's verdict is updated then), through the
     simulated agents' answers; scored on the component (a certain verdict names it) and on the
-    failure type (that verdict's type, :data:`MERGED_TYPES` merged)."""
+    failure type (that verdict's type, :data:`skh.failures.TYPE_CLASSES` merged)."""
     loc = sim_localizer(sim, rnic_dump_interval_s=0.0)
     per_type: dict[str, list[tuple[bool, bool]]] = {}
     misses = []
@@ -215,11 +189,11 @@ def e2e_localization(
             sus, SimSource(sim, t_s=ts), healthy_pairs=healthy, now_ns=sim.clock.wall_ns(ts)
         )
         rounds += 1
-        hit = [v for v in verdicts if v.certain and _same(v.component, rec.component)]
+        hit = [v for v in verdicts if v.certain and same_component(v.component, rec.component)]
         comp_ok = bool(hit)
         type_ok = any(_type_ok(rec.type, v.failure_type) for v in hit)
         active = [f.component for f in sim.active_faults(ts)]
-        spurious += sum(not any(_same(v.component, c) for c in active) for v in verdicts)
+        spurious += sum(not any(same_component(v.component, c) for c in active) for v in verdicts)
         per_type.setdefault(rec.type.name, []).append((comp_ok, type_ok))
         if not (comp_ok and type_ok):
             misses.append(
@@ -232,7 +206,10 @@ def e2e_localization(
                 }
             )
     paper = [
-        ok for name, oks in per_type.items() if FAULT_SPECS[FaultType[name]].in_paper for ok in oks
+        ok
+        for name, oks in per_type.items()
+        if FAULT_SPECS[FailureType[name]].in_paper
+        for ok in oks
     ]
 
     def acc(v: list, i: int) -> float | None:
@@ -246,7 +223,7 @@ def e2e_localization(
         "accuracy": acc(paper, 0),
         "type_accuracy": acc(paper, 1),
         "spurious_verdicts_per_round": round(spurious / rounds, 3) if rounds else None,
-        "merged_types": [sorted(g) for g in MERGED_TYPES],
+        "merged_types": _MERGED,
         "per_type": {
             k: {"n": len(v), "component": acc(v, 0), "type": acc(v, 1)}
             for k, v in sorted(per_type.items())
@@ -405,7 +382,7 @@ def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[st
     scored = [r for r in res if not r["masked"]]
 
     def in_paper(label: str) -> bool:
-        return all(FAULT_SPECS[FaultType[x]].in_paper for x in label.split("+"))
+        return all(FAULT_SPECS[FailureType[x]].in_paper for x in label.split("+"))
 
     per_type: dict[str, list[bool]] = {}
     per_layer: dict[str, list[bool]] = {}
@@ -413,7 +390,7 @@ def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[st
         if "+" in r["label"]:
             continue
         per_type.setdefault(r["label"], []).append(r["ok"])
-        per_layer.setdefault(FAULT_SPECS[FaultType[r["label"]]].layer, []).append(r["ok"])
+        per_layer.setdefault(FAULT_SPECS[FailureType[r["label"]]].layer, []).append(r["ok"])
     head = [r["ok"] for r in scored if in_paper(r["label"])]
     single = [r["ok"] for r in scored if "+" not in r["label"] and in_paper(r["label"])]
     both = [r["ok"] for r in scored if "+" in r["label"] and in_paper(r["label"])]
@@ -431,7 +408,7 @@ def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[st
         "both_layer_cases": len(both),
         "per_type": {
             k: {"n": len(v), "accuracy": acc(v)}
-            for k, v in sorted(per_type.items(), key=lambda kv: FaultType[kv[0]])
+            for k, v in sorted(per_type.items(), key=lambda kv: FailureType[kv[0]])
         },
         "per_layer": {k: {"n": len(v), "accuracy": acc(v)} for k, v in sorted(per_layer.items())},
         "misses": [
@@ -555,7 +532,7 @@ def _merge_e2e(runs: list[dict]) -> dict[str, Any]:
         "spurious_verdicts_per_round": round(float(np.mean([x for x in sp if x is not None])), 3)
         if any(x is not None for x in sp)
         else None,
-        "merged_types": [sorted(g) for g in MERGED_TYPES],
+        "merged_types": _MERGED,
         "per_type": {
             k: {
                 "n": v["n"],

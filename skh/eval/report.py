@@ -454,9 +454,10 @@ def _layer(type_name: str, detection: dict[str, Any]) -> str:
     v = detection["per_type"].get(type_name)
     if v:
         return v["layer"]
-    from skh.sim.faults import FAULT_SPECS, FaultType
+    from skh.failures import FailureType
+    from skh.sim.faults import FAULT_SPECS
 
-    return FAULT_SPECS[FaultType[type_name]].layer
+    return FAULT_SPECS[FailureType[type_name]].layer
 
 
 def differences(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ from skh.model import Container, Job, JobShape
 from skh.orchestrator.daemon import make_socket
 from skh.orchestrator.pinglist import JobPingLists
 from skh.orchestrator.security import SecurityConfig
-from skh.wire import Codec, Envelope, MsgType, pack_pairs
+from skh.wire import Codec, Envelope, MsgType, pack_pairs, unpack_pairs
 
 __all__ = [
     "ControllerClient",
@@ -47,6 +47,7 @@ __all__ = [
     "parse_container",
     "ping_list_summary",
     "status_view",
+    "unpack_skeleton",
 ]
 
 log = logging.getLogger(__name__)
@@ -439,6 +440,12 @@ def parse_container(spec: str, job: str) -> Container:
 
 # ---------------------------------------------------------------------------------------------
 # views for the operator
+
+
+def unpack_skeleton(body: Mapping[str, Any]) -> np.ndarray | None:
+    """The skeleton pairs of a JOB_SNAPSHOT body (None while the job runs on its preload list)."""
+    raw = body.get("skeleton")
+    return None if raw is None else unpack_pairs(raw)
 
 
 def ping_list_summary(lists: JobPingLists) -> dict[str, Any]:

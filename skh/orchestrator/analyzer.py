@@ -14,6 +14,12 @@ passes the full pipeline (:class:`skh.orchestrator.pipeline.PipelineHook`); with
 unless ``detector = "none"`` the streaming detector of :mod:`skh.analysis.detect` is used
 (:class:`DetectorHook`); ``spool_dir`` additionally archives each round's raw
 records as ``.npy``.
+
+Every pushed batch enters at :meth:`Analyzer._on_batch` and every REP request at
+:meth:`Analyzer._answer`: the sender becomes a :class:`~skh.orchestrator.authz.Principal` (PULL and
+REP carry no routing id: the connection's ZAP ``User-Id`` names it), the analyzer's
+:class:`~skh.orchestrator.authz.Policy` authorizes the decoded message, then its type's handler
+runs.
 """
 
 from __future__ import annotations
@@ -31,15 +37,21 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from skh.errors import ProtocolError
-from skh.orchestrator.alerts import MAX_REPLAY, AlertLog
+from skh.errors import ProtocolError, Unauthorized
+from skh.orchestrator.alerts import MAX_REPLAY, AlertLog, Retention
+from skh.orchestrator.authz import AllowAll, Policy, Principal, transport_user_id
 from skh.orchestrator.config import AnalyzerConfig
 from skh.orchestrator.daemon import bind, make_socket
-from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
+from skh.orchestrator.metrics import (
+    SECONDS_BUCKETS,
+    CallbackCollector,
+    CollectorRegistry,
+    Histograms,
+)
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import SecurityConfig, ServerSecurity
 from skh.records import empty_counters, empty_probes
-from skh.wire import ALERTS_TOPIC, Codec, MsgType, decode_counters, decode_probes
+from skh.wire import ALERTS_TOPIC, Codec, Envelope, MsgType, decode_counters, decode_probes
 
 __all__ = ["Analyzer", "RoundHook", "DetectorHook", "load_detector_hook"]
 
@@ -53,8 +65,10 @@ class RoundHook(Protocol):
     at least job, layer, component, failure type, evidence, severity — DESIGN §7).
 
     A hook may also define ``on_heartbeat(eps, t_ns)`` (every batch an agent ships, empty ones
-    included, is the heartbeat of its endpoints) and ``on_retire(eps)`` (endpoints of containers
-    stopped on purpose, heard on the controller's topics)."""
+    included, is the heartbeat of its endpoints), ``on_retire(eps)`` (endpoints of containers
+    stopped on purpose, heard on the controller's topics), ``drain_round_s()`` (the durations of
+    the rounds it ran elsewhere since the last call, for the round-time histogram) and
+    ``virtual_time = True`` (its alerts' times are not wall-clock: no time-to-localize then)."""
 
     def on_round(
         self, probes: np.ndarray, counters: np.ndarray, now_ns: int
@@ -91,11 +105,15 @@ class DetectorHook:
         return [self._alert(ev) for ev in self.detector.tick(now_ns)]
 
     def _alert(self, ev: Any) -> dict[str, Any]:
+        """A ``suspect`` alert (docs/alerts.md): detection alone, a one-off event."""
         eps = list(ev.endpoints) or [e for pair in ev.pairs for e in pair]
         jobs = sorted({self.ep_job[e] for e in eps if e in self.ep_job})
         agent = ev.kind == "agent"
         return {
-            "job": jobs[0] if len(jobs) == 1 else ",".join(jobs),
+            "kind": "suspect",
+            "state": "event",
+            "alert_id": f"suspect|{ev.kind}|{ev.first_seen_ns}",
+            "job": ",".join(jobs),
             "pairs": [list(p) for p in ev.pairs],
             "layer": "endpoint" if agent else "network",
             # localization (traceroutes, dumps) names the component; detection alone cannot
@@ -103,7 +121,7 @@ class DetectorHook:
             "failure_type": ev.kind,
             "evidence": {"scores": list(ev.scores), "explanation": ev.explanation},
             "first_seen_ns": ev.first_seen_ns,
-            "detected_ns": ev.detected_ns,
+            "detected_at_ns": ev.detected_ns,
             "severity": _SEVERITY.get(ev.kind, "minor"),
         }
 
@@ -126,12 +144,40 @@ class Analyzer:
         hook: RoundHook | None = None,
         ctx: zmq.Context | None = None,
         metrics: CollectorRegistry | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.cfg = cfg
+        self.policy: Policy = policy if policy is not None else AllowAll()
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
         self.counters: Counter[str] = Counter()
         self.hook = hook if hook is not None or cfg.detector == "none" else load_detector_hook()
-        self.alerts = AlertLog(cfg.alert_log)
+        self.alerts = AlertLog(
+            cfg.alert_log,
+            Retention(
+                cfg.alert_log_segment_bytes,
+                cfg.alert_log_retention_s,
+                cfg.alert_log_retention_bytes,
+            ),
+        )
+        self.latency = Histograms(
+            {
+                "skh_time_to_detect_seconds": (
+                    "First failed probe to the localizing round, per opened fault",
+                    ("layer",),
+                    SECONDS_BUCKETS,
+                ),
+                "skh_time_to_localize_seconds": (
+                    "Localizing round to the alert on the bus, per opened fault",
+                    ("layer",),
+                    SECONDS_BUCKETS,
+                ),
+                "skh_analyzer_round_seconds": (
+                    "Time one analysis round took (the pipeline's own rounds when it runs apart)",
+                    (),
+                    SECONDS_BUCKETS,
+                ),
+            }
+        )
         self._ctx = ctx or zmq.Context.instance()
         self._security = ServerSecurity(security, self._ctx)
         self.pull = make_socket(self._ctx, zmq.PULL, hwm=cfg.hwm)
@@ -157,6 +203,7 @@ class Analyzer:
         self.endpoint = self.alerts_endpoint = self.replay_endpoint = ""
         if metrics is not None:
             metrics.register(self._collector())
+            metrics.register(self.latency)
 
     def bind(self) -> tuple[str, str, str]:
         self.endpoint = bind(self.pull, self.cfg.bind)
@@ -207,32 +254,47 @@ class Analyzer:
         n = 0
         while n < _DRAIN:
             try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK)
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             n += 1
-            if len(frames) != 1:
-                self.codec.rejected["malformed"] += 1
-                continue
-            try:
-                env = self.codec.decode(frames[0])
-                if env.type is MsgType.PROBE_BATCH:
-                    recs = decode_probes(env.body)
-                    self._probes.append(recs)
-                    self.counters["probe_records"] += recs.size
-                    self._heartbeat(env.body.get("eps"))
-                elif env.type is MsgType.COUNTER_BATCH:
-                    recs = decode_counters(env.body)
-                    self._counter_batches.append(recs)
-                    self.counters["counter_records"] += recs.size
-                else:
-                    self.codec.rejected["unexpected"] += 1
-                    continue
-                self.counters["batches"] += 1
-            except ProtocolError as exc:
-                self.counters["bad_batches"] += 1
-                log.debug("rejected batch: %s", exc)
+            self._on_batch(frames)
         return n
+
+    def _on_batch(self, frames: list[zmq.Frame]) -> None:
+        """The one entry of every pushed frame: identify, decode, authorize, handle."""
+        if len(frames) != 1:
+            self.codec.rejected["malformed"] += 1
+            return
+        try:
+            who = self.policy.identify(b"", transport_user_id(frames[0]))
+            env = self.codec.decode(frames[0].buffer)
+            handler = self._batch_handlers.get(env.type)
+            if handler is None:
+                self.codec.rejected["unexpected"] += 1
+                return
+            self.policy.authorize(who, env)
+            handler(self, who, env)
+            self.counters["batches"] += 1
+        except Unauthorized as exc:
+            self.counters["unauthorized"] += 1
+            log.debug("refused batch: %s", exc)
+        except ProtocolError as exc:
+            self.counters["bad_batches"] += 1
+            log.debug("rejected batch: %s", exc)
+
+    def _on_probes(self, who: Principal, env: Envelope) -> None:
+        recs = decode_probes(env.body)
+        self._probes.append(recs)
+        self.counters["probe_records"] += recs.size
+        self._heartbeat(env.body.get("eps"))
+
+    def _on_counters(self, who: Principal, env: Envelope) -> None:
+        recs = decode_counters(env.body)
+        self._counter_batches.append(recs)
+        self.counters["counter_records"] += recs.size
+
+    _batch_handlers = {MsgType.PROBE_BATCH: _on_probes, MsgType.COUNTER_BATCH: _on_counters}
 
     def _heartbeat(self, eps: Any) -> None:
         beat = getattr(self.hook, "on_heartbeat", None)
@@ -285,14 +347,22 @@ class Analyzer:
             self._write_spool(now_ns, probes, counters)
         published = []
         if self.hook is not None:
+            t0 = time.monotonic()
             try:
                 found = list(self.hook.on_round(probes, counters, now_ns))
             except Exception:  # a detector bug must not stop ingest; it is logged and counted
                 self.counters["hook_errors"] += 1
                 log.exception("detection hook failed")
                 found = []
+            drain = getattr(self.hook, "drain_round_s", None)
+            took = drain() if drain is not None else [time.monotonic() - t0]
+            self.latency.observe("skh_analyzer_round_seconds", (), np.asarray(took))
             for alert in found:
-                published.append(self.publish(alert))
+                try:
+                    published.append(self.publish(alert))
+                except ProtocolError as exc:  # an alert no record can hold: counted, not fatal
+                    self.counters["alerts_refused"] += 1
+                    log.error("alert not published: %s", exc)
         return published
 
     def _write_spool(self, now_ns: int, probes: np.ndarray, counters: np.ndarray) -> None:
@@ -307,45 +377,71 @@ class Analyzer:
 
     def publish(self, alert: Mapping[str, Any]) -> dict[str, Any]:
         rec = self.alerts.append(alert)
-        body = {"seq": rec["seq"], "ts_ns": rec["ts_ns"], "alert": rec["alert"]}
         self.pub.send_multipart(
-            (ALERTS_TOPIC, self.codec.encode(MsgType.ALERT, "analyzer", rec["seq"], body))
+            (ALERTS_TOPIC, self.codec.encode(MsgType.ALERT, "analyzer", rec["seq"], rec))
         )
         self.counters["alerts"] += 1
+        self._observe_latency(rec)
         return rec
+
+    def _observe_latency(self, rec: Mapping[str, Any]) -> None:
+        """Time to detect and to localize of each fault as it opens, from the alert's own times:
+        first failed probe -> localizing round -> logged on the bus."""
+        a = rec["alert"]
+        if a.get("kind") != "fault" or a.get("state") != "open":
+            return
+        try:
+            layer = str(a["layer"])
+            seen, found = int(a["first_seen_ns"]), int(a["detected_at_ns"])
+        except (KeyError, TypeError, ValueError):
+            return
+        self.latency.observe("skh_time_to_detect_seconds", (layer,), (found - seen) / 1e9)
+        if not getattr(self.hook, "virtual_time", False):
+            self.latency.observe(
+                "skh_time_to_localize_seconds", (layer,), (rec["ts_ns"] - found) / 1e9
+            )
 
     # -- REP -----------------------------------------------------------------------------------
     def serve_rep(self) -> None:
         # REP is lock-step: every request gets exactly one answer, even garbage
         for _ in range(_DRAIN):
             try:
-                frames = self.rep.recv_multipart(zmq.NOBLOCK)
+                frames = self.rep.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                if len(frames) != 1:
-                    self.codec.rejected["malformed"] += 1
-                    raise ProtocolError(f"a request is one frame, got {len(frames)}")
-                env = self.codec.decode(frames[0])
-                if env.type is MsgType.REPLAY:
-                    limit = min(int(env.body.get("limit", MAX_REPLAY)), MAX_REPLAY)
-                    recs = self.alerts.since(int(env.body["since"]), max(1, limit))
-                    mtype, body = (
-                        MsgType.REPLAY_REPLY,
-                        {"alerts": recs, "last_seq": self.alerts.last_seq},
-                    )
-                elif env.type is MsgType.STATUS:
-                    mtype, body = MsgType.ACK, {"ok": True, "data": self.status()}
-                else:
-                    self.codec.rejected["unexpected"] += 1
-                    mtype, body = (
-                        MsgType.ACK,
-                        {"ok": False, "error": f"unexpected {env.type.value}"},
-                    )
-            except ProtocolError as exc:
-                mtype, body = MsgType.ACK, {"ok": False, "error": str(exc)}
+            mtype, body = self._answer(frames)
             self.rep.send(self.codec.encode(mtype, "analyzer", self.counters["replies"], body))
             self.counters["replies"] += 1
+
+    def _answer(self, frames: list[zmq.Frame]) -> tuple[MsgType, dict[str, Any]]:
+        """The one entry of every REP request: identify, decode, authorize, answer."""
+        try:
+            if len(frames) != 1:
+                self.codec.rejected["malformed"] += 1
+                raise ProtocolError(f"a request is one frame, got {len(frames)}")
+            who = self.policy.identify(b"", transport_user_id(frames[0]))
+            env = self.codec.decode(frames[0].buffer)
+            handler = self._rep_handlers.get(env.type)
+            if handler is None:
+                self.codec.rejected["unexpected"] += 1
+                return MsgType.ACK, {"ok": False, "error": f"unexpected {env.type.value}"}
+            self.policy.authorize(who, env)
+            return handler(self, who, env)
+        except Unauthorized as exc:
+            self.counters["unauthorized"] += 1
+            return MsgType.ACK, {"ok": False, "error": str(exc)}
+        except ProtocolError as exc:
+            return MsgType.ACK, {"ok": False, "error": str(exc)}
+
+    def _on_replay(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
+        return MsgType.REPLAY_REPLY, self.alerts.replay(
+            int(env.body["since"]), int(env.body.get("limit", MAX_REPLAY))
+        )
+
+    def _on_status(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
+        return MsgType.ACK, {"ok": True, "data": self.status()}
+
+    _rep_handlers = {MsgType.REPLAY: _on_replay, MsgType.STATUS: _on_status}
 
     def status(self) -> dict[str, Any]:
         return {

@@ -8,8 +8,12 @@ Sockets:
   endpoints going down and skeletons, each once, with the job's ping-list version; ``agents\\0``
   carries agent liveness changes.
 
-The loop handles a batch of requests, commits the registry once, then answers and publishes:
-nothing is acknowledged or announced before it is durable.
+Every request enters at :meth:`Controller._dispatch`: its sender becomes a
+:class:`~skh.orchestrator.authz.Principal`, the controller's :class:`~skh.orchestrator.authz.Policy`
+authorizes it, and its handler returns a :class:`Reply` (the answer to the sender and frames for
+other peers). What a request changes is written to the registry and its announcements are staged
+beside those writes; the loop handles a batch of requests, commits the registry once, then
+publishes and answers: nothing is acknowledged or announced before it is durable.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 
 import zmq
 
-from skh.errors import ProtocolError, TopologyError
+from skh.errors import ProtocolError, TopologyError, Unauthorized
+from skh.orchestrator.authz import AllowAll, Policy, Principal, transport_user_id
 from skh.orchestrator.config import ControllerConfig
 from skh.orchestrator.daemon import bind, make_socket
 from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
@@ -35,7 +40,7 @@ from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import SecurityConfig, ServerSecurity
 from skh.wire import AGENTS_TOPIC, Codec, Envelope, MsgType, job_topic, unpack_pairs
 
-__all__ = ["Controller"]
+__all__ = ["Controller", "Reply"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,17 @@ class _Agent:
     last_seen: float
     endpoints: list[int] = field(default_factory=list)
     alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a handler answers: ``mtype`` and ``body`` go back to the sender (nothing when
+    ``mtype`` is None); ``forward`` holds encoded frames for other peers by routing id (a relayed
+    command for its agent, an agent's command reply for the command's requester)."""
+
+    mtype: MsgType | None = None
+    body: dict[str, Any] = field(default_factory=dict)
+    forward: tuple[tuple[bytes, bytes], ...] = ()
 
 
 @dataclass(slots=True)
@@ -74,8 +90,10 @@ class Controller:
         *,
         ctx: zmq.Context | None = None,
         metrics: CollectorRegistry | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.cfg = cfg
+        self.policy: Policy = policy if policy is not None else AllowAll()
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
         self.registry = Registry(cfg.db)
         self.jobs, owner, records = self.registry.load()
@@ -94,6 +112,8 @@ class Controller:
         self.epoch = uuid.uuid4().hex[:12]
         self.counters: Counter[str] = Counter()
         self._pending: dict[str, _Pending] = {}
+        #: announcements (topic, frame) of registry changes not yet committed
+        self._staged: list[tuple[bytes, bytes]] = []
         self._seq = 0
         self._ctx = ctx or zmq.Context.instance()
         self._security = ServerSecurity(security, self._ctx)
@@ -147,27 +167,30 @@ class Controller:
         of requests handled."""
         handled = 0
         replies: list[tuple[bytes, bytes]] = []
-        pubs: list[tuple[bytes, bytes]] = []
         if self.router.poll(timeout_ms, zmq.POLLIN):
             while handled < _BATCH:
                 try:
-                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=True)
+                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
                 handled += 1
-                self._dispatch(frames, replies, pubs)
+                replies += self._dispatch(frames)
         now = time.monotonic()
         if now >= self._next_sweep:
             self._next_sweep = now + self.cfg.heartbeat_interval_s
-            self._sweep(now, pubs)
-        self._expire_commands(now, replies)
-        self.registry.commit()
-        for topic, frame in pubs:
-            self.pub.send_multipart((topic, frame))
-            self.counters["published"] += 1
+            self._sweep(now)
+        replies += self._expire_commands(now)
+        self._commit_and_publish()
         for identity, frame in replies:
             self._send(identity, frame)
         return handled
+
+    def _commit_and_publish(self) -> None:
+        self.registry.commit()
+        staged, self._staged = self._staged, []
+        for topic, frame in staged:
+            self.pub.send_multipart((topic, frame))
+            self.counters["published"] += 1
 
     def _send(self, identity: bytes, frame: bytes) -> None:
         try:
@@ -180,23 +203,39 @@ class Controller:
         self._seq += 1
         return self.codec.encode(mtype, "controller", self._seq, body)
 
-    def _dispatch(self, frames: list[bytes], replies: list, pubs: list) -> None:
+    def _announce(self, topic: bytes, mtype: MsgType, body: dict[str, Any]) -> None:
+        """Stage a publication: it goes out after the commit that makes its change durable."""
+        self._staged.append((topic, self._frame(mtype, body)))
+
+    def _dispatch(self, frames: list[zmq.Frame]) -> list[tuple[bytes, bytes]]:
+        """The one entry of every request: identify its sender, decode it, authorize it, run its
+        handler. Returns the frames to send (routing id, frame)."""
         if len(frames) != 2:
             self.codec.rejected["malformed"] += 1
-            return
-        identity, raw = frames
+            return []
+        identity, raw = frames[0].bytes, frames[1]
         try:
-            env = self.codec.decode(raw)
+            who = self.policy.identify(identity, transport_user_id(raw))
+            env = self.codec.decode(raw.buffer)
+        except Unauthorized as exc:
+            self.counters["unauthorized"] += 1
+            log.debug("refused a connection from %r: %s", identity, exc)
+            return []
         except ProtocolError as exc:
             log.debug("rejected frame from %r: %s", identity, exc)
-            return
+            return []
         self.counters[f"rx_{env.type.value}"] += 1
         handler = self._handlers.get(env.type)
         if handler is None:
             self.codec.rejected["unexpected"] += 1
-            return
+            return []
         try:
-            reply = handler(self, identity, env, pubs, replies)
+            self.policy.authorize(who, env)
+            reply = handler(self, who, env)
+        except Unauthorized as exc:
+            self.counters["unauthorized"] += 1
+            log.info("refused %s from %r: %s", env.type.value, identity, exc)
+            reply = Reply(MsgType.ACK, {"ok": False, "error": str(exc)})
         except (
             ValueError,
             KeyError,
@@ -204,12 +243,13 @@ class Controller:
         ) as exc:  # ProtocolError/TopologyError and odd content
             self.counters["request_errors"] += 1
             log.debug("request %s from %r failed: %r", env.type.value, identity, exc)
-            reply = (MsgType.ACK, {"ok": False, "error": str(exc)})
-        if reply is not None:
-            mtype, body = reply
-            if mtype is MsgType.ACK:
-                body["re"] = env.seq  # lets the requester match the answer to its request
-            replies.append((identity, self._frame(mtype, body)))
+            reply = Reply(MsgType.ACK, {"ok": False, "error": str(exc)})
+        out = list(reply.forward)
+        if reply.mtype is not None:
+            if reply.mtype is MsgType.ACK:
+                reply.body["re"] = env.seq  # lets the requester match the answer to its request
+            out.append((identity, self._frame(reply.mtype, reply.body)))
+        return out
 
     # -- handlers ------------------------------------------------------------------------------
     def _job(self, name: str, shape: dict[str, Any] | None = None) -> JobPingLists:
@@ -223,7 +263,7 @@ class Controller:
         self.registry.put_job(name, shape)
         return job
 
-    def _upsert(self, d: dict[str, Any], host: str, agent: str, pubs: list) -> int:
+    def _upsert(self, d: dict[str, Any], host: str, agent: str) -> int:
         if not isinstance(d, dict):
             raise ProtocolError("endpoint record is not a map")
         job = self._job(str(d.get("job", "")))
@@ -241,44 +281,49 @@ class Controller:
         if down is not None:
             self.registry.put_ready(down["endpoints"], False)
             self.registry.put_version(job)
-            pubs.append((job_topic(job.job), self._frame(MsgType.ENDPOINTS_DOWN, down)))
+            self._announce(job_topic(job.job), MsgType.ENDPOINTS_DOWN, down)
         return ep
 
-    def _on_register(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_register(self, who: Principal, env: Envelope) -> Reply:
         b = env.body
         agent = b["agent"]
-        if not agent or len(agent) > 256 or identity != agent.encode():
+        if not agent or len(agent) > 256 or who.routing_id != agent.encode():
             raise ProtocolError(f"agent name {agent!r} must equal the socket routing id")
-        eps = [self._upsert(d, b["host"], agent, pubs) for d in b["endpoints"]]
+        eps = [self._upsert(d, b["host"], agent) for d in b["endpoints"]]
         old = self.agents.get(agent)
         if old is not None:  # endpoints it no longer registers are gone with its old incarnation
             gone = [ep for ep in old.endpoints if ep not in eps]
-            self._down(gone, "stopped", pubs)
-        self.agents[agent] = _Agent(agent, b["role"], b["host"], identity, time.monotonic(), eps)
+            self._down(gone, "stopped")
+        self.agents[agent] = _Agent(
+            agent, b["role"], b["host"], who.routing_id, time.monotonic(), eps
+        )
         self.registry.put_agent(AgentRecord(agent, b["role"], b["host"]))
         jobs = dict.fromkeys(self._ep_job[ep] for ep in eps)
         self.counters["registrations"] += 1
-        return MsgType.REGISTER_ACK, {
-            "epoch": self.epoch,
-            "endpoints": eps,
-            "snapshots": [self.jobs[j].snapshot() for j in jobs],
-            "heartbeat_interval_s": self.cfg.heartbeat_interval_s,
-            "resolved": self._resolve(b.get("watch", ())),
-        }
+        return Reply(
+            MsgType.REGISTER_ACK,
+            {
+                "epoch": self.epoch,
+                "endpoints": eps,
+                "snapshots": [self.jobs[j].snapshot() for j in jobs],
+                "heartbeat_interval_s": self.cfg.heartbeat_interval_s,
+                "resolved": self._resolve(b.get("watch", ())),
+            },
+        )
 
     def _resolve(self, names: Iterable[Any]) -> dict[str, int]:
         return {n: self._by_name[n] for n in names if isinstance(n, str) and n in self._by_name}
 
-    def _on_ready(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_ready(self, who: Principal, env: Envelope) -> Reply:
         agent = self.agents.get(env.body["agent"])
-        if agent is None or agent.identity != identity:
-            return MsgType.ACK, {"ok": False, "error": "unknown agent: register first"}
+        if agent is None or agent.identity != who.routing_id:
+            return Reply(MsgType.ACK, {"ok": False, "error": "unknown agent: register first"})
         eps = [ep for ep in env.body["endpoints"] if isinstance(ep, int) and ep in agent.endpoints]
         if len(eps) != len(env.body["endpoints"]):
-            return MsgType.ACK, {
-                "ok": False,
-                "error": "ready for endpoints this agent did not register",
-            }
+            return Reply(
+                MsgType.ACK,
+                {"ok": False, "error": "ready for endpoints this agent did not register"},
+            )
         agent.last_seen = time.monotonic()
         by_job: dict[str, list[int]] = {}
         for ep in eps:
@@ -289,35 +334,31 @@ class Controller:
             if body is not None:
                 self.registry.put_ready(job_eps, True)
                 self.registry.put_version(job)
-                pubs.append((job_topic(name), self._frame(MsgType.READY_ANNOUNCE, body)))
+                self._announce(job_topic(name), MsgType.READY_ANNOUNCE, body)
                 self.counters["ready_announcements"] += 1
-        return MsgType.ACK, {"ok": True}
+        return Reply(MsgType.ACK, {"ok": True})
 
-    def _on_deregister(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_deregister(self, who: Principal, env: Envelope) -> Reply:
         agent = self.agents.get(env.body["agent"])
-        if agent is None or agent.identity != identity:
-            return MsgType.ACK, {"ok": False, "error": "unknown agent"}
+        if agent is None or agent.identity != who.routing_id:
+            return Reply(MsgType.ACK, {"ok": False, "error": "unknown agent"})
         agent.alive = False  # gone on purpose: not "lost", and its endpoints are retired
-        self._down(agent.endpoints, "stopped", pubs)
-        pubs.append(
-            (
-                AGENTS_TOPIC,
-                self._frame(
-                    MsgType.AGENT_STATE,
-                    {"agent": agent.name, "state": "stopped", "endpoints": list(agent.endpoints)},
-                ),
-            )
+        self._down(agent.endpoints, "stopped")
+        self._announce(
+            AGENTS_TOPIC,
+            MsgType.AGENT_STATE,
+            {"agent": agent.name, "state": "stopped", "endpoints": list(agent.endpoints)},
         )
         self.counters["deregistrations"] += 1
         log.info("agent %s stopped", agent.name)
-        return MsgType.ACK, {"ok": True}
+        return Reply(MsgType.ACK, {"ok": True})
 
-    def _on_heartbeat(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_heartbeat(self, who: Principal, env: Envelope) -> Reply:
         agent = self.agents.get(env.body["agent"])
         known = (
             agent is not None
             and agent.alive
-            and agent.identity == identity
+            and agent.identity == who.routing_id
             and env.body["epoch"] == self.epoch
         )
         if known:
@@ -325,20 +366,23 @@ class Controller:
         jobs = {}
         if agent is not None:
             jobs = {self._ep_job[ep]: self.jobs[self._ep_job[ep]].version for ep in agent.endpoints}
-        return MsgType.HEARTBEAT_ACK, {
-            "epoch": self.epoch,
-            "known": known,
-            "jobs": jobs,
-            "resolved": self._resolve(env.body.get("unresolved", ())),
-        }
+        return Reply(
+            MsgType.HEARTBEAT_ACK,
+            {
+                "epoch": self.epoch,
+                "known": known,
+                "jobs": jobs,
+                "resolved": self._resolve(env.body.get("unresolved", ())),
+            },
+        )
 
-    def _on_sync(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_sync(self, who: Principal, env: Envelope) -> Reply:
         job = self.jobs.get(env.body["job"])
         if job is None:
-            return MsgType.ACK, {"ok": False, "error": f"unknown job {env.body['job']!r}"}
-        return MsgType.JOB_SNAPSHOT, job.snapshot()
+            return Reply(MsgType.ACK, {"ok": False, "error": f"unknown job {env.body['job']!r}"})
+        return Reply(MsgType.JOB_SNAPSHOT, job.snapshot())
 
-    def _on_submit(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_submit(self, who: Principal, env: Envelope) -> Reply:
         b = env.body
         shape = b.get("shape") or {}
         self._job(b["job"], shape)
@@ -355,23 +399,21 @@ class Controller:
                 }
                 name = f"{b['job']}/{d['container']}/{rail}"
                 eps[name] = (
-                    self._by_name[name]
-                    if name in self._by_name
-                    else self._upsert(d, d["host"], "", pubs)
+                    self._by_name[name] if name in self._by_name else self._upsert(d, d["host"], "")
                 )
         self.counters["jobs_submitted"] += 1
-        return MsgType.ACK, {"ok": True, "data": {"endpoints": eps}}
+        return Reply(MsgType.ACK, {"ok": True, "data": {"endpoints": eps}})
 
-    def _on_remove(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_remove(self, who: Principal, env: Envelope) -> Reply:
         """Forget a job: its endpoints are announced down (agents drop them from their lists)
         and leave the registry. An agent still running a container of it re-creates the job
         when it registers again."""
         name = env.body["job"]
         job = self.jobs.get(name)
         if job is None:
-            return MsgType.ACK, {"ok": False, "error": f"unknown job {name!r}"}
+            return Reply(MsgType.ACK, {"ok": False, "error": f"unknown job {name!r}"})
         eps = sorted(job.endpoints)
-        self._down(eps, "job removed", pubs)
+        self._down(eps, "job removed")
         gone = set(eps)
         for agent in self.agents.values():
             agent.endpoints = [ep for ep in agent.endpoints if ep not in gone]
@@ -381,34 +423,34 @@ class Controller:
         self.registry.delete_job(name)
         self.counters["jobs_removed"] += 1
         log.info("job %s removed (%d endpoints)", name, len(eps))
-        return MsgType.ACK, {"ok": True, "data": {"endpoints": eps}}
+        return Reply(MsgType.ACK, {"ok": True, "data": {"endpoints": eps}})
 
-    def _on_skeleton(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_skeleton(self, who: Principal, env: Envelope) -> Reply:
         job = self.jobs.get(env.body["job"])
         if job is None:
-            return MsgType.ACK, {"ok": False, "error": f"unknown job {env.body['job']!r}"}
-        self.apply_skeleton(
-            job.job, unpack_pairs(env.body["pairs"]), env.body["skeleton_version"], pubs
-        )
-        return MsgType.ACK, {"ok": True, "data": {"version": job.version}}
+            return Reply(MsgType.ACK, {"ok": False, "error": f"unknown job {env.body['job']!r}"})
+        self._apply_skeleton(job.job, unpack_pairs(env.body["pairs"]), env.body["skeleton_version"])
+        return Reply(MsgType.ACK, {"ok": True, "data": {"version": job.version}})
 
-    def apply_skeleton(self, job: str, pairs: Any, version: int, pubs: list | None = None) -> int:
+    def apply_skeleton(self, job: str, pairs: Any, version: int) -> int:
         """Replace ``job``'s pair set by a skeleton (published once on the job topic; agents add
         new targets before dropping old ones, so no pair in both lists stops being probed).
         Returns the job's new ping-list version."""
+        version = self._apply_skeleton(job, pairs, version)
+        self._commit_and_publish()
+        return version
+
+    def _apply_skeleton(self, job: str, pairs: Any, version: int) -> int:
         j = self.jobs[job]
         body = j.apply_skeleton(pairs, version)
         self.registry.put_skeleton(j)
-        frame = self._frame(MsgType.SKELETON, body)
-        if pubs is None:
-            self.registry.commit()
-            self.pub.send_multipart((job_topic(job), frame))
-        else:
-            pubs.append((job_topic(job), frame))
+        self._announce(job_topic(job), MsgType.SKELETON, body)
         return j.version
 
-    def _on_status(self, identity: bytes, env: Envelope, pubs: list, replies: list):
-        return MsgType.ACK, {"ok": True, "data": self.status(detail=bool(env.body.get("detail")))}
+    def _on_status(self, who: Principal, env: Envelope) -> Reply:
+        return Reply(
+            MsgType.ACK, {"ok": True, "data": self.status(detail=bool(env.body.get("detail")))}
+        )
 
     def status(self, *, detail: bool = False) -> dict[str, Any]:
         now = time.monotonic()
@@ -442,36 +484,41 @@ class Controller:
         }
 
     # -- commands ------------------------------------------------------------------------------
-    def _on_command(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_command(self, who: Principal, env: Envelope) -> Reply:
         b = env.body
         agent = self.agents.get(b["agent"])
         if agent is None or not agent.alive:
-            return MsgType.COMMAND_REPLY, {
-                "cmd_id": b["cmd_id"],
-                "ok": False,
-                "error": f"agent {b['agent']!r} is not alive",
-            }
+            return Reply(
+                MsgType.COMMAND_REPLY,
+                {"cmd_id": b["cmd_id"], "ok": False, "error": f"agent {b['agent']!r} is not alive"},
+            )
         if b["cmd_id"] in self._pending:
-            return None  # a requester retry of a command still in flight
+            return Reply()  # a requester retry of a command still in flight
         timeout_s = float(b.get("timeout_s", self.cfg.command_timeout_s))
         retries = int(b.get("retries", self.cfg.command_retries))
         frame = self._frame(MsgType.COMMAND, dict(b))
         self._pending[b["cmd_id"]] = _Pending(
-            identity, agent.name, frame, timeout_s, max(0, retries), time.monotonic() + timeout_s
+            who.routing_id,
+            agent.name,
+            frame,
+            timeout_s,
+            max(0, retries),
+            time.monotonic() + timeout_s,
         )
-        replies.append((agent.identity, frame))
         self.counters["commands"] += 1
-        return None
+        return Reply(forward=((agent.identity, frame),))
 
-    def _on_command_reply(self, identity: bytes, env: Envelope, pubs: list, replies: list):
+    def _on_command_reply(self, who: Principal, env: Envelope) -> Reply:
         p = self._pending.pop(env.body["cmd_id"], None)
-        if p is None or p.agent.encode() != identity:
+        if p is None or p.agent.encode() != who.routing_id:
             self.counters["late_command_replies"] += 1
-            return None
-        replies.append((p.requester, self._frame(MsgType.COMMAND_REPLY, dict(env.body))))
-        return None
+            return Reply()
+        return Reply(forward=((p.requester, self._frame(MsgType.COMMAND_REPLY, dict(env.body))),))
 
-    def _expire_commands(self, now: float, replies: list) -> None:
+    def _expire_commands(self, now: float) -> list[tuple[bytes, bytes]]:
+        """Resend what is due again, answer a timeout for what is out of retries; returns the
+        frames to send (routing id, frame)."""
+        out: list[tuple[bytes, bytes]] = []
         for cmd_id, p in list(self._pending.items()):
             if now < p.deadline:
                 continue
@@ -480,12 +527,12 @@ class Controller:
                 p.retries_left -= 1
                 p.sent += 1
                 p.deadline = now + p.timeout_s
-                replies.append((agent.identity, p.frame))
+                out.append((agent.identity, p.frame))
                 self.counters["command_retries"] += 1
                 continue
             del self._pending[cmd_id]
             self.counters["command_timeouts"] += 1
-            replies.append(
+            out.append(
                 (
                     p.requester,
                     self._frame(
@@ -498,9 +545,10 @@ class Controller:
                     ),
                 )
             )
+        return out
 
     # -- liveness ------------------------------------------------------------------------------
-    def _down(self, eps: Iterable[int], reason: str, pubs: list) -> None:
+    def _down(self, eps: Iterable[int], reason: str) -> None:
         by_job: dict[str, list[int]] = {}
         for ep in eps:
             if ep in self._ep_job:
@@ -511,9 +559,9 @@ class Controller:
             if body is not None:
                 self.registry.put_ready(job_eps, False)
                 self.registry.put_version(job)
-                pubs.append((job_topic(name), self._frame(MsgType.ENDPOINTS_DOWN, body)))
+                self._announce(job_topic(name), MsgType.ENDPOINTS_DOWN, body)
 
-    def _sweep(self, now: float, pubs: list) -> None:
+    def _sweep(self, now: float) -> None:
         limit = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_misses
         for agent in self.agents.values():
             if agent.alive and now - agent.last_seen > limit:
@@ -524,19 +572,11 @@ class Controller:
                     agent.name,
                     self.cfg.heartbeat_misses,
                 )
-                self._down(agent.endpoints, "agent lost", pubs)
-                pubs.append(
-                    (
-                        AGENTS_TOPIC,
-                        self._frame(
-                            MsgType.AGENT_STATE,
-                            {
-                                "agent": agent.name,
-                                "state": "lost",
-                                "endpoints": list(agent.endpoints),
-                            },
-                        ),
-                    )
+                self._down(agent.endpoints, "agent lost")
+                self._announce(
+                    AGENTS_TOPIC,
+                    MsgType.AGENT_STATE,
+                    {"agent": agent.name, "state": "lost", "endpoints": list(agent.endpoints)},
                 )
 
     _handlers = {

@@ -15,8 +15,8 @@ from skh.eval import MAXIMA, THRESHOLDS, profile, run_eval
 from skh.eval.probing import greedy_probe_matrix, path_links, random_sample_pairs
 from skh.eval.report import to_html, to_markdown
 from skh.eval.scoring import detection_scores, wilson
+from skh.failures import FailureType
 from skh.model import Fabric
-from skh.sim.faults import FaultType
 from skh.sim.noise import TRAIN_SEEDS
 from skh.sim.topology import FabricIndex
 
@@ -121,7 +121,7 @@ def test_one_seed_gives_one_table():
 @dataclass
 class _Rec:
     fault_id: int
-    type: FaultType
+    type: FailureType
     start_ns: int
     end_ns: int
     affected_pairs: np.ndarray
@@ -140,9 +140,9 @@ class _Ev:
 def test_scoring_counts_matches_misses_and_false_events():
     s = 10**9
     recs = [
-        _Rec(0, FaultType.RNIC_PORT_DOWN, 100 * s, 160 * s, np.array([[1, 2], [2, 1]])),
-        _Rec(1, FaultType.PCIE_NIC_ERROR, 300 * s, 360 * s, np.array([[5, 6]])),
-        _Rec(2, FaultType.CRC_ERROR, 500 * s, 560 * s, np.array([[7, 8]])),
+        _Rec(0, FailureType.RNIC_PORT_DOWN, 100 * s, 160 * s, np.array([[1, 2], [2, 1]])),
+        _Rec(1, FailureType.PCIE_NIC_ERROR, 300 * s, 360 * s, np.array([[5, 6]])),
+        _Rec(2, FailureType.CRC_ERROR, 500 * s, 560 * s, np.array([[7, 8]])),
     ]
     evs = [
         _Ev("unreachable", ((1, 2),), 102 * s),
@@ -160,8 +160,8 @@ def test_scoring_counts_matches_misses_and_false_events():
     assert r["per_type"]["RNIC_PORT_DOWN"]["precision_kind"] == 0.5
     assert r["per_type"]["PCIE_NIC_ERROR"]["ttd_s"]["mean"] == 20.0
     # a gray fault's events are neither true nor false; a fault no probe crosses is a miss
-    recs.append(_Rec(3, FaultType.CRC_ERROR, 600 * s, 660 * s, np.array([[3, 4]])))
-    recs.append(_Rec(4, FaultType.SWITCH_PORT_DOWN, 600 * s, 660 * s, np.zeros((0, 2))))
+    recs.append(_Rec(3, FailureType.CRC_ERROR, 600 * s, 660 * s, np.array([[3, 4]])))
+    recs.append(_Rec(4, FailureType.SWITCH_PORT_DOWN, 600 * s, 660 * s, np.zeros((0, 2))))
     evs.append(_Ev("loss", ((3, 4),), 610 * s))
     g = detection_scores(recs, evs, 30 * s, {}, ignore={3}, invisible_are_misses=True)
     assert g["events"] == 5 and g["faults"] == 4 and g["invisible_faults"] == 1
