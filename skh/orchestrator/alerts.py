@@ -41,6 +41,7 @@ class AlertLog:
         except OSError as exc:
             raise ConfigError(f"cannot open alert log {self.path}: {exc}") from exc
         self._offsets: list[int] = []  # offset of seq i+1
+        self._open: dict[str, dict[str, Any]] = {}  # alert id -> its latest record, while open
         self._recover()
 
     def _recover(self) -> None:
@@ -58,9 +59,23 @@ class AlertLog:
                 )
                 break
             self._offsets.append(good)
+            self._track(rec)
             good += len(line)
         self._f.truncate(good)
         self._f.seek(0, os.SEEK_END)
+
+    def _track(self, rec: Mapping[str, Any]) -> None:
+        a = rec.get("alert")
+        if not isinstance(a, Mapping) or not isinstance(a.get("alert_id"), str):
+            return
+        if a.get("state") == "open":
+            self._open[a["alert_id"]] = dict(rec)
+        elif a.get("state") == "resolved":
+            self._open.pop(a["alert_id"], None)
+
+    def open_alerts(self) -> list[dict[str, Any]]:
+        """The latest record of every alert opened and not resolved yet, oldest first."""
+        return sorted(self._open.values(), key=lambda r: r["seq"])
 
     @property
     def last_seq(self) -> int:
@@ -77,6 +92,7 @@ class AlertLog:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._offsets.append(off)
+        self._track(rec)
         return rec
 
     def since(self, seq: int, limit: int = MAX_REPLAY) -> list[dict[str, Any]]:
