@@ -386,17 +386,7 @@ class OverlayAgent(AgentBase):
         self.notifier.ready(f"{len(self.engines)} endpoints")
         try:
             while not stop.is_set():
-                events = dict(poller.poll(100))
-                if self.dealer in events:
-                    self.handle_dealer()
-                if self.sub in events:
-                    self.handle_sub()
-                now = time.monotonic()
-                self.session_tick(now)
-                self._ready_tick(now)
-                if now >= self._next_flush:
-                    self._next_flush = now + self.cfg.batch_interval_s
-                    self.flush()
+                self.tick(dict(poller.poll(100)), time.monotonic())
                 self.notifier.watchdog()
             self.flush()  # the last second of results
             if self.epoch:  # stopping on purpose: the controller retires our endpoints now
@@ -404,6 +394,20 @@ class OverlayAgent(AgentBase):
         finally:
             self.notifier.stopping()
             self.close()
+
+    def tick(self, events: dict[Any, int], now: float) -> None:
+        """One turn of the loop: what arrived (``events`` of a poll over the DEALER and SUB
+        sockets), the session's timers, and the results when due. ``run`` calls it; a process
+        hosting many agents may poll all their sockets at once and tick each."""
+        if self.dealer in events:
+            self.handle_dealer()
+        if self.sub in events:
+            self.handle_sub()
+        self.session_tick(now)
+        self._ready_tick(now)
+        if now >= self._next_flush:
+            self._next_flush = now + self.cfg.batch_interval_s
+            self.flush()
 
     def close(self) -> None:
         for _spec, eng in self.engines:

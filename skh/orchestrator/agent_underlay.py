@@ -191,6 +191,7 @@ class UnderlayAgent(AgentBase):
             s.netns for s in cfg.sources if s.netns
         }
         self.enrol: EnrolServer | None = None
+        self._enrol_client: Any = None  # the enrolment thread's own connection
         if cfg.enrol_socket:
             self.enrol = EnrolServer(cfg.enrol_socket, cfg.containers, self._vouch)
         self._next_sample = time.monotonic() + (cfg.sample_phase_s - time.time()) % 1.0
@@ -225,23 +226,24 @@ class UnderlayAgent(AgentBase):
 
     def _vouch(self, req: dict[str, str]) -> dict[str, Any]:
         """Ask the controller to bind an attested sidecar's key (on the enrolment thread, with
-        a connection of its own under this agent's key)."""
+        a connection of its own under this agent's key, kept for the next one)."""
         from skh.orchestrator.admin import ControllerClient
 
-        with ControllerClient(
-            self.cfg.controller,
-            self.security,
-            ctx=self._ctx,
-            timeout_s=self.cfg.request_timeout_s,
-            retries=1,
-            name=self.name,
-        ) as client:
-            try:
-                data = client.request(MsgType.ENROL, {"agent": self.name, **req}, retries=1)
-            except RequestRefused as exc:
-                return {"ok": False, "error": str(exc)}
-            except RequestTimeout as exc:  # the sidecar asks again later
-                return {"ok": False, "error": str(exc), "retry": True}
+        if self._enrol_client is None:
+            self._enrol_client = ControllerClient(
+                self.cfg.controller,
+                self.security,
+                ctx=self._ctx,
+                timeout_s=self.cfg.request_timeout_s,
+                retries=1,
+                name=self.name,
+            )
+        try:
+            data = self._enrol_client.request(MsgType.ENROL, {"agent": self.name, **req})
+        except RequestRefused as exc:
+            return {"ok": False, "error": str(exc)}
+        except RequestTimeout as exc:  # the sidecar asks again later
+            return {"ok": False, "error": str(exc), "retry": True}
         self.counters["sidecars_vouched"] += 1
         return {"ok": True, "name": data["name"]}
 
@@ -296,22 +298,32 @@ class UnderlayAgent(AgentBase):
         self.notifier.ready(f"{len(self.sampler.sources)} counter sources")
         try:
             while not stop.is_set():
-                if self.dealer.poll(100, zmq.POLLIN):
-                    self.handle_dealer()
-                now = time.monotonic()
-                self.session_tick(now)
-                if now >= self._next_sample:
-                    # re-aimed at the wall clock's grid each time: a slow tick shifts no later
-                    # sample, and the monotonic clock drifting from the wall clock cannot either
-                    self._next_sample = now + next_sample_delay_s(
-                        time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s)
-                    )
-                    self.sample_and_ship()
+                readable = bool(self.dealer.poll(100, zmq.POLLIN))
+                self.tick(readable, time.monotonic())
                 self.notifier.watchdog()
         finally:
             self.notifier.stopping()
-            if self.enrol is not None:
-                self.enrol.close()
-            self.sampler.close()
-            self.push.close(0)
-            self.close_base()
+            self.close()
+
+    def tick(self, readable: bool, now: float) -> None:
+        """One turn of the loop (``readable``: the DEALER has input); a process hosting many
+        agents may poll all their sockets at once and tick each."""
+        if readable:
+            self.handle_dealer()
+        self.session_tick(now)
+        if now >= self._next_sample:
+            # re-aimed at the wall clock's grid each time: a slow tick shifts no later sample,
+            # and the monotonic clock drifting from the wall clock cannot either
+            self._next_sample = now + next_sample_delay_s(
+                time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s)
+            )
+            self.sample_and_ship()
+
+    def close(self) -> None:
+        if self.enrol is not None:
+            self.enrol.close()
+            if self._enrol_client is not None:
+                self._enrol_client.close()
+        self.sampler.close()
+        self.push.close(0)
+        self.close_base()

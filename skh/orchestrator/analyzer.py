@@ -442,8 +442,12 @@ class Analyzer:
                     raise ProtocolError("a topic message is two frames")
                 env = self.codec.decode(frames[1])
                 if env.type is MsgType.READY_ANNOUNCE and hasattr(self.hook, "ep_job"):
+                    names = self.hook.ep_job  # type: ignore[union-attr]
                     for d in env.body["endpoints"]:
-                        self.hook.ep_job[int(d["ep"])] = str(env.body["job"])  # type: ignore[union-attr]
+                        if len(names) < _EP_JOB_MAX or int(d["ep"]) in names:
+                            names[int(d["ep"])] = str(env.body["job"])
+                        else:
+                            self.counters["ep_job_full"] += 1
                 elif env.type is MsgType.ENDPOINTS_DOWN and env.body["reason"] == "stopped":
                     retire = getattr(self.hook, "on_retire", None)
                     if retire is not None:

@@ -714,6 +714,8 @@ class Controller:
                 "role": a.role,
                 "host": a.host,
                 "alive": a.alive,
+                # spoken since the controller started (else: known from the registry only)
+                "connected": bool(a.identity),
                 "last_seen_s": round(now - a.last_seen, 3),
                 "endpoints": list(a.endpoints),
             }

@@ -258,14 +258,6 @@ class JobPingLists:
             "next": ids[-1] if more else None,
         }
 
-    def forget(self, eps: Iterable[int]) -> None:
-        """Drop endpoints (a rolled-back registration)."""
-        for ep in eps:
-            self.endpoints.pop(ep, None)
-            self._wire.pop(ep, None)
-        self._order = None
-        self._arrays = None
-
     # -- agent side ----------------------------------------------------------------------------
     @classmethod
     def from_snapshot(cls, body: Mapping[str, Any]) -> JobPingLists:
