@@ -42,7 +42,6 @@ __all__ = [
     "decode_counters",
     "pack_pairs",
     "unpack_pairs",
-    "packed_size",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_ELEMENTS",
     "NAME_MAX",
@@ -244,6 +243,7 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
         "n": (int, True, 0),
         "cols": (dict, True, 32),
     },
+    # the alert bus (docs/alerts.md); "schema": the alert schema's version
     MsgType.ALERT: {
         "seq": (int, True, 0),
         "ts_ns": (int, False, 0),
@@ -318,14 +318,6 @@ class _Budget:
         if self.left < 0:
             raise _OverBudget
         return value
-
-
-def packed_size(obj: Any) -> int:
-    """Bytes ``obj`` takes on the wire (to page an answer below the frame limit)."""
-    try:
-        return len(msgpack.packb(obj, use_bin_type=True))
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ProtocolError(f"not plain data: {exc}") from None
 
 
 def _ext_hook(code: int, data: bytes) -> Any:

@@ -149,6 +149,7 @@ class Controller:
         self.epoch = uuid.uuid4().hex[:12]
         self.counters: Counter[str] = Counter()
         self._pending: dict[str, _Pending] = {}  # by the id the agent sees
+        self._relayed: dict[tuple[bytes, str], str] = {}  # (requester, its id) -> that id
         self._cmd_seq = 0
         #: announcements (topic, frame) of registry changes not yet committed
         self._staged: list[tuple[bytes, bytes]] = []
@@ -904,10 +905,7 @@ class Controller:
             )
         except ProtocolError as exc:
             return refuse(str(exc))
-        if any(
-            p.requester == who.routing_id and p.cmd_id == b["cmd_id"]
-            for p in self._pending.values()
-        ):
+        if (who.routing_id, b["cmd_id"]) in self._relayed:
             return Reply()  # a requester retry of a command still in flight
         if len(self._pending) >= self.cfg.max_pending_commands:
             self.counters["commands_dropped"] += 1
@@ -921,6 +919,7 @@ class Controller:
             MsgType.COMMAND,
             {**b, "cmd_id": relay_id, "args": args, "timeout_s": timeout_s, "retries": retries},
         )
+        self._relayed[(who.routing_id, b["cmd_id"])] = relay_id
         self._pending[relay_id] = _Pending(
             who.routing_id,
             b["cmd_id"],
@@ -938,9 +937,13 @@ class Controller:
         if p is None or not self._is(who, self.agents.get(p.agent)):
             self.counters["late_command_replies"] += 1
             return Reply()
-        del self._pending[env.body["cmd_id"]]
+        self._done(env.body["cmd_id"])
         body = {**env.body, "cmd_id": p.cmd_id}
         return Reply(forward=((p.requester, self._frame(MsgType.COMMAND_REPLY, body)),))
+
+    def _done(self, relay_id: str) -> None:
+        p = self._pending.pop(relay_id)
+        self._relayed.pop((p.requester, p.cmd_id), None)
 
     def _expire_commands(self, now: float) -> list[tuple[bytes, bytes]]:
         """Resend what is due again, answer a timeout for what is out of retries; returns the
@@ -957,7 +960,7 @@ class Controller:
                 out.append((agent.identity, p.frame))
                 self.counters["command_retries"] += 1
                 continue
-            del self._pending[relay_id]
+            self._done(relay_id)
             self.counters["command_timeouts"] += 1
             try:
                 frame = self._frame(

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from skh.collect.sim import SimSource, sim_overlay_component, sim_overlay_endpoint
+from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.orchestrator.pipeline import Pipeline, PipelineConfig
-from skh.sim.faults import Fault, FaultType
+from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint
+from skh.sim.faults import Fault
 from skh.sim.scenario import Simulation
 
 #: the controller's ids: every third id, from 1000 (as if jobs had come and gone)
@@ -117,11 +118,11 @@ def gapped():
     """The demo's scenario, in gapped controller ids, with the analyzer killed once while an
     alert is open and once while a fault clears."""
     h = Harness()
-    cands = h.sim.candidates(FaultType.SWITCH_PORT_DOWN)
-    h.sim.inject(Fault(FaultType.SWITCH_PORT_DOWN, cands[0], start_s=130.0, end_s=175.0))
-    cands = h.sim.candidates(FaultType.RNIC_PORT_DOWN)
+    cands = h.sim.candidates(FailureType.SWITCH_PORT_DOWN)
+    h.sim.inject(Fault(FailureType.SWITCH_PORT_DOWN, cands[0], start_s=130.0, end_s=175.0))
+    cands = h.sim.candidates(FailureType.RNIC_PORT_DOWN)
     h.sim.inject(
-        Fault(FaultType.RNIC_PORT_DOWN, cands[len(cands) // 2], start_s=220.0, end_s=245.0)
+        Fault(FailureType.RNIC_PORT_DOWN, cands[len(cands) // 2], start_s=220.0, end_s=245.0)
     )
     h.run(150)  # skeletons applied, the first fault open
     first_open = [a for a in h.faults("fault") if a["state"] == "open"]

@@ -44,6 +44,7 @@ class PipelineHook:
         self._rounds_queued = 0
         self._lock = threading.Lock()  # guards _rounds_queued (daemon thread and worker)
         self.dropped: dict[str, int] = {}
+        self._round_s: queue.SimpleQueue[float] = queue.SimpleQueue()  # for the histogram
         self._thread = threading.Thread(target=self._work, name="skh-pipeline", daemon=True)
         self._thread.start()
 
@@ -78,6 +79,13 @@ class PipelineHook:
 
     def on_heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
         self._put(("heartbeat", np.asarray(eps), None, int(t_ns)))
+
+    def drain_round_s(self) -> list[float]:
+        """How long the worker's rounds took since the last call (the analyzer's histogram)."""
+        out = []
+        while not self._round_s.empty():
+            out.append(self._round_s.get_nowait())
+        return out
 
     def on_retire(self, eps: list[int]) -> None:
         self._put(("retire", list(eps), None, 0))
@@ -147,6 +155,7 @@ class PipelineHook:
                         TypeError,
                     ) as exc:
                         log.warning("controller status: %s", exc)
+                t0 = time.monotonic()
                 try:
                     alerts = pipe.process(
                         np.concatenate([r[0] for r in rounds]),
@@ -156,6 +165,7 @@ class PipelineHook:
                 except Exception:  # a pipeline bug must not kill the worker: logged, round dropped
                     log.exception("pipeline round failed")
                     continue
+                self._round_s.put(time.monotonic() - t0)
                 for alert in alerts:
                     self._out.put(alert)
         finally:
