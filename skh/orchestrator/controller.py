@@ -271,7 +271,9 @@ class Controller:
         if self.keys is not None and self.keys.refresh(now=now):
             self._keys_changed(revoked=True)
         self._rebind_pub(now)
-        if now >= self._next_sweep:
+        # while requests are still queued (a batch full), their heartbeats are not read yet:
+        # the sweep waits for them, so a controller behind on its own queue loses no agent
+        if now >= self._next_sweep and handled < _BATCH:
             self._next_sweep = now + self.cfg.heartbeat_interval_s
             self._sweep(now)
         replies += self._expire_commands(now)
