@@ -189,6 +189,8 @@ def fleet_overlay(spec: dict[str, Any], part: int) -> int:
     from skh.orchestrator.keyring import Keyring
 
     ring = Keyring(Path(spec["keys"]))
+    while not Path(spec["go"]).exists():  # imported; the keys are bound once this appears
+        time.sleep(0.1)
     ctx = zmq.Context()
     faults: set[int] = set()
     mtime = [0.0]
@@ -484,6 +486,8 @@ class Chaos:
             "replay": f"tcp://127.0.0.1:{_free_port()}",
         }
         self.faults_path = self.run / "faults.json"
+        self.go = self.run / "go"
+        self.go.unlink(missing_ok=True)
         self._set_faults([])
         self.procs: dict[str, Proc] = {}
         self.out: dict[str, Any] = {
@@ -510,6 +514,7 @@ class Chaos:
                     "faults": str(self.faults_path),
                     "enrol_dir": str(self.enrol_dir),
                     "rooted": self.rooted,
+                    "go": str(self.go),
                 }
             )
         )
@@ -578,9 +583,16 @@ class Chaos:
             )
         self.watch = Watch(list(self.procs.values()))
         self.watch.start()
-        for name in ("controller", "analyzer"):
+        self.t0 = t0
+        mark = self._mark
+        # everything that only imports starts at once; the sidecar processes wait for the go
+        # file (their keys are bound) before they build their agents
+        for name in ("controller", "analyzer", "underlay"):
             self.procs[name].start()
-            self.procs[name].first_line()
+        for k in range(self.args.fleets):
+            self.procs[f"overlay{k}"].start()
+        self.procs["controller"].first_line()
+        mark("controller_up")
         self.admin = ControllerClient(
             self.addr["router"], self.ring.admin(), ctx=self.ctx, timeout_s=5.0, retries=2
         )
@@ -594,21 +606,27 @@ class Chaos:
                     if c["job"] == job
                 ],
             )
-        self.procs["underlay"].start()
-        self.procs["underlay"].first_line()
-        t_enrol = time.monotonic()
+        mark("jobs_submitted")
+        self.procs["underlay"].first_line(120)
+        mark("underlay_up")
         self.out["enrolment"] = self._enrol_all() if self.rooted else "provisioned (not root)"
-        self.out["enrolment_s"] = round(time.monotonic() - t_enrol, 2)
-        for k in range(self.args.fleets):  # all at once: each builds its agents, then ticks
-            self.procs[f"overlay{k}"].start()
+        mark("enrolled")
+        self.go.write_text("go")
         for k in range(self.args.fleets):
-            self.procs[f"overlay{k}"].first_line(120)
+            self.procs[f"overlay{k}"].first_line(180)
+        mark("sidecars_built")
+        self.procs["analyzer"].first_line()
         self.bus = Bus(self.ctx, self.addr["replay"], self.ring.subscriber())
         ok = _wait(self._all_ready, 180, 1.0)
         if not ok:
             raise RuntimeError(f"the cluster did not come up: {self._status_summary()}")
+        mark("all_ready")
         self.out["startup_s"] = round(time.monotonic() - t0, 1)
         self.out["endpoints"] = len(self.cs) * RAILS
+
+    def _mark(self, name: str) -> None:
+        """Seconds since the start at the end of a phase (``phases_s``)."""
+        self.out.setdefault("phases_s", {})[name] = round(time.monotonic() - self.t0, 1)
 
     def _status_summary(self) -> dict[str, Any]:
         with contextlib.suppress(SkhError):
@@ -694,13 +712,17 @@ class Chaos:
         s.connect(self.addr["router"])
         return s
 
-    def _ask(self, s: zmq.Socket, mtype: MsgType, body: dict[str, Any], wait_s: float = 1.5) -> Any:
+    def _ask(self, s: zmq.Socket, mtype: MsgType, body: dict[str, Any], wait_s: float = 5.0) -> Any:
+        """Send one request and read its answer (every request the controller refuses is
+        answered); late answers to earlier requests are read and kept too."""
         codec = Codec()
         s.send(codec.encode(mtype, "rogue", 1, body))
         got = []
         deadline = time.monotonic() + wait_s
         while (left := deadline - time.monotonic()) > 0 and s.poll(int(left * 1000)):
             got.append(codec.decode(s.recv()))
+            if not s.poll(50):
+                break
         return got
 
     def _members(self, job: str) -> list[dict[str, Any]]:
@@ -816,7 +838,7 @@ class Chaos:
             (MsgType.SYNC, {"job": v["job"]}),
             (MsgType.KEYS, {}),
         ):
-            for env in self._ask(rogue, mtype, body, 1.0):
+            for env in self._ask(rogue, mtype, body):
                 leaked |= env.type is MsgType.JOB_SNAPSHOT or bool(env.body.get("ok"))
         tried["read_other_tenants_details"] = leaked
         self.legit["read_details"] = len(self._members(v["job"])) == PER_JOB * RAILS
@@ -1194,18 +1216,22 @@ class Chaos:
             self.start()
             time.sleep(5.0)  # the pipeline reads the registry and sees a few rounds first
             self.rogue_phase()
+            self._mark("rogue_done")
             kills = []
             targets = ["analyzer", "controller", "underlay", "overlay0"]
             for _ in range(self.args.rounds):
                 for tgt in targets:
                     kills.append(self.kill_round(tgt, len(kills)))
+            self._mark("kills_done")
             # every fault cleared, every daemon back: each alert open at a kill must resolve
             ids = {i for k in kills for i in k["open_ids"]}
             _wait(lambda: all(self._resolved(i) for i in ids), 120, 1.0)
             for k in kills:
                 k["unresolved"] = [i for i in k["open_ids"] if not self._resolved(i)]
                 k["resolved"] = bool(k["alert_id"]) and self._resolved(k["alert_id"])
+            self._mark("alerts_resolved")
             flood = self.flood(self.args.frames)
+            self._mark("flood_done")
             self.out["counters"] = {
                 "controller": self.admin.status()["counters"],
                 "analyzer": self._analyzer_status().get("counters", {}),
