@@ -357,7 +357,9 @@ class Controller:
             return []
         mark = len(self._staged)
         self._mutated = False
-        self.registry.savepoint()
+        atomic = env.type in _MUTATING  # reads need no savepoint
+        if atomic:
+            self.registry.savepoint()
         try:
             self.policy.authorize(who, env)
             reply = handler(self, who, env)
@@ -367,7 +369,7 @@ class Controller:
                     reply.body["re"] = env.seq  # lets the requester match the answer
                 out.append((identity, self._frame(reply.mtype, reply.body)))
         except Exception as exc:
-            self._undo(mark, env, exc)
+            self._undo(mark, env, exc, atomic)
             if isinstance(exc, Unauthorized):
                 self.counters["unauthorized"] += 1
                 log.info("refused %s from %r: %s", env.type.value, identity, exc)
@@ -379,7 +381,8 @@ class Controller:
                 self.counters["handler_errors"] += 1
                 log.exception("request %s from %r failed", env.type.value, identity)
             return [(identity, self._error_frame(env, exc))]
-        self.registry.release()
+        if atomic:
+            self.registry.release()
         return out
 
     def _error_frame(self, env: Envelope, exc: Exception) -> bytes:
@@ -392,8 +395,9 @@ class Controller:
             )
         return self._frame(MsgType.ACK, body)
 
-    def _undo(self, mark: int, env: Envelope, exc: Exception) -> None:
-        self.registry.rollback_request()
+    def _undo(self, mark: int, env: Envelope, exc: Exception, atomic: bool) -> None:
+        if atomic:
+            self.registry.rollback_request()
         del self._staged[mark:]
         if self._mutated:
             # memory may hold half of the request: rebuild it from the rolled-back registry

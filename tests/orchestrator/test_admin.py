@@ -506,3 +506,14 @@ def test_bad_client_settings(tmp_path):
     for kwargs in ({"timeout_s": 0}, {"retries": -1}):
         with pytest.raises(ConfigError, match="parameter of ControllerClient"):
             ControllerClient("tcp://127.0.0.1:9", **kwargs)
+
+
+def test_the_operator_lists_the_key_bindings(cluster, capsys):
+    router, sec, _ = cluster
+    rc, out, err = _cli(capsys, router, sec, "keys", "list")
+    assert rc == 0, err
+    keys = {k["name"]: k for k in json.loads(out)}
+    assert keys["u0"]["role"] == "underlay" and keys["u0"]["host"] == "host0"
+    assert keys["admin"]["role"] == "admin"
+    rc, out, err = _cli(capsys, router, sec, "keys", "revoke", "nobody")
+    assert rc == 2 and "no such key" in err

@@ -211,3 +211,29 @@ def test_a_stopping_agent_deregisters_and_its_endpoints_go_down(cfg, ctx, client
         assert kinds == [(MsgType.READY_ANNOUNCE, None), (MsgType.ENDPOINTS_DOWN, "stopped")]
         assert not ctl.agents["a"].alive and ctl.counters["agents_lost"] == 0
         sub.close(0)
+
+
+def test_a_job_larger_than_a_page_is_read_in_pages(cfg, ctx, client, run_daemon):
+    """A snapshot of 9,000 endpoints comes in pages (SYNC ``after``); a registering agent of
+    such a job gets no snapshot in its REGISTER_ACK and asks for the pages."""
+    from skh.orchestrator.admin import ControllerClient
+    from skh.wire import PAGE_MAX
+
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    for i in range(9000):
+        ctl._upsert(_ep("big", f"c{i // 8}", i % 8, 7000 + i % 1000), f"h{i // 64}", "")
+    ctl.registry.commit()
+    router, _ = ctl.bind()
+    with run_daemon(ctl):
+        first = client(router, "x").request(
+            MsgType.SYNC, {"job": "big"}, want={MsgType.JOB_SNAPSHOT}
+        )
+        assert len(first.body["endpoints"]) == PAGE_MAX and first.body["next"] is not None
+        with ControllerClient(router, cfg.security, ctx=ctx) as admin:
+            snap = admin.snapshot("big")
+            assert sorted(e["ep"] for e in snap["endpoints"]) == list(range(9000))
+            members, _version = admin.members(job="big")
+            assert len(members) == 9000
+        a = client(router, "a")
+        ack = _register(a, "a", "h0", [_ep("big", "c0", 0, 7000)])
+        assert ack["endpoints"] == [0] and ack["snapshots"] == []

@@ -459,3 +459,29 @@ def test_security_paths_name_credentials_directories(tmp_path, monkeypatch):
     s = zmq.Context.instance().socket(zmq.DEALER)
     sec.client(s)
     s.close(0)
+
+
+def test_keyring_writes_a_deployments_keys_and_the_daemons_settings(tmp_path):
+    run = [sys.executable, "-m", "skh", "config", "keyring", str(tmp_path / "k")]
+    out = subprocess.run(
+        [*run, "--host", "h0", "--sidecar", "side=j/c@h0"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    cfg = json.loads(out.stdout)
+    assert set(cfg) == {"controller", "analyzer", "admin", "subscriber", "ul-h0", "side"}
+    trusted = {i.name: i for i in load_trusted(tmp_path / "k" / "trusted").values()}
+    assert {n: i.role for n, i in trusted.items()} == {
+        "admin": "admin",
+        "alerts": "subscriber",
+        "analyzer": "analyzer",
+        "side": "overlay",
+        "ul-h0": "underlay",
+    }
+    for sec in cfg.values():
+        SecurityConfig(**sec).check(
+            server="server_secret_key" in sec, client="client_secret_key" in sec
+        )
+    # again over the same directory: nothing overwritten
+    before = (tmp_path / "k" / "controller.key_secret").read_bytes()
+    assert subprocess.run([*run, "--host", "h0"], capture_output=True, cwd=ROOT).returncode == 0
+    assert (tmp_path / "k" / "controller.key_secret").read_bytes() == before
