@@ -461,11 +461,10 @@ class Chaos:
         self.args = args
         self.run = Path(args.run_dir or tempfile.mkdtemp(prefix="skh-chaos-"))
         self.run.mkdir(parents=True, exist_ok=True)
-        self.enrol_dir = self.run / "enrol"
-        self.enrol_dir.mkdir(exist_ok=True)
-        # sidecars (other uids) must reach their host's socket
-        for d in (self.run, self.enrol_dir):
-            d.chmod(0o755)
+        # sidecars (other uids) must reach their host's socket: a directory every user can
+        # search, whatever the run directory's parents allow
+        self.enrol_dir = Path(tempfile.mkdtemp(prefix="skh-chaos-enrol-"))
+        self.enrol_dir.chmod(0o755)
         self.cs = containers()
         self.by_i = {c["i"]: c for c in self.cs}
         self.rooted = os.geteuid() == 0
@@ -1308,6 +1307,7 @@ class Chaos:
             with contextlib.suppress(Exception):
                 getattr(self, s).close(0)
         self.ctx.destroy(0)
+        shutil.rmtree(self.enrol_dir, ignore_errors=True)
         if not self.args.keep and not self.args.run_dir:
             shutil.rmtree(self.run, ignore_errors=True)
 
