@@ -283,3 +283,26 @@ def test_a_non_root_user_cannot_open_a_root_only_secret(open_tmp):
     # root without capabilities still reads its own 0600 file
     root = Process(0, 0, (), caps=False)
     assert can_open(root, KeyFile("secret", 0, 0, 0o600), fresh(open_tmp / "r")).returncode == 0
+
+
+def test_sidecars_reach_their_hosts_enrolment_socket_and_it_can_attest_them():
+    """The sidecar's --enrol-socket lies in the host directory the DaemonSet serves it from,
+    and the underlay agent can see which container a caller is in: the host's PIDs (SO_PEERCRED
+    gives 0 for a process outside its PID namespace) and SYS_PTRACE to read /proc/PID/ns/net of
+    another user's process (docs/trust.md, enrolment step 3)."""
+
+    def socket_dir(pod: dict, c: dict) -> str:
+        (sock,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--enrol-socket=")]
+        mount = next(m for m in c["volumeMounts"] if sock.startswith(m["mountPath"] + "/"))
+        (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        return vol["hostPath"]["path"] + sock.removeprefix(mount["mountPath"])
+
+    by_role = {
+        next(a for a in c["args"] if a.startswith("--role=")): (pod, c)
+        for _w, pod, c in skh_containers()
+        if any(a.startswith("--role=") for a in c["args"])
+    }
+    (upod, uc), (spod, sc) = by_role["--role=underlay"], by_role["--role=overlay"]
+    assert socket_dir(upod, uc) == socket_dir(spod, sc) == "/run/skh/enrol.sock"
+    assert upod["hostPID"] is True
+    assert "SYS_PTRACE" in uc["securityContext"]["capabilities"]["add"]

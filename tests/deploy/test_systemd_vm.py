@@ -42,13 +42,15 @@ UNDERLAY = "skh-agent-underlay.service"
 OVERLAY = f"skh-agent-overlay@{CONTAINER}.service"
 CONTROLLER, ANALYZER = "skh-controller.service", "skh-analyzer.service"
 ALL = (CONTROLLER, ANALYZER, UNDERLAY, OVERLAY)
+HOST = "skhvm"  # the VM's host name (%H in the underlay unit)
 #: each unit's secret key: its file under /etc/skh/keys and the credential name it is handed as
+#: (the overlay agent has none: it makes its key at start and enrols it)
 SECRET = {
-    CONTROLLER: ("server.key_secret", "server.key_secret"),
-    ANALYZER: ("server.key_secret", "server.key_secret"),
-    UNDERLAY: ("agent.key_secret", "agent.key_secret"),
-    OVERLAY: (f"overlay/{CONTAINER}.key_secret", "agent.key_secret"),
+    CONTROLLER: ("controller.key_secret", "controller.key_secret"),
+    ANALYZER: ("analyzer.key_secret", "analyzer.key_secret"),
+    UNDERLAY: (f"ul-{HOST}.key_secret", "ul.key_secret"),
 }
+SIDECAR_KEY = Path(f"/run/skh-overlay/{CONTAINER}/sidecar.key_secret")
 CONTROLLER_METRICS, ANALYZER_METRICS = 9470, 9472
 #: a daemon under TCG emulation takes ~30 s to import numpy, zmq and skh; four start together
 START_TIMEOUT_S = 300.0
@@ -108,22 +110,26 @@ def _install_package() -> None:
 
 
 def _keys() -> None:
+    """As the operator makes them (docs/trust.md; `skh config keygen` is this function): the
+    controller's, the analyzer's and this host's underlay identity, the last two trusted."""
     from skh.orchestrator.security import generate_keypair
 
-    (KEYS / "agents").mkdir(parents=True)
-    generate_keypair(KEYS, "server")
-    for d, name in ((KEYS, "agent"), (KEYS / "overlay", CONTAINER)):
-        public, _secret = generate_keypair(d, name)
-        shutil.copy(public, KEYS / "agents" / f"{name}.key")
+    generate_keypair(KEYS, "controller")
+    for name, meta in (
+        ("analyzer", {"role": "analyzer"}),
+        (f"ul-{HOST}", {"role": "underlay", "host": HOST}),
+    ):
+        public, _secret = generate_keypair(KEYS, name, metadata=meta)
+        shutil.copy(public, KEYS / "trusted" / public.name)
 
 
 def _configs() -> None:
+    # no secret key paths: the units pass them (credentials, or made at start)
     security = f"""
 [security]
-server_secret_key = "{KEYS}/server.key_secret"
-authorized_keys_dir = "{KEYS}/agents"
-server_public_key = "{KEYS}/server.key"
-client_secret_key = "{KEYS}/agent.key_secret"
+authorized_keys_dir = "{KEYS}/trusted"
+server_public_key = "{KEYS}/controller.key"
+analyzer_public_key = "{KEYS}/analyzer.key"
 """
     agent = f"""
 [agent]
@@ -144,15 +150,17 @@ alerts_bind = "tcp://127.0.0.1:5561"
 replay_bind = "tcp://127.0.0.1:5562"
 alert_log = "/var/lib/skh-analyzer/alerts.log"
 detector = "detect"
+controller = "tcp://127.0.0.1:5550"
 metrics = "127.0.0.1:{ANALYZER_METRICS}"
 {security}"""
     )
     Path("/etc/skh/agent.toml").write_text(
         f"""{agent}
 sources = [{{endpoint = "train-1/{CONTAINER}/0", kind = "netdev", netdev = "vh-{CONTAINER}"}}]
+containers = [{{job = "train-1", container = "{CONTAINER}", netns = "{CONTAINER}"}}]
 {security}"""
     )
-    Path("/etc/skh/overlay").mkdir()
+    Path("/etc/skh/overlay").mkdir(mode=0o755)
     Path(f"/etc/skh/overlay/{CONTAINER}.toml").write_text(
         f"""{agent}
 job = "train-1"
@@ -193,6 +201,9 @@ def installed():
     sysusers = Path("/usr/lib/sysusers.d/skh.conf")
     shutil.copy(DEPLOY / "systemd" / "skh.sysusers.conf", sysusers)
     run("systemd-sysusers", str(sysusers))
+    tmpfiles = Path("/usr/lib/tmpfiles.d/skh.conf")
+    shutil.copy(DEPLOY / "systemd" / "skh.tmpfiles.conf", tmpfiles)
+    run("systemd-tmpfiles", "--create", str(tmpfiles))
     _keys()
     _configs()
     _container_netns()
@@ -274,13 +285,19 @@ def test_root_only_keys_reach_unprivileged_daemons_as_credentials(started):
         assert copy.st_uid == uid and copy.st_mode & 0o077 == 0, (unit, oct(copy.st_mode))
         argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
         assert any(a.endswith(f"={creds}/{cred}") for a in argv), argv
+    # the overlay agent's own key, made at start where only its user can reach it
+    uid = _uid(_main_pid(OVERLAY))
+    assert uid != 0
+    for path, mode in ((SIDECAR_KEY, 0o600), (SIDECAR_KEY.parent, 0o700)):
+        st = path.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (uid, mode), (path, oct(st.st_mode))
 
 
 def test_a_dynamic_user_cannot_open_a_root_only_key(installed):
     """Why the units use LoadCredential=: the same transient user, handed the path only, fails."""
     done = run(
         "systemd-run", "--wait", "--pipe", "--quiet", "-p", "DynamicUser=yes",
-        "/bin/cat", str(KEYS / "server.key_secret"),
+        "/bin/cat", str(KEYS / "controller.key_secret"),
         check=False,
     )  # fmt: skip
     assert done.returncode != 0
@@ -301,8 +318,12 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def test_agents_register_and_report_with_the_keys_they_were_handed(started):
-    """CURVE both ways, with the keys each daemon was handed as credentials: the controller
-    counts both agents alive, the analyzer takes their batches and refuses none."""
+    """CURVE both ways, with each daemon's own identity: the overlay agent's key was enrolled
+    through the underlay agent (READY=1 waits for that), the controller counts both agents
+    alive, and the analyzer takes their batches (it learns what each key owns from the
+    controller, under its own identity)."""
+    assert "key enrolled through /run/skh/enrol.sock" in journal(OVERLAY)
+    assert scrape(CONTROLLER_METRICS).get('skh_controller_events_total{kind="enrolled"}') == 1.0
 
     def agents_alive():
         m = scrape(CONTROLLER_METRICS)
@@ -317,8 +338,7 @@ def test_agents_register_and_report_with_the_keys_they_were_handed(started):
         m = scrape(ANALYZER_METRICS)
         return m.get('skh_analyzer_events_total{kind="batches"}', 0) >= 2 and m
 
-    m = wait_until("batches from the agents at the analyzer", batches, 60)
-    assert m.get('skh_analyzer_events_total{kind="unauthorized"}', 0) == 0
+    wait_until("batches from the agents at the analyzer", batches, 60)
     assert "registered with controller epoch" in journal(UNDERLAY)
     assert "registered with controller epoch" in journal(OVERLAY)
 

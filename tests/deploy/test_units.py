@@ -65,18 +65,23 @@ def test_every_daemon_unit_notifies_and_is_watched():
 
 
 def test_secret_keys_reach_the_daemons_as_credentials():
-    """A unit never names a secret key path for the daemon to open itself: it loads the
-    root-only file as a credential and points the setting at the copy (%d/NAME)."""
+    """A unit never names a root-only key for the daemon to open itself: it loads the file as a
+    credential and points the setting at the copy (%d/NAME), or, the overlay template, lets the
+    agent make its own key in its private runtime directory (docs/trust.md)."""
     for unit in UNITS:
         svc = service(unit)
         creds = dict(c.split(":", 1) for c in svc.get("LoadCredential", []))
-        assert creds, f"{unit.name} loads no key"
         for src in creds.values():
             assert src.startswith("/etc/skh/keys/") and src.endswith(".key_secret"), src
         cmd = one(svc, "ExecStart")
         used = re.findall(r"--set security\.\w+_secret_key=%d/(\S+)", cmd)
-        assert sorted(used) == sorted(creds), (unit.name, used, creds)
+        assert set(used) == set(creds), (unit.name, used, creds)
         assert "/etc/skh/keys" not in cmd, unit.name
+        if not creds:  # the key is made at start, where only this service can reach it
+            (made,) = re.findall(r"--set security\.client_secret_key=(\S+)", cmd)
+            rundir = one(svc, "RuntimeDirectory")
+            assert made.startswith(f"/run/{rundir}/"), (unit.name, made)
+            assert one(svc, "RuntimeDirectoryMode") == "0700", unit.name
         # the daemon runs unprivileged either way
         assert svc.get("DynamicUser") == ["yes"] or one(svc, "User") == "skh", unit.name
 
@@ -102,7 +107,7 @@ def test_the_example_config_loads():
     assert cfg.analyzer.detector == "pipeline"
 
 
-def test_the_agents_user_is_declared_for_systemd_sysusers():
+def test_the_agents_user_and_the_key_directories_are_declared():
     users = {
         line.split()[1]
         for line in (SYSTEMD / "skh.sysusers.conf").read_text().splitlines()
@@ -110,6 +115,14 @@ def test_the_agents_user_is_declared_for_systemd_sysusers():
     }
     static = {one(service(u), "User") for u in UNITS if "User" in service(u)}
     assert static == {"skh"} and static <= users
+    # public keys must stay reachable for the unprivileged daemons (a keygen into a missing
+    # directory would make it 0700)
+    dirs = {
+        line.split()[1]: line.split()[2]
+        for line in (SYSTEMD / "skh.tmpfiles.conf").read_text().splitlines()
+        if line.startswith("d ")
+    }
+    assert dirs == {"/etc/skh": "0755", "/etc/skh/keys": "0755", "/etc/skh/keys/trusted": "0755"}
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
