@@ -88,6 +88,8 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         timeout_s=cfg.probe_timeout_s,
         device=spec.device or None,
         gid_index=None if spec.gid_index < 0 else spec.gid_index,
+        traffic_class=cfg.traffic_class,
+        priority=cfg.priority,
     )
 
 

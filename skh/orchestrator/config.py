@@ -160,6 +160,11 @@ class AgentConfig:
     enrol_socket: str = ""
     containers: tuple[ContainerSpec, ...] = ()
     transport: str = "udp"
+    #: class of service of the probes: IP TOS / RoCE GRH traffic class byte (DSCP << 2) and
+    #: priority (UDP SO_PRIORITY, verbs service level); set to the training traffic's class so
+    #: probes share its queue (commonly DSCP 26, priority 3: 104 and 3; docs/engine.md)
+    traffic_class: int = 0
+    priority: int = 0
     #: per skeleton peer: a 2 % loss shows in a second only at this rate (R-Pingmesh also wants
     #: >= 10 probes/s on every link); the analyzer keeps one RTT per pair and second anyway
     probe_interval_s: float = 0.1
@@ -333,6 +338,11 @@ def _validate(cfg: Config) -> None:
     if g.role not in ("overlay", "underlay"):
         raise ConfigError(
             f"The 'agent.role' setting must be 'overlay' or 'underlay'. Got {g.role!r} instead."
+        )
+    if not 0 <= g.traffic_class <= 255 or not 0 <= g.priority <= 7:
+        raise ConfigError(
+            "The 'agent.traffic_class' setting must be in 0..255 and 'agent.priority' in 0..7."
+            f" Got {g.traffic_class} and {g.priority} instead."
         )
     if g.transport not in ("udp", "verbs"):
         raise ConfigError(
