@@ -307,7 +307,10 @@ def ramp_scenario(profile: Any, seed: int, noise: Any) -> dict[str, Any]:
     if len(sim.eps):
         det.set_endpoint_groups(sim.index.rnic_tor[sim.eps.rnic].astype(np.int64))
     events = []
-    for step in sim.run(duration):
+    # a block is tested once the watermark (now - allowed lateness) passes its end: run on
+    # past the last one's end so that it is
+    tail_s = int(np.ceil(det.config.allowed_lateness_s + det.config.hop_s))
+    for step in sim.run(duration + tail_s):
         det.heartbeat(step.heartbeats, int(sim.clock.wall_ns(step.t_s)))
         det.ingest(step.probes)
         events += det.tick(int(sim.clock.wall_ns(step.t_s + step.dt_s)))
