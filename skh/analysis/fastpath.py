@@ -21,9 +21,12 @@ thousands of pairs, benign losses arrive every second. What is a fault:
   rate (they share links). A pair is
   flagged when its own test fires, or when it lost a probe in the window of a scope whose test
   fired (corroboration: a 2 % CRC on an access link shows as three failures a second over the
-  endpoint's pairs while each pair has lost one or two). Only *settled* pairs take part: a
-  pair whose latest probe, or the latest probe of one of its flows, failed waits until the
-  run resolves — an OK makes it loss, more failures an outage — so a dead ECMP path is not
+  endpoint's pairs while each pair has lost one or two). Scopes explain away from narrow to
+  wide: pairs lossy on their own are left out of their endpoints' tests, and pairs of a lossy
+  endpoint out of the groups' (that access link's CRC lifts its ToR's count, but the ToR's
+  other pairs, which merely lost a probe, are not corroborated by it). Only *settled* pairs
+  take part: a pair whose latest probe, or the latest probe of one of its flows, failed waits
+  until the run resolves — an OK makes it loss, more failures an outage — so a dead ECMP path is not
   first called loss, nor does it lift its group's count for pairs that merely lost a probe.
 - an endpoint whose pairs (at least ``endpoint_outage_share`` of them) are all failing, with
   runs jointly improbable under their baselines, is down: those pairs are unreachable, even
@@ -45,7 +48,8 @@ Failures that are the far end's own story are **excused**, not counted:
   yet. A dead agent stays held, and endpoint health speaks for it.
 
 **Flapping**: an outage that starts within ``flap_window_s`` of the pair's previous outage
-ending (a port going down and up) is flagged as such.
+ending (a port going down and up) is flagged as such; the flows of a pair still failing when
+the OK that ended its outage came (not probed since) are that outage, not a new one.
 
 Only failures that were *reported* count: a missing record is never a loss. ``REFUSED`` and
 ``LOCAL_ERROR`` are not failures (the network delivered, or the probe never left).
@@ -526,20 +530,26 @@ class FastPathState:
                 gs = np.where(src < g.size, g[np.minimum(src, g.size - 1)], -1)
                 gd = np.where(dst < g.size, g[np.minimum(dst, g.size - 1)], -1)
                 scopes.append((gs, gd, int(max(gs.max(initial=-1), gd.max(initial=-1))) + 1))
-            # what a scope expects: its settled pairs' probes (pairs in a run are set aside on
-            # both sides of the test)
+            # scopes from narrow to wide, each explaining away what it found: a pair lossy on
+            # its own, or touching a lossy endpoint, is that scope's story and is set aside from
+            # wider ones (a CRC on one access link lifts its ToR's count too, but the ToR's
+            # other pairs did not lose with it). What a scope expects: the probes of its
+            # settled pairs not explained (pairs in a run are set aside on both sides too)
+            explained = flagged.copy()
             for a, b, m in scopes:
                 if m <= 0:
                     continue
                 ca, cb = a[cand], b[cand]
                 A_g, B_g = self._pooled(a, b, m)
+                use = settled & ~explained
+                lossy = np.zeros(m, bool)
                 for w in cfg.group_windows_s:
                     in_w = rc >= now_ns - int(w * 1e9)
                     F_p = in_w.sum(axis=1)
                     if not F_p.any():
                         continue
-                    n_g = _per_group(a, b, np.where(settled, rate * w, 0.0), m)
-                    F_g = _per_group(ca, cb, F_p.astype(np.float64), m)
+                    n_g = _per_group(a, b, np.where(use, rate * w, 0.0), m)
+                    F_g = _per_group(ca, cb, np.where(use[cand], F_p, 0).astype(np.float64), m)
                     busy = np.flatnonzero(F_g >= cfg.loss_count)
                     if busy.size == 0:
                         continue
@@ -547,6 +557,7 @@ class FastPathState:
                     sig = busy[ls_g <= log_alpha]
                     if sig.size == 0:
                         continue
+                    lossy[sig] = True
                     ls_full = np.zeros(m)
                     ls_full[sig] = ls_g[ls_g <= log_alpha]
                     la = np.where(ca >= 0, ls_full[np.maximum(ca, 0)], 0.0)
@@ -556,12 +567,18 @@ class FastPathState:
                     self._mark(
                         hit, cand, rc, in_w, F_p, ls_pair, flagged, evidence, first_ns, fails
                     )
+                explained |= ((a >= 0) & lossy[np.maximum(a, 0)]) | (
+                    (b >= 0) & lossy[np.maximum(b, 0)]
+                )
         loss = flagged & ~outage
         u = np.flatnonzero(outage)
         s["was_out"][u] = True
         lo = np.flatnonzero(loss)
         prev_end = s["out_end_ns"][u]
-        flap = (prev_end != _NEVER) & (out_first[u] - prev_end <= int(cfg.flap_window_s * 1e9))
+        # a flap is a new outage, begun after the last one ended: a flow whose run began
+        # before the OK that ended the pair's outage (not probed since) is that same outage
+        gap = out_first[u] - prev_end
+        flap = (prev_end != _NEVER) & (gap > 0) & (gap <= int(cfg.flap_window_s * 1e9))
         return FastFlags(
             unreachable=u,
             unreachable_first_ns=out_first[u],
