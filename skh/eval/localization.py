@@ -12,7 +12,7 @@ import numpy as np
 
 from skh.analysis.detect import Detector
 from skh.analysis.localize import Suspect, failing_path_ids
-from skh.sim.answers import SimSource, live_pairs, sim_localizer
+from skh.sim.answers import AnswerNoise, SimSource, live_pairs, sim_localizer
 from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault
 from skh.sim.oracle import suspect_from_record
 
@@ -61,6 +61,7 @@ def localization_suite(
     both_layers: bool = True,
     seed: int = 0,
     t0_s: float = 10.0,
+    noise: AnswerNoise | None = None,
 ) -> list[dict]:
     """ORACLE diagnostic: run every fault type ``trials`` times (and, with ``both_layers``, every
     pair of an endpoint-side and a fabric fault once) through the localizer. Each fault is active
@@ -96,7 +97,7 @@ def localization_suite(
                     and not sa.agents
                 ):
                     masked = True
-        src = _Timed(SimSource(sim, t_s=ts))
+        src = _Timed(SimSource(sim, t_s=ts, noise=noise))
         t1 = time.perf_counter()
         verdicts = loc.localize(sus, src, healthy_pairs=healthy, now_ns=sim.clock.wall_ns(ts))
         total = time.perf_counter() - t1

@@ -57,7 +57,9 @@ class Suspect:
         cls, event: Any, *, path_ids: Mapping[Pair, tuple[int, ...]] | None = None
     ) -> Suspect:
         """Adopt detection's ``SuspectEvent`` (``kind``, ``pairs``, ``scores``, ``first_seen_ns``,
-        ``endpoints``). An ``agent`` event's scores are the endpoints' health-reason bits."""
+        ``endpoints``, ``flapping``). An ``agent`` event's scores are the endpoints'
+        health-reason bits; ``flapping`` (an outage that came back after a recovery) makes a
+        port flapping rather than down."""
         kind = str(getattr(event, "kind", "")).lower()
         pairs = tuple(
             (int(a), int(b))
@@ -73,7 +75,8 @@ class Suspect:
         symptom = _DETECT_KINDS.get(kind)  # type: ignore[assignment]
         if symptom is None:
             raise ConfigError(f"Suspect.from_event: unknown detection kind {kind!r}.")
-        return cls(pairs, symptom, first, path_ids=dict(path_ids or {}))
+        flapping = bool(getattr(event, "flapping", False))
+        return cls(pairs, symptom, first, flapping=flapping, path_ids=dict(path_ids or {}))
 
 
 def failing_path_ids(probes: np.ndarray, pairs: Iterable[Pair]) -> dict[Pair, tuple[int, ...]]:
