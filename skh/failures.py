@@ -69,6 +69,7 @@ __all__ = [
     "type_class",
     "class_id",
     "class_members",
+    "BECOMES",
 ]
 
 #: Table 1's rows mapped onto the monitor's layers (plus ``config`` and the monitor's ``agent``)
@@ -237,6 +238,13 @@ def type_class(t: FailureType) -> str:
     """The class the type score compares: the merged class's name, or the type's own name."""
     return _CLASS_OF.get(FailureType(t), FailureType(t).name)
 
+
+#: a type a fault first seen as the key may turn out to be, as it goes on: a port seen down
+#: comes back and goes down again. An alert refined so keeps its id.
+BECOMES: dict[FailureType, FailureType] = {
+    FailureType.SWITCH_PORT_DOWN: FailureType.SWITCH_PORT_FLAPPING,
+    FailureType.RNIC_PORT_DOWN: FailureType.RNIC_PORT_FLAPPING,
+}
 
 _MEMBERS: dict[FailureType, frozenset[FailureType]] = {
     t: c.members for c in TYPE_CLASSES for t in c.members

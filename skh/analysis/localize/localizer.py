@@ -122,7 +122,8 @@ class Localizer:
         healthy pairs traced per round from one host: a host's traces all pass its ToR, whose
         ICMP answers to one asker are rate-limited (Linux: 1/s after a burst of 6).
     flap_window_s:
-        a port whose carrier-down count grew by two or more within this long is flapping.
+        a port whose carrier-down count grows within this long of a reading taken during the
+        failure is flapping.
     """
 
     def __init__(
@@ -647,8 +648,9 @@ class Localizer:
         return max(0.0, w.now_s - first / 1e9)
 
     def _flapped(self, host: str, rail: int, rep: HostReport | None, now_s: float) -> bool:
-        """The port's carrier-down count grew by two or more within ``flap_window_s``: it went
-        down, came back and went down again. Readings are remembered across rounds."""
+        """The port's carrier-down count grew within ``flap_window_s`` since a reading taken
+        while the failure was on: it went down, came back and went down again (once down, a
+        port that stays down counts nothing more). Readings are remembered across rounds."""
         if rep is None or not rep.known("port_down_count") or rail not in rep.port_down_count:
             return False
         seen = self._port_counts.setdefault((host, rail), [])
@@ -658,7 +660,7 @@ class Localizer:
             seen.append((t, n))
         while seen and seen[0][0] < now_s - self.flap_window_s:
             seen.pop(0)
-        return bool(seen) and n - min(c for _t, c in seen) >= 2
+        return bool(seen) and n - min(c for _t, c in seen) >= 1
 
     def _check_endpoint(
         self,

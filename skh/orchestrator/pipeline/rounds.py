@@ -236,6 +236,9 @@ class Pipeline:
         out = []
         for ev in events:
             pairs, eps = set(ev.pairs), set(ev.endpoints)
+            if getattr(ev, "flapping", False):
+                out.append(ev)  # an outage that came back: it refines the open alert's type
+                continue
             if (pairs or eps) and pairs <= held_pairs and eps <= held_eps:
                 self.stats["events_explained"] += 1
                 continue
@@ -283,6 +286,7 @@ class Pipeline:
             source,
             healthy_pairs=self._healthy_pairs(failing),
             now_ns=now_ns,
+            known=self.tracker.open,
         )
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
