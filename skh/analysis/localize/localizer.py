@@ -41,7 +41,7 @@ from skh.analysis.localize.source import StateSource
 from skh.analysis.localize.suspects import DEAD_BITS, Suspect
 from skh.analysis.localize.underlay import UnderlayCulprit, link_name, vote
 from skh.errors import ConfigError
-from skh.failures import FailureType
+from skh.failures import BECOMES, FailureType
 from skh.model import Cluster, Endpoint
 
 __all__ = ["Localizer", "default_overlay_endpoint"]
@@ -118,9 +118,6 @@ class Localizer:
         healthy pairs traced per round to clear links (nearest to the failing pairs first).
     exoneration_path_ids:
         the path ids each healthy pair is traced on.
-    max_traces_per_host:
-        healthy pairs traced per round from one host: a host's traces all pass its ToR, whose
-        ICMP answers to one asker are rate-limited (Linux: 1/s after a burst of 6).
     flap_window_s:
         a port whose carrier-down count grows within this long of a reading taken during the
         failure is flapping.
@@ -135,7 +132,6 @@ class Localizer:
         rnic_dump_interval_s: float = 60.0,
         max_exoneration_traces: int = 256,
         exoneration_path_ids: Sequence[int] = (0,),
-        max_traces_per_host: int = 16,
         flap_window_s: float = 120.0,
     ) -> None:
         if rnic_dump_interval_s < 0:
@@ -148,10 +144,9 @@ class Localizer:
                 "The 'max_exoneration_traces' parameter of Localizer must be >= 0. "
                 f"Got {max_exoneration_traces!r} instead."
             )
-        if max_traces_per_host < 1 or flap_window_s <= 0:
+        if flap_window_s <= 0:
             raise ConfigError(
-                "Localizer needs max_traces_per_host >= 1 and flap_window_s > 0. "
-                f"Got {max_traces_per_host!r} and {flap_window_s!r}."
+                f"The 'flap_window_s' parameter of Localizer must be > 0. Got {flap_window_s!r}."
             )
         if not exoneration_path_ids:
             raise ConfigError(
@@ -163,7 +158,6 @@ class Localizer:
         self.rnic_dump_interval_s = float(rnic_dump_interval_s)
         self.max_exoneration_traces = int(max_exoneration_traces)
         self.exoneration_path_ids = tuple(int(p) for p in exoneration_path_ids)
-        self.max_traces_per_host = int(max_traces_per_host)
         self.flap_window_s = float(flap_window_s)
         self._dumps: dict[tuple[str, int], tuple[float, FlowDiff | None, FlowDiff | None]] = {}
         #: (host, rail) -> carrier-down counts seen, (time, count), oldest first
@@ -474,6 +468,13 @@ class Localizer:
         near_rnic = in_s | in_d
         near_tor = np.isin(ts, tor_f) | np.isin(td, tor_f)
         out: list[Pair] = []
+
+        def take(p: Pair) -> bool:
+            if p in fset:
+                return False
+            out.append(p)
+            return True
+
         # spread the budget over the failing RNICs so one busy endpoint does not take it all
         per_rnic: dict[int, int] = {}
         cap = max(4, self.max_exoneration_traces // max(1, 2 * rn_f.size))
@@ -481,17 +482,15 @@ class Localizer:
             key = int(rs[i]) if in_s[i] else int(rd[i])
             if per_rnic.get(key, 0) >= cap:
                 continue
-            p = (int(hp[i, 0]), int(hp[i, 1]))
-            if p in fset:
-                continue
-            per_rnic[key] = per_rnic.get(key, 0) + 1
-            out.append(p)
+            if take((int(hp[i, 0]), int(hp[i, 1]))):
+                per_rnic[key] = per_rnic.get(key, 0) + 1
         rest = np.flatnonzero(near_tor & ~near_rnic)
         budget = self.max_exoneration_traces - len(out)
         if budget > 0 and rest.size:
             # spread evenly over the candidates so every ToR and spine gets its share
             pick = rest[np.linspace(0, rest.size - 1, min(budget, rest.size)).astype(np.int64)]
-            out.extend((int(hp[i, 0]), int(hp[i, 1])) for i in np.unique(pick).tolist())
+            for i in np.unique(pick).tolist():
+                take((int(hp[i, 0]), int(hp[i, 1])))
         return out[: self.max_exoneration_traces]
 
     def _underlay_step(
@@ -546,6 +545,24 @@ class Localizer:
         rnic = self._edge_rnic(c)
         symptom = self._worst(w, pairs)
         flapping = any(p in w.flapping for p in pairs)
+        if symptom == "unreachable" and all(t.reached for t in traces):
+            # the pairs' outage is not there now: their traces cross the culprit again. An
+            # outage that comes and goes is a flapping port; one named already is that one
+            again = self._known_outage(w, c, pairs)
+            if again is not None:
+                self._add_verdict(
+                    w,
+                    pairs,
+                    again.layer,
+                    again.component,
+                    again.component_kind,
+                    BECOMES.get(again.failure_type, again.failure_type),
+                    now_ns,
+                    evidence={**evidence, "came_back": True},
+                )
+                w.left -= set(pairs)
+                return
+            flapping = True
         if rnic is not None and not c.ambiguous:
             host, rail = rnic
             found = self._check_endpoint(w, host, rail, pairs, source, report, flapping)
@@ -599,6 +616,16 @@ class Localizer:
             candidates=tuple(x for x in cands if x != comp),
         )
         self._settle(w, pairs, ftype)
+
+    @staticmethod
+    def _known_outage(w: _Work, c: UnderlayCulprit, pairs: Sequence[Pair]) -> Verdict | None:
+        """An open alert of an outage at the culprit (or at the RNIC of its access link) on
+        some of these pairs."""
+        ends = set(c.component.split("|")) | {c.component}
+        for v in w.known:
+            if v.symptom == "unreachable" and v.component in ends and set(v.pairs) & set(pairs):
+                return v
+        return None
 
     def _add_finding(
         self,
