@@ -40,7 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from skh.analysis.detect import Detector  # noqa: E402
 from skh.analysis.localize import Suspect, failing_path_ids  # noqa: E402
 from skh.analysis.sampling import ResultThinner  # noqa: E402
-from skh.eval.localization import _ci, e2e_localization, localization_suite  # noqa: E402
+from skh.eval.localization import (  # noqa: E402
+    _ci,
+    e2e_localization,
+    localization_suite,
+    probe_view,
+)
 from skh.eval.scoring import match_events  # noqa: E402
 from skh.model import Fabric  # noqa: E402
 from skh.sim.answers import FIELD_ANSWERS, QUIET, answers_measured  # noqa: E402
@@ -83,7 +88,7 @@ def detection_run(sim: Simulation, seed: int, minutes: float, faults_per_h: floa
         for _ in range(n)
     )
     det, thinner = Detector(), ResultThinner()
-    records, events, ticks = [], [], []
+    records, events, ticks, views = [], [], [], []
     recent: deque[np.ndarray] = deque(maxlen=10)
     ends: list[tuple[float, int]] = []
     n_seen = nxt = 0
@@ -106,6 +111,9 @@ def detection_run(sim: Simulation, seed: int, minutes: float, faults_per_h: floa
         recent.append(step.probes)
         now = t + step.dt_s
         evs = det.tick(int(sim.clock.wall_ns(now)))
+        if evs or int(t) % 5 == 0:
+            # what the pipeline reads off its recent probes: healthy pairs, live agents
+            views.append((now, probe_view(np.concatenate(list(recent)))))
         if evs:
             events.extend(evs)
             probes = np.concatenate(list(recent))
@@ -114,7 +122,13 @@ def detection_run(sim: Simulation, seed: int, minutes: float, faults_per_h: floa
                 pids = failing_path_ids(probes, ev.pairs) if ev.kind != "agent" else None
                 sus.append((ev, Suspect.from_event(ev, path_ids=pids)))
             ticks.append((now, sus))
-    return {"records": records, "events": events, "ticks": ticks, "virtual_s": duration}
+    return {
+        "records": records,
+        "events": events,
+        "ticks": ticks,
+        "views": views,
+        "virtual_s": duration,
+    }
 
 
 def _overlap(records) -> dict[str, Any]:

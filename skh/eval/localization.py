@@ -17,6 +17,7 @@ from scipy.stats import binomtest
 from skh.analysis.detect import Detector
 from skh.analysis.localize import AlertTracker, Suspect, failing_path_ids
 from skh.failures import TYPE_CLASSES, type_class
+from skh.records import pair_keys, split_pair_keys
 from skh.sim.answers import AnswerNoise, SimSource, answer_noise, live_pairs, sim_localizer
 from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault
 from skh.sim.oracle import suspect_from_record
@@ -27,6 +28,7 @@ __all__ = [
     "localization_suite",
     "end_to_end_suite",
     "e2e_localization",
+    "probe_view",
     "E2E_WINDOW_S",
     "E2E_REASK_S",
 ]
@@ -285,6 +287,28 @@ E2E_WINDOW_S = 30.0
 E2E_REASK_S = 10.0
 
 
+def probe_view(probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the pipeline reads off recent probe records (``PROBE_DTYPE``) besides suspects: the
+    pairs answered with no failed probe (healthy: the localizer traces some to clear links) and
+    the endpoints whose own probes came back (alive agents)."""
+    if probes.size == 0:
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
+    ok = probes["status"] == 0
+    key = pair_keys(probes["src_ep"], probes["dst_ep"])
+    good = np.setdiff1d(np.unique(key[ok]), np.unique(key[~ok]))
+    return split_pair_keys(good).astype(np.int64), np.unique(probes["src_ep"][ok]).astype(np.int64)
+
+
+def _latest(snaps: Sequence[tuple[float, Any]], t: float) -> Any:
+    """The last snapshot taken at or before ``t`` (None when none)."""
+    got = None
+    for ts, v in snaps:
+        if ts > t + 1e-9:
+            break
+        got = v
+    return got
+
+
 def _ci(k: int, n: int) -> tuple[float | None, float | None]:
     """95 % Wilson interval of ``k / n``."""
     if n <= 0:
@@ -309,7 +333,11 @@ def e2e_localization(
 
     ``run`` is a detection run on ``sim`` (``records``: the faults injected; ``ticks``: per
     detector tick with events, ``(virtual time, [(event, Suspect), ...])``); ``detected`` maps a
-    fault id to the events matched to it; faults in ``skip`` (gray ones) are left out. For each
+    fault id to the events matched to it; faults in ``skip`` (gray ones) are left out. When the
+    run has ``views`` (``[(virtual time, (healthy pairs, responsive endpoints))]``, from
+    :func:`probe_view` of the recent probes, taken every few seconds) the rounds read healthy
+    pairs and live agents off them as the pipeline does; otherwise every live pair no suspect
+    names counts as healthy and no agent as alive. For each
     detected fault, rounds run from its first detection (its flapping re-raise, when there is
     one) every ``reask_s`` until ``window_s`` later (or the fault's end): each localizes every
     suspect detection raised since the first detection — other faults' and false ones included —
@@ -324,6 +352,7 @@ def e2e_localization(
     loc = sim_localizer(sim, rnic_dump_interval_s=rnic_dump_interval_s)
     n_ep = max(1, len(sim.cluster.endpoints))
     ticks = list(run["ticks"])
+    views = list(run.get("views", ()))
     rows: list[dict[str, Any]] = []
     spurious = alerts_n = rounds_n = 0
     t_loc = 0.0
@@ -342,9 +371,14 @@ def e2e_localization(
             sus = [s for t, ss in ticks if t0 - 1e-9 <= t <= ts + 1e-9 for _, s in ss]
             if not sus:
                 continue
-            live = sim.pairs[sim.live_pairs(ts)].astype(np.int64)
+            view = _latest(views, ts)
             bad = np.array([a * n_ep + b for s in sus for a, b in s.pairs], np.int64)
-            healthy = live[~np.isin(live[:, 0] * n_ep + live[:, 1], bad)]
+            if view is None:
+                live = sim.pairs[sim.live_pairs(ts)].astype(np.int64)
+                healthy, responsive = live[~np.isin(live[:, 0] * n_ep + live[:, 1], bad)], None
+            else:
+                healthy, responsive = view
+                healthy = healthy[~np.isin(healthy[:, 0] * n_ep + healthy[:, 1], bad)]
             c0 = time.perf_counter()
             verdicts = loc.localize(
                 sus,
@@ -352,6 +386,7 @@ def e2e_localization(
                 healthy_pairs=healthy,
                 now_ns=int(sim.clock.wall_ns(ts)),
                 known=tracker.open,
+                responsive=responsive,
             )
             t_loc += time.perf_counter() - c0
             rounds_n += 1

@@ -100,16 +100,17 @@ class AlertTracker:
                 self._open[k] = v
                 new.append(v)
             else:
-                # the latest round's view of the type and of what else fits, unless it is a guess
-                # where the alert already knew (a flag missing this round)
-                sure = v if not v.type_pending or old.type_pending else old
+                # the latest round's view of the type and of what else fits, unless it guesses
+                # where the alert already knew (a flag missing or a report lost this round)
+                guess = v.type_pending or not v.certain
+                sure = old if guess and old.certain and not old.type_pending else v
                 merged = replace(
                     join_verdicts(old, v),
                     detected_at_ns=old.detected_at_ns,
-                    evidence=v.evidence,
+                    evidence=sure.evidence,
                     failure_type=sure.failure_type,
                     type_candidates=sure.type_candidates,
-                    candidates=v.candidates,
+                    candidates=sure.candidates,
                     alert_class=k[2],
                 )
                 self._open[k] = merged

@@ -71,6 +71,8 @@ class _Work:
     healthy_pairs: frozenset[Pair] = frozenset()
     #: culprits already open (alerts): tried first
     known: tuple[Verdict, ...] = ()
+    #: endpoints whose own probes came back lately: their agents are alive
+    responsive: frozenset[int] = frozenset()
     #: the round's overlay tables, by host (cached answers)
     tables: Callable[[str], OverlayTables | None] | None = None
     verdicts: list[Verdict] = field(default_factory=list)
@@ -93,6 +95,10 @@ _LATENCY_ONLY = {
     FailureType.CC_ISSUE,
 }
 
+
+#: flow labels beyond the probed ones a failing pair is traced on, to clear the ECMP paths beside
+#: a broken one
+_EXTRA_LABELS = 4
 
 #: a host-report reading taken this long before a pair's first failed probe still counts for
 #: it: the fault began before the probe that first saw it (up to a probe interval)
@@ -221,12 +227,15 @@ class Localizer:
         now_ns: int | None = None,
         now_s: float | None = None,
         known: Sequence[Verdict] = (),
+        responsive: Iterable[int] | None = None,
     ) -> list[Verdict]:
         """Localize one round of suspects; returns one verdict per culprit (and one for what no
         culprit explains). ``healthy_pairs`` (n × 2 endpoint ids) are pairs probed without
         trouble right now; some are traced to clear the links they cross. ``known`` are the
         culprits already open (the alerts): they are tried first, so a round with several
-        faults explains away what each known one explains before it looks for new ones."""
+        faults explains away what each known one explains before it looks for new ones.
+        ``responsive`` are endpoints whose own probes came back lately (an agent detection found
+        missing heartbeats from is late, not crashed, while its probes still come back)."""
         self._index()
         now_ns = time.time_ns() if now_ns is None else int(now_ns)
         now_s = now_ns / 1e9 if now_s is None else float(now_s)
@@ -244,6 +253,7 @@ class Localizer:
             if healthy_pairs is None
             else frozenset(map(tuple, np.asarray(healthy_pairs, np.int64).reshape(-1, 2).tolist())),
             tuple(known),
+            frozenset(int(e) for e in (responsive if responsive is not None else ())),
         )
         n_ep = len(self.cluster.endpoints)
         for s in suspects:
@@ -398,13 +408,16 @@ class Localizer:
             if name in crashed:
                 continue
             node = self.overlay_endpoint(ep)[0]
-            if bits & DEAD_BITS and self._container_gone(ep, node, tables, report):
+            # an agent whose own probes still come back is alive, however many heartbeats it
+            # missed: late, not crashed
+            dead = bool(bits & DEAD_BITS) and e not in w.responsive
+            if dead and self._container_gone(ep, node, tables, report):
                 key = (ep.job, ep.container, FailureType.CONTAINER_CRASH)
             else:
                 key = (
                     ep.job,
                     ep.container,
-                    FailureType.AGENT_CRASH if bits & DEAD_BITS else FailureType.LATE_AGENT,
+                    FailureType.AGENT_CRASH if dead else FailureType.LATE_AGENT,
                 )
             endpoints.setdefault(key, set()).add(e)
             blamed.setdefault(key, [])
@@ -512,6 +525,26 @@ class Localizer:
                 t = source.traceroute(p, pid)
                 if t is not None:
                     w.healthy.append(t)
+        # a pair that fails on some flows only (an unreachable ECMP path) carries others: a
+        # trace of another flow label that reaches its destination clears the path it took. One
+        # pair per pair of ToRs, on the probed labels it did not fail on and a few more (a
+        # trace may use any flow label), so the paths beside a broken one are cleared
+        seen: set[tuple[int, int]] = set()
+        top = max(self.exoneration_path_ids) + 1
+        extra = tuple(range(top, top + _EXTRA_LABELS))
+        for p in sorted(w.left):
+            if w.symptom.get(p) != "unreachable" or p in w.refused:
+                continue
+            tors = (int(self._ep_tor[p[0]]), int(self._ep_tor[p[1]]))
+            if tors[0] == tors[1] or tors in seen:
+                continue
+            seen.add(tors)
+            bad = w.path_ids.get(p, (0,))
+            for pid in (*self.exoneration_path_ids, *extra):
+                if pid not in bad:
+                    t = source.traceroute(p, pid)
+                    if t is not None and t.reached:
+                        w.healthy.append(t)
         res = vote(failing, w.healthy, expected_paths=self._expected_paths)
         for c in res.culprits:
             traces = [failing[i] for i in sorted(c.explains)]

@@ -118,9 +118,12 @@ def _frontier_elements(
     tr: Trace,
     expected: Sequence[Sequence[str]] | None,
     silent: frozenset[str] = frozenset(),
+    forwarding: frozenset[str] = frozenset(),
 ) -> tuple[list[str], list[str]]:
-    """The candidate links and nodes just beyond the last answering hop of a truncated trace
-    (one hop further where the next node is a switch known to answer nobody)."""
+    """The candidate links and nodes just beyond the last answering hop of a truncated trace:
+    one hop further where the next node is a switch known to answer nobody, or where only the
+    source answered and its first hop is known to forward (other traces went past it), so its
+    silence here may be its rate limit."""
     nodes = tr.nodes
     k = max(i for i, n in enumerate(nodes) if n is not None)
     f = nodes[k]
@@ -134,7 +137,8 @@ def _frontier_elements(
             continue
         links.add(link_name(f, p[k + 1]))
         nxt.add(p[k + 1])
-        if p[k + 1] in silent and len(p) > k + 2:
+        beyond = p[k + 1] in silent or (k == 0 and p[1] in forwarding)
+        if beyond and len(p) > k + 2:
             # its answer never comes: the probe may have passed it and died beyond
             links.add(link_name(p[k + 1], p[k + 2]))
             nxt.add(p[k + 2])
@@ -291,6 +295,13 @@ def vote(
         for i, n in enumerate(tr.nodes)
         if n is None
     )
+    # nodes other traces went past (they answered and something further answered too)
+    forwarding = frozenset(
+        n
+        for tr in (*failing, *healthy)
+        for i, n in enumerate(tr.nodes)
+        if n is not None and i > 0 and any(x is not None for x in tr.nodes[i + 1 :])
+    )
     explains: dict[str, set[int]] = {}
     for i, tr in enumerate(failing):
         onset = _onset_elements(tr, latency_jump_ns, use_rtt, use_loss) if tr.reached else None
@@ -300,7 +311,7 @@ def vote(
             links, nodes = _known_elements(tr.nodes)
         else:
             links, nodes = _frontier_elements(
-                tr, expected_paths(tr) if expected_paths else None, silent
+                tr, expected_paths(tr) if expected_paths else None, silent, forwarding
             )
         for e in (*links, *nodes):
             explains.setdefault(e, set()).add(i)

@@ -259,6 +259,13 @@ class Pipeline:
         good = np.setdiff1d(np.unique(key[p["status"] == 0]), bad)
         return split_pair_keys(good).astype(np.int64)
 
+    def _responsive(self) -> np.ndarray:
+        """Endpoints whose own probes came back in the last seconds: their agents are alive."""
+        if not self._recent:
+            return np.zeros(0, np.int64)
+        p = np.concatenate([r for _t, r in self._recent])
+        return np.unique(p["src_ep"][p["status"] == 0]).astype(np.int64)
+
     def _localize(
         self, events: list[SuspectEvent], now_ns: int
     ) -> list[tuple[Verdict, SuspectEvent | None]]:
@@ -287,6 +294,7 @@ class Pipeline:
             healthy_pairs=self._healthy_pairs(failing),
             now_ns=now_ns,
             known=self.tracker.open,
+            responsive=self._responsive(),
         )
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
