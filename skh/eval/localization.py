@@ -360,7 +360,10 @@ def e2e_localization(
         evs = detected.get(rec.fault_id) or []
         if rec.fault_id in skip or not evs:
             continue
-        flap = [ev for ev in evs if getattr(ev, "flapping", False)]
+        # a flapping re-raise updates the alert: the window starts there, when it came while the
+        # fault was still on (a port that came back once is re-raised as it recovers)
+        end_ns = int(sim.clock.wall_ns(rec.end_s - 0.5))
+        flap = [e for e in evs if getattr(e, "flapping", False) and e.detected_ns < end_ns]
         anchor = min(ev.detected_ns for ev in (flap or evs))
         t0 = (anchor - sim.clock.t0_ns) / 1e9
         t_end = min(t0 + window_s, rec.end_s - 0.5)

@@ -276,3 +276,13 @@ def test_field_answers_carry_their_noise_and_say_so(sim):
     # the same seed, the same answers
     a = SimSource(sim, t_s=9.0, noise=FIELD_ANSWERS).traceroute(pairs[0], 1)
     assert a.nodes == a.nodes
+
+
+def test_a_lost_last_answer_is_not_a_dead_destination():
+    # h10 answers one trace; another stops at its ToR (h10's kernel rate-limited that answer):
+    # nothing is down, and the vote must not blame h10's access link
+    fail = [Trace((1, 10), ("h1", "t0", "s1", "t1", None), False)]
+    ok = [Trace((0, 10), ("h0", "t0", "s0", "t1", "h10"), True)]
+    assert not vote(fail, ok, expected_paths=_expected).culprits
+    # with h10 silent in every trace of the round, the stop is evidence again
+    assert vote(fail, [], expected_paths=_expected).culprits

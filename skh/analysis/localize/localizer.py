@@ -582,6 +582,12 @@ class Localizer:
             # the pairs' outage is not there now: their traces cross the culprit again. An
             # outage that comes and goes is a flapping port; one named already is that one
             again = self._known_outage(w, c, pairs)
+            ports = {*BECOMES, *BECOMES.values()}
+            if again is not None and again.failure_type not in ports:
+                # a dead element that forwards again: that outage is over (its alert resolves
+                # when no round confirms it), nothing new to name
+                w.left -= set(pairs)
+                return
             if again is not None:
                 self._add_verdict(
                     w,

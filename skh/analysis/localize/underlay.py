@@ -11,7 +11,10 @@ Real traces are noisy, and the vote reads them as mtr's users do:
 
 - a silent hop is unknown, not broken: where every ECMP path the fabric model allows agrees on
   the node there, it is filled in; a switch seen silent in a trace that went on past it
-  answers nobody, so a trace that stops right before it may have stopped one hop later;
+  answers nobody, so a trace that stops right before it may have stopped one hop later (so may
+  one where only the source answered, when its first hop forwards other traces); a trace that
+  stops one hop short of a destination that answers other traces lost its last answer, and
+  says nothing;
 - loss at a hop counts only if it persists to every later hop (a control plane that rate-limits
   its ICMP answers loses them at that hop alone); a trace showing such non-persisting loss
   says only that its loss starts somewhere from the earliest persisting hop on; and no hop
@@ -98,6 +101,20 @@ def _consistent(tr: Trace, expected: Sequence[Sequence[str]] | None) -> list[Seq
         for p in expected
         if len(p) >= len(tr.nodes) and all(n is None or p[i] == n for i, n in enumerate(tr.nodes))
     ]
+
+
+def _last_answer_lost(
+    tr: Trace,
+    answering: frozenset[str],
+    expected_paths: Callable[[Trace], Sequence[Sequence[str]]] | None,
+) -> bool:
+    """A trace that stopped one hop short of its destination while the destination answered
+    other traces of the round: its last answer, not its probe, was lost."""
+    if expected_paths is None:
+        return False
+    k = max(i for i, n in enumerate(tr.nodes) if n is not None)
+    paths = _consistent(Trace(tr.pair, tr.nodes[: k + 1], False), expected_paths(tr))
+    return bool(paths) and all(len(p) == k + 2 and p[-1] in answering for p in paths)
 
 
 def fill_silent(tr: Trace, expected: Sequence[Sequence[str]] | None) -> tuple[str | None, ...]:
@@ -302,8 +319,12 @@ def vote(
         for i, n in enumerate(tr.nodes)
         if n is not None and i > 0 and any(x is not None for x in tr.nodes[i + 1 :])
     )
+    # nodes that answered some trace of the round (a trace's source is not an answer): alive
+    answering = frozenset(n for tr in (*failing, *healthy) for n in tr.nodes[1:] if n is not None)
     explains: dict[str, set[int]] = {}
     for i, tr in enumerate(failing):
+        if not tr.reached and _last_answer_lost(tr, answering, expected_paths):
+            continue  # the destination answers other traces: this one's answer was rate-limited
         onset = _onset_elements(tr, latency_jump_ns, use_rtt, use_loss) if tr.reached else None
         if onset is not None:
             links, nodes = onset
