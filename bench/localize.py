@@ -42,13 +42,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from skh.analysis.detect import Detector  # noqa: E402
-from skh.analysis.localize import Suspect, failing_path_ids  # noqa: E402
 from skh.analysis.sampling import ResultThinner  # noqa: E402
 from skh.eval.localization import (  # noqa: E402
     _ci,
     e2e_localization,
     localization_suite,
     probe_view,
+    tick_suspects,
 )
 from skh.eval.scoring import match_events  # noqa: E402
 from skh.model import Fabric  # noqa: E402
@@ -120,12 +120,7 @@ def detection_run(sim: Simulation, seed: int, minutes: float, faults_per_h: floa
             views.append((now, probe_view(np.concatenate(list(recent)))))
         if evs:
             events.extend(evs)
-            probes = np.concatenate(list(recent))
-            sus = []
-            for ev in evs:
-                pids = failing_path_ids(probes, ev.pairs) if ev.kind != "agent" else None
-                sus.append((ev, Suspect.from_event(ev, path_ids=pids)))
-            ticks.append((now, sus))
+            ticks.append((now, tick_suspects(evs, np.concatenate(list(recent)))))
     return {
         "records": records,
         "events": events,

@@ -29,6 +29,7 @@ __all__ = [
     "end_to_end_suite",
     "e2e_localization",
     "probe_view",
+    "tick_suspects",
     "E2E_WINDOW_S",
     "E2E_REASK_S",
 ]
@@ -285,6 +286,16 @@ E2E_WINDOW_S = 30.0
 #: rounds are this far apart (the first at the first detection): each localizes what detection
 #: raised so far, with the open alerts as known culprits, and asks again about uncertain ones
 E2E_REASK_S = 10.0
+
+
+def tick_suspects(events: Sequence[Any], probes: np.ndarray) -> list[tuple[Any, Suspect]]:
+    """Detection's events of one tick as the localizer takes them, each with the flow labels
+    that failed in the recent probe records (agents' events have no pairs to trace)."""
+    out = []
+    for ev in events:
+        pids = failing_path_ids(probes, ev.pairs) if ev.kind != "agent" else None
+        out.append((ev, Suspect.from_event(ev, path_ids=pids)))
+    return out
 
 
 def probe_view(probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -47,6 +47,7 @@ from typing import Any, Literal
 import numpy as np
 
 from skh.analysis.localize import (
+    REPORT_FLAGS,
     FlowRule,
     FlowTables,
     HostReport,
@@ -107,17 +108,9 @@ def sim_flow_rule(f: Any) -> FlowRule:
 #: the flags a real host collector reads (skh/orchestrator/agent_underlay.py ``host_report``):
 #: port state (up/down only), no light from the switch, the driver's carrier-down count
 REAL_FLAGS: frozenset[str] = frozenset({"rnic_state", "peer_down", "port_down_count"})
-_SIM_FLAGS = (
-    "rnic_state",
-    "peer_down",
-    "port_down_count",
-    "gid_changed",
-    "bond_degraded",
-    "pcie_errors",
-    "gpudirect_broken",
-    "rdma_fallback",
-    "hugepage_mismatch",
-    "offload_churn",
+#: the flags the simulator's reports carry (agents' and containers' own health is detection's)
+_SIM_FLAGS = tuple(
+    f for f in REPORT_FLAGS if f not in ("agents_dead", "agents_late", "containers_dead")
 )
 _PORT_TYPES = {
     FailureType.RNIC_PORT_DOWN,

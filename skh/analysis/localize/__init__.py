@@ -57,6 +57,7 @@ Failure types are :class:`skh.failures.FailureType` (re-exported here).
 
 from skh.analysis.localize.alerts import AlertTracker, AlertUpdate
 from skh.analysis.localize.data import (
+    REPORT_FLAGS,
     FlowDiff,
     FlowRule,
     HostReport,
@@ -90,6 +91,7 @@ __all__ = [
     "OverlayTables",
     "OverlayWalk",
     "Pair",
+    "REPORT_FLAGS",
     "Severity",
     "StateSource",
     "Suspect",
