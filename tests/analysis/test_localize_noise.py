@@ -286,3 +286,19 @@ def test_a_lost_last_answer_is_not_a_dead_destination():
     assert not vote(fail, ok, expected_paths=_expected).culprits
     # with h10 silent in every trace of the round, the stop is evidence again
     assert vote(fail, [], expected_paths=_expected).culprits
+
+
+def test_a_slow_switch_some_of_whose_pairs_were_not_flagged():
+    # t1 delays every flow through it; detection flagged the pairs of h10, h11 and h12 but not
+    # yet h13's, whose trace clears t1: one slow switch, not three slow access links
+    fail = [
+        Trace((10, 1), ("h10", "t1", "s0", "t0", "h1"), True),
+        Trace((11, 2), ("h11", "t1", "s1", "t0", "h2"), True),
+        Trace((12, 23), ("h12", "t1", "s0", "t2", "h23"), True),
+    ]
+    ok = [Trace((13, 3), ("h13", "t1", "s1", "t0", "h3"), True)]
+    soft = vote(fail, ok, expected_paths=_expected, soft=range(3))
+    assert [c.component for c in soft.culprits] == ["t1"] and soft.culprits[0].partial
+    # pairs that are unreachable: a trace through t1 that worked clears it
+    hard = vote(fail, ok, expected_paths=_expected)
+    assert "t1" not in [c.component for c in hard.culprits]

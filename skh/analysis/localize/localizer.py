@@ -545,7 +545,8 @@ class Localizer:
                     t = source.traceroute(p, pid)
                     if t is not None and t.reached:
                         w.healthy.append(t)
-        res = vote(failing, w.healthy, expected_paths=self._expected_paths)
+        soft = [i for i, t in enumerate(failing) if w.symptom.get(t.pair) != "unreachable"]
+        res = vote(failing, w.healthy, expected_paths=self._expected_paths, soft=soft)
         for c in res.culprits:
             traces = [failing[i] for i in sorted(c.explains)]
             if c.ambiguous:

@@ -283,6 +283,7 @@ def vote(
     min_partial_votes: int = 2,
     min_partial_share: float = 0.5,
     latency_jump_ns: int = 10_000,
+    soft: Iterable[int] = (),
 ) -> UnderlayResult:
     """Localize underlay faults from flow-pinned traces of failing and healthy pairs.
 
@@ -292,6 +293,9 @@ def vote(
     delay starts (``hop_loss``, ``hop_rtt_ns``; a round-trip step above ``latency_jump_ns``)
     votes only for that spot. A partial suspect needs ``min_partial_votes``
     failing traces and at least ``min_partial_share`` of all traces through it failing.
+    ``soft`` are the failing traces of pairs that only slow down or lose some probes: a partial
+    element covering more of them than the best uncleared element is taken first (a slow switch
+    whose unflagged pairs clear it, rather than each host's access link).
     """
     healthy = list(healthy)
     use_rtt = rtt_trusted(healthy, latency_jump_ns, failing)
@@ -350,11 +354,20 @@ def vote(
     remaining = set(range(len(failing)))
     culprits: list[UnderlayCulprit] = []
     live = {e: s for e, s in explains.items() if e not in cleared}
+    soft = set(soft)
     while remaining:
         best = _best(live, remaining)
         if best is None:
             break
-        c = _culprit(best, live, remaining, votes, 0, partial=False)
+        wide = _wide_partial(explains, cleared, remaining & soft, min_partial_votes)
+        if wide is not None and set(best[1]) <= soft and len(best[1]) < len(wide[1]):
+            # slow or lossy pairs that one element carries, most of its traced flows failing,
+            # beat the unharmed-looking elements that cover fewer of them
+            # (detection flags only some of a slow switch's pairs, the rest clear it)
+            e = wide[0]
+            c = _culprit(wide, {e: explains[e]}, remaining, votes, cleared[e], partial=True)
+        else:
+            c = _culprit(best, live, remaining, votes, 0, partial=False)
         culprits.append(c)
         remaining -= c.explains
     # a fault that loses or delays only some flows lets other flows over the same element pass,
@@ -380,6 +393,29 @@ def vote(
         culprits.append(c)
         remaining -= c.explains
     return UnderlayResult(tuple(culprits), frozenset(remaining), votes, cleared)
+
+
+def _wide_partial(
+    explains: dict[str, set[int]],
+    cleared: dict[str, int],
+    remaining: set[int],
+    min_votes: int,
+    min_share: float = 0.5,
+) -> tuple[str, frozenset[int]] | None:
+    """The cleared element explaining the most of ``remaining`` with at least ``min_share`` of
+    its traced flows failing (None when none explains ``min_votes``)."""
+    got: list[tuple[int, float, str, frozenset[int]]] = []
+    for e, s in explains.items():
+        if e not in cleared:
+            continue
+        hit = frozenset(s & remaining)
+        share = len(hit) / (len(hit) + cleared[e])
+        if len(hit) >= min_votes and share >= min_share:
+            got.append((len(hit), share, e, hit))
+    if not got:
+        return None
+    _n, _share, e, hit = max(got)  # most covered, then the larger failing share
+    return e, hit
 
 
 def _best(live: dict[str, set[int]], remaining: set[int]) -> tuple[str, frozenset[int]] | None:
