@@ -28,6 +28,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import math
@@ -63,6 +64,8 @@ ANSWERS = {
     "field": FIELD_ANSWERS,
     "quiet": QUIET,
     "field-heavy": FIELD_ANSWERS.scaled("field-heavy", 3),
+    # only the flags a real host collector reads (port state, light, carrier-down count)
+    "field-real": dataclasses.replace(FIELD_ANSWERS, name="field-real", report_readers="real"),
 }
 
 
