@@ -19,7 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from skh.analysis.localize.classify import classify_flow_diff, classify_host_report
+from skh.analysis.localize.classify import (
+    classify_flow_diff,
+    classify_host_report,
+    classify_rnic_report,
+)
 from skh.analysis.localize.data import REPORT_FLAGS, FlowDiff, HostReport, Layer, Pair
 from skh.analysis.localize.underlay import link_name
 from skh.failures import FailureType, type_class
@@ -43,12 +47,6 @@ _HOST_BOARD = {
     F.PCIE_NIC_ERROR: "pcie_errors",
     F.GPUDIRECT_RDMA_ERROR: "gpudirect_broken",
     F.HUGEPAGE_MISCONFIG: "hugepage_mismatch",
-}
-_RNIC_STATE = {
-    "down": F.RNIC_PORT_DOWN,
-    "flapping": F.RNIC_PORT_FLAPPING,
-    "hw_error": F.RNIC_HW_FAILURE,
-    "fw_unresponsive": F.RNIC_FIRMWARE_NOT_RESPONDING,
 }
 #: OVS actions of a flow the vswitch encapsulates in software: the container's traffic is not
 #: RDMA (the simulator's vocabulary for a VF that fell back to TCP/UDP)
@@ -115,13 +113,11 @@ def report_finding(
     if rep.known("peer_down") and rail in rep.peer_down:
         ft = F.SWITCH_PORT_FLAPPING if flapping else F.SWITCH_PORT_DOWN
         return Finding("underlay", link_name(rnic, tor), "link", ft, {"host_report": "peer_down"})
-    if rep.known("rnic_state"):
-        state = rep.rnic_state.get(rail, "up")
-        ft = _RNIC_STATE.get(state)
-        if ft is not None:
-            if ft == F.RNIC_PORT_DOWN and flapping:
-                ft = F.RNIC_PORT_FLAPPING  # down now, up a moment ago: the loss comes and goes
-            return Finding("rnic", rnic, "rnic", ft, {"host_report": state})
+    ft = classify_rnic_report(rep, rail)
+    if ft is not None:
+        if ft == F.RNIC_PORT_DOWN and flapping:
+            ft = F.RNIC_PORT_FLAPPING  # down now, up a moment ago: the loss comes and goes
+        return Finding("rnic", rnic, "rnic", ft, {"host_report": rep.rnic_state.get(rail)})
     ft = classify_host_report(rep, rail)
     if ft is not None:
         if ft in _HOST_BOARD:
@@ -270,14 +266,3 @@ def one_way_in(eps: set[int], failing: Iterable[Pair], healthy: Iterable[Pair]) 
     if not touching or any(p[0] in eps for p in touching):
         return False
     return any(p[0] in eps for p in healthy)
-
-
-def rails_slow(host: str, pairs: Sequence[Pair], ep_host_rail) -> set[int]:
-    """The rails of ``host`` whose endpoints are in ``pairs``."""
-    out: set[int] = set()
-    for p in pairs:
-        for e in p:
-            h, r = ep_host_rail(e)
-            if h == host:
-                out.add(r)
-    return out
