@@ -16,7 +16,7 @@ still shows it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from skh.analysis.localize.classify import (
