@@ -361,6 +361,7 @@ class SimSource:
         self.sim = sim
         self.t_s = sim.clock.now_s if t_s is None else float(t_s)
         self.noise = answer_noise(sim) if noise is None else noise
+        self._quiet = self.noise.quiet
         self.calls: Counter[str] = Counter()
         self._dumps: dict[tuple[str, float], dict] = {}
         self._st = _state(sim, self.noise)
@@ -384,7 +385,7 @@ class SimSource:
         hops = self.sim.traceroute(src, dst, path_id, self.t_s)
         src_key = ix.rnic_key(int(eps.rnic[src]))
         dst_key = ix.rnic_key(int(eps.rnic[dst]))
-        if self.noise.quiet:
+        if self._quiet:
             nodes = [src_key, *(h.node for h in hops)]
             loss = [0.0, *(float(h.loss) for h in hops)]
             rtt = [0, *(int(h.rtt_ns) for h in hops)]
@@ -520,7 +521,7 @@ class SimSource:
         expected = [sim_flow_rule(f) for f in ovs]
         offloaded = [sim_flow_rule(f) for f in off]
         nz = self.noise
-        if not nz.quiet:
+        if not self._quiet:
             L = self._st.ledger
             L.dumps += 1
             idle = self._idle_rules(host, rail, ovs)
@@ -564,7 +565,7 @@ class SimSource:
     def host_report(self, host: str) -> HostReport | None:
         self.calls["host_report"] += 1
         nz = self.noise
-        if nz.quiet:
+        if self._quiet:
             return HostReport(host, **self._flags(host, self.t_s))
         L = self._st.ledger
         L.reports += 1

@@ -259,10 +259,9 @@ def flow_finding(
     return Finding("rnic", rnic, "rnic", ft, {"churn": bool(churn)}, types)
 
 
-def one_way_in(eps: set[int], failing: Iterable[Pair], healthy: Iterable[Pair]) -> bool:
+def one_way_in(eps: set[int], failing: Iterable[Pair], sends_ok: bool) -> bool:
     """The endpoints ``eps`` fail only as destinations — every failing pair touching them ends
-    at them, and a pair they send on is healthy: a stale GID (peers address a gone one)."""
+    at them — while pairs they send on are healthy (``sends_ok``): a stale GID (peers address
+    a gone one)."""
     touching = [p for p in failing if p[0] in eps or p[1] in eps]
-    if not touching or any(p[0] in eps for p in touching):
-        return False
-    return any(p[0] in eps for p in healthy)
+    return bool(touching) and sends_ok and not any(p[0] in eps for p in touching)

@@ -67,8 +67,8 @@ class _Work:
     left: set[Pair]
     first_seen_any: int
     now_s: float = 0.0
-    #: pairs probed without trouble right now
-    healthy_pairs: frozenset[Pair] = frozenset()
+    #: sources of the pairs probed without trouble right now (sorted endpoint ids)
+    healthy_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: culprits already open (alerts): tried first
     known: tuple[Verdict, ...] = ()
     #: endpoints whose own probes came back lately: their agents are alive
@@ -249,9 +249,9 @@ class Localizer:
             set(),
             min((s.first_seen_ns for s in suspects), default=now_ns),
             now_s,
-            frozenset()
+            np.zeros(0, np.int64)
             if healthy_pairs is None
-            else frozenset(map(tuple, np.asarray(healthy_pairs, np.int64).reshape(-1, 2).tolist())),
+            else np.unique(np.asarray(healthy_pairs, np.int64).reshape(-1, 2)[:, 0]),
             tuple(known),
             frozenset(int(e) for e in (responsive if responsive is not None else ())),
         )
@@ -763,7 +763,8 @@ class Localizer:
         if found is not None:
             return found
         symptom = self._worst(w, pairs)
-        if symptom == "unreachable" and one_way_in(mine, w.symptom, w.healthy_pairs):
+        sends = bool(np.isin(np.fromiter(mine, np.int64, len(mine)), w.healthy_src).any())
+        if symptom == "unreachable" and one_way_in(mine, w.symptom, sends):
             if rep is None or not rep.known("gid_changed", max_age_s=age):
                 return Finding(
                     "rnic",
