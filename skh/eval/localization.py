@@ -15,9 +15,8 @@ import numpy as np
 from scipy.stats import binomtest
 
 from skh.analysis.detect import Detector
-from skh.analysis.localize import AlertTracker, Suspect, failing_path_ids
+from skh.analysis.localize import AlertTracker, Suspect, failing_path_ids, probe_view
 from skh.failures import TYPE_CLASSES, type_class
-from skh.records import pair_keys, split_pair_keys
 from skh.sim.answers import AnswerNoise, SimSource, answer_noise, live_pairs, sim_localizer
 from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault
 from skh.sim.oracle import suspect_from_record
@@ -296,18 +295,6 @@ def tick_suspects(events: Sequence[Any], probes: np.ndarray) -> list[tuple[Any, 
         pids = failing_path_ids(probes, ev.pairs) if ev.kind != "agent" else None
         out.append((ev, Suspect.from_event(ev, path_ids=pids)))
     return out
-
-
-def probe_view(probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What the pipeline reads off recent probe records (``PROBE_DTYPE``) besides suspects: the
-    pairs answered with no failed probe (healthy: the localizer traces some to clear links) and
-    the endpoints whose own probes came back (alive agents)."""
-    if probes.size == 0:
-        return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
-    ok = probes["status"] == 0
-    key = pair_keys(probes["src_ep"], probes["dst_ep"])
-    good = np.setdiff1d(np.unique(key[ok]), np.unique(key[~ok]))
-    return split_pair_keys(good).astype(np.int64), np.unique(probes["src_ep"][ok]).astype(np.int64)
 
 
 def _latest(snaps: Sequence[tuple[float, Any]], t: float) -> Any:

@@ -25,7 +25,7 @@ from skh.analysis.localize import (
 )
 from skh.errors import ConfigError
 from skh.model import Cluster, Container, Fabric, Job, JobShape, same_rail_pairs
-from skh.records import empty_probes
+from skh.records import ProbeStatus, empty_probes
 
 F = FailureType
 
@@ -512,13 +512,15 @@ def test_bad_inputs_are_refused():
 
 
 def test_failing_path_ids_from_probe_records():
-    recs = empty_probes(8)
-    recs["src_ep"], recs["dst_ep"] = [0, 0, 0, 0, 2, 2, 4, 4], [1, 1, 1, 1, 3, 3, 5, 5]
-    recs["path_id"] = [0, 1, 2, 3, 0, 1, 0, 1]
-    recs["status"] = [0, 1, 0, 1, 0, 0, 0, 0]
+    recs = empty_probes(10)
+    recs["src_ep"], recs["dst_ep"] = [0, 0, 0, 0, 0, 2, 2, 4, 4, 0], [1, 1, 1, 1, 1, 3, 3, 5, 5, 1]
+    recs["path_id"] = [0, 1, 2, 3, 4, 0, 1, 0, 1, 5]
+    S = ProbeStatus
+    recs["status"] = [0, S.LOST, 0, S.REPLY_LOST, S.LOCAL_ERROR, 0, S.INVALID, 0, 0, S.UNREACHABLE]
     got = failing_path_ids(recs, [(0, 1), (2, 3), (9, 9)])
-    # lost probes on path ids 1 and 3; a pair with none lost (latency) traces every path id
-    assert got == {(0, 1): (1, 3), (2, 3): (0, 1)}
+    # lost (either direction) or unreachable on path ids 1, 3 and 5; a probe we failed to send or
+    # a malformed answer says nothing of its path; a pair with none lost (latency) traces every id
+    assert got == {(0, 1): (1, 3, 5), (2, 3): (0, 1)}
     assert failing_path_ids(recs[:0], [(0, 1)]) == {}
 
 

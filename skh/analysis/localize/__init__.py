@@ -74,7 +74,7 @@ from skh.analysis.localize.localizer import Localizer
 from skh.analysis.localize.overlay import walk_overlay
 from skh.analysis.localize.rnic import covers, diff_flow_tables, diff_megaflows
 from skh.analysis.localize.source import FlowTables, StateSource
-from skh.analysis.localize.suspects import Suspect, failing_path_ids
+from skh.analysis.localize.suspects import Suspect, failing_path_ids, probe_view
 from skh.analysis.localize.underlay import link_name, vote
 from skh.failures import FailureType
 
@@ -103,6 +103,7 @@ __all__ = [
     "diff_megaflows",
     "failing_path_ids",
     "link_name",
+    "probe_view",
     "vote",
     "walk_overlay",
 ]
