@@ -19,15 +19,19 @@ The noise regime and the seeds are the caller's; every draw is keyed by the seed
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from skh.analysis.detect import Detector
+from skh.analysis.localize import probe_view
 from skh.analysis.sampling import ResultThinner
 from skh.analysis.skeleton import infer_skeleton
+from skh.eval.localization import E2E_WINDOW_S, tick_suspects
 from skh.failures import FailureType
 from skh.model import Fabric
 from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault, RowSet, link_component
@@ -171,9 +175,9 @@ def place(
 def field_run(sim: Simulation, profile: Any, seed: int) -> dict[str, Any]:
     """Run the detector through the field plan on ``sim`` (already built with its regime and
     ping pairs); returns the fault records (with which are gray or on new jobs), the events,
-    the suspects of every tick that raised any (for end-to-end localization) and the detector's
-    stats."""
-    from collections import deque
+    the suspects of every tick that raised any and what the recent probe records said
+    (``views``: healthy pairs, live agents) around them, for end-to-end localization, and the
+    detector's stats."""
 
     det = Detector()
     thinner = ResultThinner()
@@ -186,12 +190,13 @@ def field_run(sim: Simulation, profile: Any, seed: int) -> dict[str, Any]:
     skipped: list[str] = []
     events: list = []
     ticks: list[tuple[float, list]] = []
+    views: list[tuple[float, tuple[np.ndarray, np.ndarray]]] = []
+    # what the agents shipped in the last 10 s (the pipeline keeps 15 s of it)
     recent: deque[np.ndarray] = deque(maxlen=10)
+    view_until = last_view = -math.inf
     ends: list[tuple[float, int]] = []
     n_seen = n_eps = 0
     nxt = 0
-    import heapq
-
     for step in sim.run(duration):
         t = step.t_s
         while nxt < len(plan) and plan[nxt].start_s < t + 2:
@@ -226,31 +231,27 @@ def field_run(sim: Simulation, profile: Any, seed: int) -> dict[str, Any]:
         while ends and ends[0][0] <= t + 1:
             det.retire(sim.jobs[heapq.heappop(ends)[1]].ep_ids)
         det.heartbeat(step.heartbeats, int(sim.clock.wall_ns(t)))
-        det.ingest(thinner.thin(step.probes))  # what the agents ship
-        recent.append(step.probes)
+        shipped = thinner.thin(step.probes)  # what the agents ship
+        det.ingest(shipped)
+        recent.append(shipped)
         now = t + step.dt_s
         evs = det.tick(int(sim.clock.wall_ns(now)))
         if evs:
-            from skh.analysis.localize import Suspect, failing_path_ids
-
             events.extend(evs)
-            probes = np.concatenate(list(recent))
-            sus = []
-            for ev in evs:
-                pids = failing_path_ids(probes, ev.pairs) if ev.kind != "agent" else None
-                s = Suspect.from_event(ev, path_ids=pids)
-                if getattr(ev, "flapping", False) and not s.flapping:
-                    from dataclasses import replace
-
-                    s = replace(s, flapping=True)
-                sus.append((ev, s))
-            ticks.append((now, sus))
+            ticks.append((now, tick_suspects(evs, np.concatenate(list(recent)))))
+            # localization rounds read the view over the window after a detection
+            view_until = now + E2E_WINDOW_S + 5.0
+        # the view as the pipeline's rounds take it, at each detection and every 5 s after
+        if now <= view_until and (evs or now - last_view >= 5.0):
+            views.append((now, probe_view(np.concatenate(list(recent)))))
+            last_view = now
     return {
         "records": records,
         "gray": gray,
         "new_job": new_job,
         "events": events,
         "ticks": ticks,
+        "views": views,
         "virtual_s": duration,
         "skipped": skipped,
         "planned": len(plan),

@@ -9,8 +9,10 @@ One run (:func:`run_eval`) builds the real Lingjun topology scaled to the profil
    by second (probes, heartbeats, retired containers under job churn) while every fault type is
    injected ``rounds`` times, one at a time with a gap, on a component a live job's probed pair
    crosses; scored by :mod:`skh.eval.scoring`; plus **end-to-end localization** of each
-   detected fault: every suspect detection raised within ``E2E_ROUND_S`` of the fault's first
-   detection, localized together from the simulated agents' answers (false suspects included);
+   detected fault (:func:`skh.eval.localization.e2e_localization`): rounds over the 30 s after
+   its first detection, each localizing every suspect detection raised so far (false ones and
+   other faults' included) from the simulated agents' noisy answers, scored on the alerts open
+   at the last round, component and type;
 3. **localization** — :func:`skh.eval.localization.localization_suite` (oracle: the localizer
    fed the suspect detection would raise for one fault, or one fault in each layer at once),
    per type and layer;
@@ -38,20 +40,20 @@ from skh.analysis.detect import DetectorConfig
 from skh.analysis.skeleton import infer_skeleton, pairs_coverage
 from skh.eval.agent_cost import agent_cost
 from skh.eval.field import field_run, inferred_pairs, projection, ramp_scenario
-from skh.eval.localization import localization_suite, same_component
+from skh.eval.localization import e2e_localization, localization_suite
 from skh.eval.probing import random_sample_pairs, sweep_table
 from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events, summarize, wilson
-from skh.failures import TYPE_CLASSES, FailureType, type_class
+from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.sim import LINGJUN_TOPO
-from skh.sim.answers import SimSource, live_pairs, sim_localizer
+from skh.sim.answers import answers_measured, live_pairs
 from skh.sim.faults import FAULT_SPECS, RowSet
 from skh.sim.noise import REGIMES, TRAIN_SEEDS, regime
 from skh.sim.scenario import Simulation
 from skh.sim.traffic import throughput
 
-__all__ = ["run_eval", "THRESHOLDS", "MAXIMA", "PAPER", "commit_id", "E2E_ROUND_S", "draw_seeds"]
+__all__ = ["run_eval", "THRESHOLDS", "MAXIMA", "PAPER", "commit_id", "draw_seeds"]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,6 @@ PAPER: dict[str, float] = {
     "agent_cpu_pct": 1.0,
     "agent_rss_mb": 35.0,
 }
-#: suspects raised within this long of a fault's first detection are localized together
-E2E_ROUND_S = 10.0
 
 
 def commit_id() -> str:
@@ -130,13 +130,6 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
 
 # ----------------------------------------------------------------------------------- detection
 
-#: the merged type classes as the report lists them
-_MERGED = {c.name: sorted(t.name for t in c.members) for c in TYPE_CLASSES}
-
-
-def _type_ok(truth: FailureType, verdict_type: Any) -> bool:
-    return verdict_type is not None and type_class(truth) == type_class(verdict_type)
-
 
 def _reaffect(sim: Simulation, rec: Any) -> Any:
     """``rec`` with the ping pairs its fault touches (any path id) among every pair probed by
@@ -156,80 +149,6 @@ def _eps_of(sim: Simulation, records) -> dict[int, set[int]]:
             c = sim.eps.container_id(r.component)
             out[r.fault_id] = set(np.flatnonzero(sim.eps.container == c).tolist())
     return out
-
-
-def e2e_localization(
-    sim: Simulation, run: dict, detected: dict[int, list], skip: set[int]
-) -> dict[str, Any]:
-    """Localize each detected fault from detection's own suspects: every suspect raised within
-    ``E2E_ROUND_S`` of its first detection (false and other faults' suspects included), or of
-    its flapping re-raise when there is one (the alert's verdict is updated then), through the
-    simulated agents' answers; scored on the component (a certain verdict names it) and on the
-    failure type (that verdict's type, :data:`skh.failures.TYPE_CLASSES` merged)."""
-    loc = sim_localizer(sim, rnic_dump_interval_s=0.0)
-    per_type: dict[str, list[tuple[bool, bool]]] = {}
-    misses = []
-    spurious = rounds = 0
-    n = max(1, len(sim.cluster.endpoints))
-    for rec in run["records"]:
-        evs = detected.get(rec.fault_id) or []
-        if rec.fault_id in skip or not evs:
-            continue
-        flap = [ev for ev in evs if getattr(ev, "flapping", False)]
-        anchor = min(ev.detected_ns for ev in (flap or evs))
-        t_first = (anchor - sim.clock.t0_ns) / 1e9
-        sus = [s for t, ss in run["ticks"] if t_first <= t <= t_first + E2E_ROUND_S for _, s in ss]
-        ts = min(t_first + E2E_ROUND_S, rec.end_s - 0.5)
-        live = sim.pairs[sim.live_pairs(ts)].astype(np.int64)
-        bad = {p for s in sus for p in s.pairs}
-        codes = live[:, 0] * n + live[:, 1]
-        badc = np.array([a * n + b for a, b in bad], np.int64)
-        healthy = live[~np.isin(codes, badc)]
-        verdicts = loc.localize(
-            sus, SimSource(sim, t_s=ts), healthy_pairs=healthy, now_ns=sim.clock.wall_ns(ts)
-        )
-        rounds += 1
-        hit = [v for v in verdicts if v.certain and same_component(v.component, rec.component)]
-        comp_ok = bool(hit)
-        type_ok = any(_type_ok(rec.type, v.failure_type) for v in hit)
-        active = [f.component for f in sim.active_faults(ts)]
-        spurious += sum(not any(same_component(v.component, c) for c in active) for v in verdicts)
-        per_type.setdefault(rec.type.name, []).append((comp_ok, type_ok))
-        if not (comp_ok and type_ok):
-            misses.append(
-                {
-                    "type": rec.type.name,
-                    "truth": rec.component,
-                    "verdicts": [
-                        (v.layer, v.component, v.failure_type.name, v.certain) for v in verdicts
-                    ][:4],
-                }
-            )
-    paper = [
-        ok
-        for name, oks in per_type.items()
-        if FAULT_SPECS[FailureType[name]].in_paper
-        for ok in oks
-    ]
-
-    def acc(v: list, i: int) -> float | None:
-        return round(sum(x[i] for x in v) / len(v), 4) if v else None
-
-    return {
-        "round_s": E2E_ROUND_S,
-        "localized": len(paper),
-        "component_ok": sum(c for c, _ in paper),
-        "type_ok": sum(t for _, t in paper),
-        "accuracy": acc(paper, 0),
-        "type_accuracy": acc(paper, 1),
-        "spurious_verdicts_per_round": round(spurious / rounds, 3) if rounds else None,
-        "merged_types": _MERGED,
-        "per_type": {
-            k: {"n": len(v), "component": acc(v, 0), "type": acc(v, 1)}
-            for k, v in sorted(per_type.items())
-        },
-        "misses": misses[:12],
-    }
 
 
 def random_sampling(sim: Simulation, records, seed: int) -> dict[str, Any]:
@@ -345,7 +264,7 @@ def seed_run(fabric: Fabric, profile: Profile, seed: int, regime: Any) -> dict[s
         invisible_are_misses=True,
     )
     _, detected = match_events(run["records"], run["events"], window_ns, eps_of)
-    e2e = e2e_localization(sim, run, detected, gray)
+    e2e = e2e_localization(sim, run, detected, skip=gray)
     non_gray = [r for r in run["records"] if r.fault_id not in gray]
     new = [r for r in non_gray if r.fault_id in run["new_job"] and FAULT_SPECS[r.type].in_paper]
     return {
@@ -361,6 +280,8 @@ def seed_run(fabric: Fabric, profile: Profile, seed: int, regime: Any) -> dict[s
         "healthy_host_h": _healthy_host_h(sim, non_gray, run["virtual_s"]),
         "host_h": len(sim.index.host_names) * run["virtual_s"] / 3600.0,
         "noise": sim.noise_measured(),
+        # what the simulated agents' answers to localization had of noise
+        "answers": answers_measured(sim),
         "cpu_s": round(cpu, 1),
     }
 
@@ -511,28 +432,40 @@ def _merge_per_type(runs: list[dict]) -> dict[str, Any]:
 
 
 def _merge_e2e(runs: list[dict]) -> dict[str, Any]:
-    loc = sum(r["e2e"]["localized"] for r in runs)
-    c = sum(r["e2e"]["component_ok"] for r in runs)
-    t = sum(r["e2e"]["type_ok"] for r in runs)
+    """The seeds' end-to-end localization pooled (counts summed, intervals over the pool)."""
+    es = [r["e2e"] for r in runs]
+
+    def pool(blocks: list[dict]) -> dict[str, Any]:
+        n = sum(b["n"] for b in blocks)
+        kc = sum(round((b["accuracy"] or 0) * b["n"]) for b in blocks)
+        kt = sum(round((b["type_accuracy"] or 0) * b["n"]) for b in blocks)
+        return {
+            "n": n,
+            "accuracy": round(kc / n, 4) if n else None,
+            "accuracy_ci": list(wilson(kc, n)),
+            "type_accuracy": round(kt / n, 4) if n else None,
+            "type_accuracy_ci": list(wilson(kt, n)),
+        }
+
     per: dict[str, dict] = {}
-    for r in runs:
-        for k, v in r["e2e"]["per_type"].items():
-            o = per.setdefault(k, {"n": 0, "_c": 0.0, "_t": 0.0})
+    confusion: dict[str, dict[str, int]] = {}
+    for e in es:
+        for k, v in e["per_type"].items():
+            o = per.setdefault(k, {"n": 0, "_c": 0, "_t": 0})
             o["n"] += v["n"]
-            o["_c"] += (v["component"] or 0) * v["n"]
-            o["_t"] += (v["type"] or 0) * v["n"]
-    sp = [r["e2e"]["spurious_verdicts_per_round"] for r in runs]
+            o["_c"] += round(v["component"] * v["n"])
+            o["_t"] += round(v["type"] * v["n"])
+        for k, row in e["type_confusion"].items():
+            for got, c in row.items():
+                confusion.setdefault(k, {})[got] = confusion.get(k, {}).get(got, 0) + c
+    sp = [e["spurious_alerts_per_fault"] for e in es if e["spurious_alerts_per_fault"] is not None]
     return {
-        "round_s": E2E_ROUND_S,
-        "localized": loc,
-        "accuracy": round(c / loc, 4) if loc else None,
-        "accuracy_ci": list(wilson(c, loc)),
-        "type_accuracy": round(t / loc, 4) if loc else None,
-        "type_accuracy_ci": list(wilson(t, loc)),
-        "spurious_verdicts_per_round": round(float(np.mean([x for x in sp if x is not None])), 3)
-        if any(x is not None for x in sp)
-        else None,
-        "merged_types": _MERGED,
+        "window_s": es[0]["window_s"],
+        "reask_s": es[0]["reask_s"],
+        "answers": es[0]["answers"],
+        **pool(es),
+        "all_types": pool([e["all_types"] for e in es]),
+        "merged_types": es[0]["merged_types"],
         "per_type": {
             k: {
                 "n": v["n"],
@@ -541,7 +474,9 @@ def _merge_e2e(runs: list[dict]) -> dict[str, Any]:
             }
             for k, v in sorted(per.items())
         },
-        "misses": [m for r in runs for m in r["e2e"]["misses"]][:16],
+        "type_confusion": confusion,
+        "spurious_alerts_per_fault": round(float(np.mean(sp)), 3) if sp else None,
+        "misses": [m for e in es for m in e["misses"]][:16],
     }
 
 
@@ -586,9 +521,38 @@ def _merge_noise(runs: list[dict]) -> dict[str, Any]:
         "congestion_s": ms[0]["congestion_s"],
         "congestion_us": ms[0]["congestion_us"],
         "agent_restarts": sum(m["agent_restarts"] for m in ms),
-        "silent_switches": ms[0]["silent_switches"],
+        "answers": _merge_answers([r["answers"] for r in runs]),
         "per_seed": ms,
     }
+
+
+#: counts of :func:`skh.sim.answers.answers_measured` that add up over seeds
+_ANSWER_COUNTS = (
+    "traces",
+    "reports",
+    "reports_missing",
+    "flags",
+    "flags_missing",
+    "flags_stale",
+    "flags_stale_wrong",
+    "dumps",
+    "dump_races",
+    "idle_rules",
+)
+
+
+def _merge_answers(ans: list[dict]) -> dict[str, Any]:
+    """The answer noise produced over the seeds: counts summed, the flag dropout shares, the
+    first seed's traceroute shares (each seed's are in ``per_seed``)."""
+    out: dict[str, Any] = {"answers": ans[0].get("answers")}
+    out |= {k: sum(a.get(k, 0) for a in ans) for k in _ANSWER_COUNTS}
+    flags = max(out["flags"], 1)
+    out["flag_missing_share"] = round(out["flags_missing"] / flags, 4)
+    out["flag_stale_share"] = round(out["flags_stale"] / flags, 4)
+    out["report_missing_share"] = round(out["reports_missing"] / max(out["reports"], 1), 4)
+    out |= {k: v for k, v in ans[0].items() if k.startswith(("hop_", "silent"))}
+    out["per_seed"] = ans
+    return out
 
 
 def _regime_block(fabric: Fabric, profile: Profile, seeds: list[int], regime: Any) -> dict:

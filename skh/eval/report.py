@@ -42,6 +42,7 @@ def tables(r: dict[str, Any]) -> list[Table]:
     meta, t = r["meta"], r["table"]
     sc = meta["scale"]
     nm = r["noise_measured"]
+    na = nm["answers"]
     cap = (
         f"seeds {', '.join(map(str, meta['seeds']))} · regime {r['noise_regime']['name']} · "
         f"{sc['hosts']:,} hosts × {sc['rnics_per_host']} RNICs ({sc['rnics']:,} RNICs, "
@@ -159,12 +160,17 @@ def tables(r: dict[str, Any]) -> list[Table]:
                     f"{_num((nm['congestion_us'] or {}).get('p100'), 1)} us)",
                 ),
                 ("agent restarts", f"{nm['agent_restarts']:,}"),
-                ("switches silent to traceroute", f"{nm['silent_switches']:,}"),
+                (
+                    "answers to localization: switches silent to traceroute, hop answers "
+                    "(share), host reports missing, flags missing / stale",
+                    f"{na.get('silent_switches', 0):,}, {_num(na.get('hop_answer_share'), 3)}, "
+                    f"{na['reports_missing']:,} of {na['reports']:,}, "
+                    f"{na['flags_missing']:,} / {na['flags_stale']:,} of {na['flags']:,}",
+                ),
             ),
             f"{nm['hours']} h of simulated cluster time, {nm['probes']:,} probes. The regime's "
-            "knobs and where each magnitude comes from: skh/sim/noise.py. Host-report flag "
-            "dropouts and rate-limited traceroute hops are applied by the simulated agents' "
-            "answers to localization.",
+            "knobs and where each magnitude comes from: skh/sim/noise.py, and for the answers "
+            "to localization (traceroutes, host reports, flow tables) skh/sim/answers.py.",
         ),
     ]
     cal = r["calibration"]
@@ -307,16 +313,14 @@ def tables(r: dict[str, Any]) -> list[Table]:
                 )
                 for k, v in e2e["per_type"].items()
             ),
-            f"End to end: every suspect the detector raised within {e2e['round_s']:g} s of a "
-            "fault's first detection (or of its flapping re-raise), localized together through "
-            "the simulated agents' answers; component right = a certain verdict names it, type "
-            "right = that verdict's failure type is the fault's"
-            + (
-                f" (merged classes: {e2e['merged_types']})"
-                if e2e["merged_types"]
-                else " (no types merged: each leaves its own mark in what the system reads)"
-            )
-            + f". Spurious verdicts per round: {_num(e2e['spurious_verdicts_per_round'], 2)}. "
+            f"End to end: rounds every {e2e['reask_s']:g} s over the {e2e['window_s']:g} s after "
+            "a fault's first detection (or its flapping re-raise), each localizing every suspect "
+            "the detector raised so far (false ones and other faults' included) through the "
+            f"simulated agents' answers ({e2e['answers']} answer noise), with the open alerts as "
+            "known culprits; scored on the alerts open at the last round: component right = a "
+            "certain alert names it, type right = its type is in the fault's class (merged "
+            f"classes: {e2e['merged_types']}). Spurious alerts per fault: "
+            f"{_num(e2e['spurious_alerts_per_fault'], 2)}. "
             f"Suite: oracle suspects built from the fault's record ({loc['scored']} cases), a "
             "diagnostic only.",
         )
@@ -532,7 +536,7 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
             "a diagnostic only. Misses (type: truth -> verdicts): "
             + (
                 "; ".join(
-                    f"{m['type']}: {m['truth']} -> {m['verdicts']}" for m in e2e["misses"][:6]
+                    f"{m['type']}: {m['component']} -> {m['verdicts']}" for m in e2e["misses"][:6]
                 )
                 or "none"
             )

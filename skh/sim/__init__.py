@@ -67,8 +67,9 @@ Benign noise (:mod:`skh.sim.noise`)
     ``NoiseRegime`` (every knob, with ``sources`` saying where each magnitude comes from),
     ``REGIMES`` (``lab``, ``field``, ``field-heavy``), ``regime(name)``, ``TRAIN_SEEDS``;
     ``Simulation(..., noise="field")`` applies one (default ``lab``: none) and
-    ``sim.noise_measured()`` reports what it produced; ``sim.noise`` is the regime and
-    ``sim.noise_model.silent_switches`` the switches that never answer a traceroute.
+    ``sim.noise_measured()`` reports what it produced; ``sim.noise`` is the regime, and
+    ``sim.noise.answers`` the noise in what agents answer localization
+    (:class:`skh.sim.answers.AnswerNoise`; ``answers_measured(sim)`` counts what it produced).
 
 Agents' answers (:mod:`skh.sim.state`)
     ``TraceHop(ttl, node|None, rtt_ns, loss)``, ``FlowEntry``, ``OverlayWalk(hops, outcome

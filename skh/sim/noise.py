@@ -27,9 +27,10 @@ Sources of benign noise (all seeded; draws keyed by (seed, second) like the rest
 - **agent restarts** (a crash and supervisor restart, or a rolling upgrade): the container's
   agent is gone for a second or two — it sends nothing, answers nothing, misses heartbeats —
   and its prober numbers its probes from 0 again;
-- **localization answers** (read by the simulator's answers to localization commands, owned with
-  the localizer): traceroute hops that never answer ICMP or drop answers to rate limiting, and
-  host-report flags that are missing or lag the truth.
+- **localization answers**: :attr:`NoiseRegime.answers`, an
+  :class:`skh.sim.answers.AnswerNoise` (what the simulated agents answer localization:
+  traceroute hops that never answer or are rate limited, host reports and flags missing or
+  stale, flow-table dumps racing), with its own sources in :data:`skh.sim.answers.ANSWER_SOURCES`.
 
 Container churn (jobs arriving and ending) is the evaluation profile's ``arrivals_per_min``.
 """
@@ -44,6 +45,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from skh.errors import ConfigError
+from skh.sim.answers import FIELD_ANSWERS, QUIET, AnswerNoise
 from skh.sim.topology import EndpointTable, FabricIndex, mix_hash, rng_for
 
 __all__ = ["NoiseRegime", "REGIMES", "regime", "NoiseModel", "TRAIN_SEEDS"]
@@ -100,15 +102,8 @@ class NoiseRegime:
     agent_restarts_per_container_day: float = 0.0
     agent_restart_min_s: float = 0.3
     agent_restart_max_s: float = 2.0
-    # -- localization answers (the simulator's answers module reads these)
-    #: share of switches that never answer a traceroute (ICMP TTL-exceeded disabled)
-    trace_silent_switch_share: float = 0.0
-    #: probability that a hop's answer to one traceroute is dropped by ICMP rate limiting
-    trace_rate_limit_p: float = 0.0
-    #: probability that one host-report flag is missing from a report
-    report_flag_missing_p: float = 0.0
-    #: host-report flags describe the host as it was up to this long ago (stale)
-    report_flag_stale_s: float = 0.0
+    #: what the simulated agents answer localization (skh.sim.answers reads it)
+    answers: AnswerNoise = QUIET
     #: knob -> where its magnitude comes from
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -126,9 +121,6 @@ class NoiseRegime:
             "blip_p",
             "spike_p",
             "local_error_share",
-            "trace_silent_switch_share",
-            "trace_rate_limit_p",
-            "report_flag_missing_p",
         ):
             if getattr(self, nm) > 1.0:
                 raise ConfigError(f"The '{nm}' knob of NoiseRegime must be in [0, 1].")
@@ -179,9 +171,7 @@ class NoiseRegime:
             clock_steps_per_host_day=self.clock_steps_per_host_day * f,
             congestion_per_switch_h=self.congestion_per_switch_h * f,
             agent_restarts_per_container_day=self.agent_restarts_per_container_day * f,
-            trace_rate_limit_p=min(self.trace_rate_limit_p * f, 1.0),
-            report_flag_missing_p=min(self.report_flag_missing_p * f, 1.0),
-            report_flag_stale_s=self.report_flag_stale_s * f,
+            answers=self.answers.scaled(name, f),
         )
 
 
@@ -208,12 +198,7 @@ _FIELD_SOURCES = {
     "job bursts; 1 per switch-hour assumed",
     "agent_restarts_per_container_day": "the paper: 20+ online agent updates in 10 months "
     "(~0.07 restarts/agent-day); 0.5 per container-day adds crash-restarts; down 0.3-2 s",
-    "trace_silent_switch_share": "assumed: 2% of switches never answer TTL-exceeded "
-    "(control-plane policing drops ICMP on some platforms)",
-    "trace_rate_limit_p": "assumed: 5% of hop answers lost to ICMP rate limiting",
-    "report_flag_missing_p": "assumed: 5% of host-report flags missing (a collector that timed "
-    "out or a tool absent on the host)",
-    "report_flag_stale_s": "assumed: host-report flags up to 30 s old (collected on a period)",
+    "answers": "skh.sim.answers.ANSWER_SOURCES, knob by knob",
 }
 
 #: the named regimes (see the module doc)
@@ -268,10 +253,7 @@ FIELD = _register(
         agent_restarts_per_container_day=0.5,
         agent_restart_min_s=0.3,
         agent_restart_max_s=2.0,
-        trace_silent_switch_share=0.02,
-        trace_rate_limit_p=0.05,
-        report_flag_missing_p=0.05,
-        report_flag_stale_s=30.0,
+        answers=FIELD_ANSWERS,
         sources=_FIELD_SOURCES,
     )
 )
@@ -360,7 +342,6 @@ class NoiseModel:
         self.congestion: list[tuple[int, float, float, float]] = []
         self.restarts: list[tuple[int, float, float]] = []
         self._switch_rows: dict[int, np.ndarray] = {}
-        self._silent = self._silent_switches()
 
     # -- per-link loss -------------------------------------------------------------------------
     def link_loss(self, a: np.ndarray, b: np.ndarray, kind: int) -> np.ndarray:
@@ -502,20 +483,6 @@ class NoiseModel:
                 self.ledger.spikes += k
         return out
 
-    # -- localization answers -------------------------------------------------------------------
-    def _silent_switches(self) -> frozenset[str]:
-        share = self.regime.trace_silent_switch_share
-        if share <= 0:
-            return frozenset()
-        names = self.index.switch_names
-        u = mix_hash(np.arange(len(names)), np.uint64(self.seed), np.uint64(0x511E)) * _U64
-        return frozenset(n for n, x in zip(names, u.tolist(), strict=True) if x < share)
-
-    @property
-    def silent_switches(self) -> frozenset[str]:
-        """Switches that never answer a traceroute hop in this simulation."""
-        return self._silent
-
     # -- report ----------------------------------------------------------------------------------
     def measured(self) -> dict[str, Any]:
         """The noise this simulation really produced (rates and quantiles)."""
@@ -559,6 +526,5 @@ class NoiseModel:
             "agent_restarts": L.restarts,
             "agent_restart_s": q(L.restart_s),
             "agent_restart_lost_probes": L.restart_lost,
-            "silent_switches": len(self._silent),
             "hours": round(L.seconds / 3600.0, 3),
         }

@@ -92,8 +92,12 @@ def test_quick_profile_meets_the_gate(tmp_path):
     assert res["e2e_type_accuracy"] >= THRESHOLDS["e2e_type_accuracy"], why
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_one_seed_gives_one_table():
-    """Two runs with one seed agree on every deterministic figure (wall-clock ones live apart)."""
+    """Two runs with one seed agree on every deterministic figure (wall-clock ones live apart).
+    About 40 s of CPU each (end-to-end localization runs rounds through noisy answers), so
+    minutes of wall time on a loaded machine."""
     a = run_eval(profile("tiny"), 3, agent=False)
     b = run_eval(profile("tiny"), 3, agent=False)
     det_a, det_b = a["table"]["detection"], b["table"]["detection"]

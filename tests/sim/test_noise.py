@@ -8,6 +8,7 @@ import pytest
 from skh.errors import ConfigError
 from skh.model import Cluster, Fabric, JobShape
 from skh.records import ProbeStatus, is_loss
+from skh.sim.answers import ANSWER_SOURCES, FIELD_ANSWERS, QUIET
 from skh.sim.jobs import HostPool, make_job
 from skh.sim.noise import FIELD, LAB, REGIMES, NoiseRegime, regime
 from skh.sim.scenario import Simulation
@@ -39,12 +40,17 @@ def test_regimes_are_named_sourced_and_validated():
         "clock_steps_per_host_day",
         "congestion_per_switch_h",
         "agent_restarts_per_container_day",
-        "trace_rate_limit_p",
-        "report_flag_missing_p",
     ):
         assert getattr(FIELD, knob) > 0 and FIELD.sources.get(knob), knob
+    # what agents answer localization: its own noise, with its own sources, composed here
+    assert FIELD.answers is FIELD_ANSWERS and LAB.answers is QUIET and FIELD.sources["answers"]
+    for knob in ("trace_rate_limit_p", "report_flag_missing_p", "report_flag_stale_s"):
+        assert getattr(FIELD.answers, knob) > 0 and ANSWER_SOURCES.get(knob), knob
     heavy = REGIMES["field-heavy"]
     assert heavy.link_loss_median == pytest.approx(3 * FIELD.link_loss_median)
+    assert heavy.answers.report_flag_missing_p == pytest.approx(
+        3 * FIELD_ANSWERS.report_flag_missing_p
+    )
     assert heavy.congestion_max_ns == FIELD.congestion_max_ns  # stays benign by definition
     with pytest.raises(ConfigError):
         regime("nope")
