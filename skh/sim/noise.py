@@ -431,17 +431,23 @@ class NoiseModel:
 
     def start_congestion(self, t: float, bursting_rows: np.ndarray, nodes: np.ndarray) -> None:
         """Episodes starting this second on ToRs/spines that carry a bursting job's probed flow:
-        ``bursting_rows`` index ``nodes`` (route switch ids of every probed flow)."""
+        ``bursting_rows`` index ``nodes`` (route switch ids of every probed flow). The fabric's
+        episodes (``congestion_per_switch_h`` times its switches) go to those switches
+        uniformly, so each sees about its share: picking a bursting flow first and then a
+        switch on it would pile them on the spines, which most flows cross (a spine had four
+        episodes in 50 s, chaining into a 24 s one)."""
         r = self.regime
         if r.congestion_per_switch_h <= 0 or bursting_rows.size == 0:
             return
         g = rng_for(self.seed, 0xC0B6, int(t))
         n_sw = len(self.index.switch_names)
         k = int(g.poisson(r.congestion_per_switch_h / 3600.0 * n_sw))
+        if k == 0:
+            return
+        on = nodes[bursting_rows]
+        cand = np.unique(on[on >= 0])
         busy = {c[0] for c in self.congestion if c[2] > t}
         for _ in range(k):
-            row = nodes[bursting_rows[int(g.integers(bursting_rows.size))]]
-            cand = row[row >= 0]
             sw = int(cand[int(g.integers(cand.size))])
             d = float(g.uniform(r.congestion_min_s, r.congestion_max_s))
             x = float(g.uniform(r.congestion_min_ns, r.congestion_max_ns))
