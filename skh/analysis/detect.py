@@ -52,7 +52,9 @@ Streaming rules:
   reported as ``agent`` instead.
 
 A new pair is judged by LOF once it has ``min_lookback_windows`` complete windows (3 min);
-the fast path and endpoint health cover it from its first probe.
+until then its latency is held against the fleet (the established pairs' look-backs: only a
+shift beyond what any of them reaches shows), and the fast path and endpoint health cover it
+from its first probe.
 
 Events are incidents: a pair raises a kind once, then stays active while the condition keeps
 being seen and clears after ``clear_after_s`` without it (``latency-long`` after a block).
@@ -134,6 +136,10 @@ class DetectorConfig:
     hop_s: float = 5.0
     lookback_windows: int = 10
     min_lookback_windows: int = 6
+    #: a pair younger than that is held against the established pairs (at least this many):
+    #: its p75 must clear this quantile of their look-backs' highest p75, plus the effect floor
+    young_fleet_min_pairs: int = 50
+    young_fleet_quantile: float = 0.999
     lof_k: int = 5
     lof_threshold: float = 5.0
     min_shift_us: float = 2.0
@@ -190,6 +196,11 @@ class DetectorConfig:
                 "DetectorConfig needs lof_k >= 1 and samples_per_pair >= min_window_samples >= 1. "
                 f"Got lof_k={self.lof_k!r}, samples_per_pair={self.samples_per_pair!r}, "
                 f"min_window_samples={self.min_window_samples!r} instead."
+            )
+        if self.young_fleet_min_pairs < 1 or not 0 < self.young_fleet_quantile <= 1:
+            raise ConfigError(
+                "DetectorConfig needs young_fleet_min_pairs >= 1 and 0 < young_fleet_quantile "
+                f"<= 1. Got {self.young_fleet_min_pairs!r} and {self.young_fleet_quantile!r}."
             )
         if self.latency_paths < 1:
             raise ConfigError(
@@ -731,13 +742,10 @@ class Detector:
         hop = p["ring_hop"]
         qvalid = (hop >= hop_e - self._hops_per_win) & (hop < hop_e)
         qn = qvalid.sum(axis=1)
-        elig = (
-            (n_lb >= cfg.min_lookback_windows)
-            & (qn >= cfg.min_window_samples)
-            & self._complete(p, e)
-            & ~p["dead"]
-        )
+        ready = (qn >= cfg.min_window_samples) & self._complete(p, e) & ~p["dead"]
+        elig = ready & (n_lb >= cfg.min_lookback_windows)
         rows = np.flatnonzero(elig)
+        young = np.flatnonzero(ready & (n_lb < cfg.min_lookback_windows))
         if rows.size == 0:
             return
         query, _ = window_features(p["ring_rtt"][rows], qvalid[rows])
@@ -770,6 +778,8 @@ class Detector:
         self.stats.windows_scored += rows.size
         excess = query[:, _P75] - max_p75
         floor = np.maximum(cfg.min_shift_us, cfg.min_shift_rel * med_p50)
+        if young.size:
+            self._score_young(young, qvalid[young], max_p75, floor, e, cand)
         hit = (lof >= cfg.lof_threshold) & (excess >= floor)
         if hit.any():
             hi = np.flatnonzero(hit)
@@ -799,6 +809,46 @@ class Detector:
         ]
         cand["latency-short"].append((hp, lof[hit], first_ns, notes))
 
+    def _score_young(
+        self,
+        rows: np.ndarray,
+        qvalid: np.ndarray,
+        lb_p75: np.ndarray,
+        lb_floor: np.ndarray,
+        e: int,
+        cand: dict,
+    ) -> None:
+        """Pairs too young for a look-back of their own (a job that just started) are held
+        against the fleet: their window's p75 must clear what the established pairs' own
+        look-backs reach (the ``young_fleet_quantile`` of their highest p75, plus the largest
+        effect floor among them), held as long as any shift must be. Only large shifts show
+        this way, and the pair's own look-back takes over after ``min_lookback_windows``."""
+        cfg = self.config
+        if lb_p75.size < cfg.young_fleet_min_pairs:
+            return
+        p = self.pairs
+        thr = float(np.quantile(lb_p75, cfg.young_fleet_quantile) + lb_floor.max())
+        query, _ = window_features(p["ring_rtt"][rows], qvalid)
+        up = query[:, _P75] > thr
+        if not up.any():
+            return
+        rows, qvalid, q75 = rows[up], qvalid[up], query[up, _P75]
+        thr_v = np.full(rows.size, thr)
+        ok = self._sustained(rows, qvalid, thr_v, cfg.min_sustained_s)
+        if not ok.any():
+            return
+        rows, qvalid, q75 = rows[ok], qvalid[ok], q75[ok]
+        hop = p["ring_hop"][rows]
+        above = qvalid & (p["ring_rtt"][rows] > thr)
+        first_hop = np.where(above, hop, np.iinfo(np.int32).max).min(axis=1)
+        first_ns = first_hop.astype(np.int64) * self._hop_ns
+        notes = [
+            f"young pair (no look-back yet): p75 {q:.1f} us above the fleet's "
+            f"{cfg.young_fleet_quantile:.1%} look-back max {thr:.1f} us"
+            for q in q75
+        ]
+        cand["latency-short"].append((rows, q75 / thr, first_ns, notes))
+
     def _sustained(
         self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray, span_s: float
     ) -> np.ndarray:
@@ -823,12 +873,20 @@ class Detector:
         ok = (up & in_span).sum(axis=1) >= need
         if cfg.latency_paths > 1 and not ok.all():
             path = np.take_along_axis(p["ring_path"][rows], order, axis=1)
-            # per flow: samples come every latency_paths samples, so one more of them spans it
+            # per flow: samples visit the flows in turn, so one more than a turn's share spans
+            # it when the turns are even; they need not be (a pair's flow labels and the
+            # sampling period can beat), so the run must also span it in sample positions
+            # (one sample per latency_sample_s): a flow sampled every other time shows a 10 s
+            # congestion episode in six samples
             need_p = int(np.ceil(span_s / cfg.latency_sample_s / cfg.latency_paths))
+            pos = np.arange(M)[None, :]
             for j in range(cfg.latency_paths):
                 vj = v & (path == j)
                 mj = np.cumsum((vj & ~up)[:, ::-1], axis=1)[:, ::-1]
-                ok |= (up & vj & (mj == 0)).sum(axis=1) >= need_p + 1
+                run = up & vj & (mj == 0)
+                first = np.where(run, pos, M).min(axis=1)
+                last = np.where(vj, pos, -1).max(axis=1)
+                ok |= (run.sum(axis=1) >= need_p + 1) & (last - first + 1 >= need)
         return ok
 
     def _test_block(self, block: int, cand: dict) -> None:
