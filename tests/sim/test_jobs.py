@@ -60,7 +60,7 @@ def test_four_rnic_containers_share_one_half():
         assert not mine & used
         used |= mine
     assert len(used) == 16  # 8 hosts × 2 halves, all handed out once
-    assert len(cluster.endpoints) == 64 and j.needs_safe_list
+    assert len(cluster.endpoints) == 64 and not j.needs_safe_list
     with pytest.raises(TopologyError):
         make_job(cluster, "full", JobShape(tp=4, pp=1, dp=1), pool=pool)
 
@@ -101,8 +101,10 @@ def test_generate_jobs_fits_and_is_deterministic():
     hosts = [(c.host, c.rails) for c in (e for j in j1 for e in j.job.containers)]
     assert len(hosts) == len(set(hosts))  # no GPU half given twice
     kinds = {j.kind for j in j1}
-    assert kinds == {"train", "ep", "debug"}
-    assert any(j.shape.tp == 4 for j in j1)
+    assert kinds == {"train", "ep", "debug", "fsdp"}
+    assert any(j.plan.rnics == 4 for j in j1)
+    assert any(j.shape.tp < j.plan.rnics and j.kind != "fsdp" for j in j1)
+    assert any(j.plan.vpp > 1 for j in j1)
     assert len(c1.endpoints) == len(c2.endpoints)
 
 
