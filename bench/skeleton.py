@@ -111,6 +111,7 @@ def mix(quick: bool) -> list[Spec]:
             True,
         ),  # fmt: skip
         Spec("data parallel", "train", (8, 1, 16, 1), "checkpoint", period_s=10.0),
+        Spec("pipeline only", "train", (8, 4, 1, 1), "jitter20", period_s=16.0),
     ]
     if not quick:
         out += [

@@ -37,6 +37,13 @@ from skh.analysis.skeleton.model import (
 __all__ = ["Boundary", "PairStats", "fingerprints", "pair_boundaries"]
 
 
+def _sync_cap(means: np.ndarray) -> np.ndarray:
+    """Per group, the rate above which a sample is the group's own collective burst: three times
+    its median rate, or a tenth of its peak (99th percentile) when it idles between bursts."""
+    q = np.quantile(means, [0.5, 0.99], axis=1)
+    return np.maximum(3.0 * q[0], 0.1 * q[1])
+
+
 def fingerprints(
     x: np.ndarray, group: np.ndarray, hz: float, params: SkeletonParams
 ) -> tuple[np.ndarray, int]:
@@ -61,8 +68,7 @@ def fingerprints(
     gid = np.empty(n, np.int64)
     gid[order] = np.repeat(np.arange(starts.size), sizes)
     raw_means = np.add.reduceat(x[order], starts, axis=0) / sizes[:, None]
-    cap = 3.0 * np.median(raw_means, axis=1)
-    z = standardize(np.minimum(x, cap[gid][:, None]))
+    z = standardize(np.minimum(x, _sync_cap(raw_means)[gid][:, None]))
     means = np.add.reduceat(z[order], starts, axis=0) / sizes[:, None]
     resid = (z - means[gid])[:, : nw * w].reshape(n, nw, w)
     deriv = np.gradient(means, axis=1)[:, : nw * w].reshape(-1, nw, w)
@@ -87,7 +93,9 @@ def shared_sends(
     gid[order] = np.repeat(np.arange(starts.size), sizes)
     width = max(3, int(round(0.3 * hz)) | 1)
     out = []
+    cap = _sync_cap(np.add.reduceat((tx + rx)[order], starts, axis=0) / sizes[:, None])[gid]
     for v in (tx, rx):
+        v = np.minimum(v, cap[:, None])  # the lockstep bursts carry no partner
         means = np.add.reduceat(v[order], starts, axis=0) / sizes[:, None]
         r = v - means[gid]
         out.append(standardize(r - uniform_filter1d(r, width, axis=1)))
@@ -157,8 +165,9 @@ def pair_boundaries(
     Per row: the partner the assignment names when it beats the null by ``pair_z`` and the
     runner-up by ``pair_margin_z``; with a hint, the hint's partner when it beats the null by
     ``confirm_z`` and every other candidate of its row and column by the same margin, or when
-    the hint's rows of the boundary together beat the null by ``confirm_z`` and this row agrees
-    (at least one sigma, no candidate a sigma ahead, no strong rival within the margin); else,
+    the evidence's assignment picks the hint's partner, the rows where it does together beat
+    the null by ``confirm_z`` and this row agrees (at least one sigma, no candidate a sigma
+    ahead, no strong rival within the margin); else,
     when a few candidates tie for the best (replicas that move together: the CP ranks of a
     replica, the replicas of an MoE expert-parallel group) and beat every other by the margin,
     all of them; else the whole adjacent group.
@@ -200,11 +209,13 @@ def pair_boundaries(
             # a row confirms the hint alone, or the hint's rows together do (their evidence adds
             # up over the boundary) and this row agrees: positive, no candidate clearly ahead,
             # and no strong rival alongside (a tie of replicas that move together, which the
-            # hint would break at random)
-            joint = float(hint_z.sum() / np.sqrt(g))
+            # hint would break at random)...
+            # ... together over the rows where the hint is what the evidence's assignment picks
+            agree = col == pos
+            joint = float(hint_z[agree].sum() / np.sqrt(agree.sum())) if agree.any() else 0.0
             tied = (rival >= params.pair_z) & (lead < params.pair_margin_z)
             ok_hint = ((hint_z >= params.confirm_z) & (lead >= params.pair_margin_z)) | (
-                (joint >= params.confirm_z) & (hint_z >= 1.0) & (lead >= -1.0) & ~tied
+                agree & (joint >= params.confirm_z) & (hint_z >= 1.0) & (lead >= -1.0) & ~tied
             )
             contra = ok_find & (col != pos)
             top = z.max(axis=1)

@@ -79,9 +79,14 @@ def _same_timing(
     one stage (a context-parallel pair, an expert-parallel group, RNICs alike in what they write
     to storage) resemble each other more than their stage, but share its gradient syncs to the
     sample, where two stages are a backward (or forward) pass apart."""
-    means = np.stack([feat[label == c].mean(axis=0) for c in range(k)])
-    on = [_onsets(m) for m in means]
-    jitter = np.median([_onset_gap(_onsets(feat[i]), on[label[i]]) for i in range(label.size)])
+    sums = np.zeros((k, feat.shape[1]))
+    np.add.at(sums, label, feat)
+    size = np.bincount(label, minlength=k)
+    on = [_onsets(m) for m in sums / size[:, None]]
+    # how far a member's bursts start from its group's others (a group of two stages, as pairs
+    # of stages of a one-replica pipeline would make, is as far apart as the stages)
+    loo = (sums[label] - feat) / np.maximum(size[label] - 1, 1)[:, None]
+    jitter = np.median([_onset_gap(_onsets(feat[i]), _onsets(loo[i])) for i in range(label.size)])
     need = max(floor, params.gap_ratio * float(jitter))
     return any(_onset_gap(on[c], on[near[c]]) < need for c in range(k))
 
