@@ -10,6 +10,7 @@ APT_PKGS=(
   libibverbs-dev ibverbs-providers rdma-core ibverbs-utils linuxptp
   qemu-system-x86 busybox-static cpio kmod xz-utils
   openvswitch-switch chromium
+  python3-torch
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
