@@ -51,6 +51,7 @@ from skh.sim.traffic import TrafficModel  # noqa: E402
 
 SAMPLE_HZ = 10.0
 WINDOW_S = 240
+WINDOWS = 2  # consecutive windows; the second's inference carries the first's evidence
 HINTS = ("pod_order", "registration_order", "none", "shuffled")
 
 #: traffic regimes of the mix (keywords of TrafficModel)
@@ -168,14 +169,29 @@ def _hint(job: SimJob, regime: str, rng: np.random.Generator) -> np.ndarray | No
 
 
 def _window(
-    jobs: list[SimJob], seed: int, hz: float, regime: str
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per job: (bytes through each endpoint, bytes sent) per sample."""
+    jobs: list[SimJob], seed: int, hz: float, regime: str, windows: int = WINDOWS
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Per job, per consecutive window: (bytes through each endpoint, bytes sent) per sample."""
     model = TrafficModel(jobs, seed=seed, sample_hz=hz, **REGIMES[regime])
     t0 = float(np.ceil(model.train_start.max())) + 1.0
-    tx, rx = model.window(t0, int(WINDOW_S * hz))
     cuts = np.cumsum([j.n_endpoints for j in jobs])[:-1]
-    return list(zip(np.split(tx + rx, cuts), np.split(tx, cuts), strict=True))
+    out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in jobs]
+    for w in range(windows):
+        tx, rx = model.window(t0 + w * WINDOW_S, int(WINDOW_S * hz))
+        for i, (a, b) in enumerate(zip(np.split(tx + rx, cuts), np.split(tx, cuts), strict=True)):
+            out[i].append((a, b))
+    return out
+
+
+def _infer(job: SimJob, windows, hz: float, hint):
+    """Inference over consecutive windows, each window's evidence carried into the next."""
+    sk = None
+    for x, tx in windows:
+        sk = infer_skeleton(
+            job.ep_ids, job.host, job.rail, x, tx_bytes=tx, sample_hz=hz, container=hint,
+            job=job.name, prior=sk,
+        )  # fmt: skip
+    return sk
 
 
 def _q(v: list[float]) -> dict[str, float]:
@@ -191,7 +207,7 @@ def accuracy(quick: bool, seed: int) -> dict:
     placed = _place(mix(quick), seed)
     rng = np.random.default_rng(seed)
     # traffic: jobs sharing hosts in one model (their RNICs are apart), the others alone
-    series: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+    series: dict[tuple[int, float], list[tuple[np.ndarray, np.ndarray]]] = {}
     for hz in (SAMPLE_HZ, 1.0):
         groups: dict[tuple, list[int]] = {}
         for i, (sp, _) in enumerate(placed):
@@ -210,11 +226,7 @@ def accuracy(quick: bool, seed: int) -> dict:
         for h in HINTS:
             hint = _hint(job, h, rng)
             for hz, store in ((SAMPLE_HZ, ratios), (1.0, ratios_1hz)):
-                x, tx = series[(i, hz)]
-                sk = infer_skeleton(
-                    job.ep_ids, job.host, job.rail, x, tx_bytes=tx, sample_hz=hz,
-                    container=hint, job=job.name,
-                )  # fmt: skip
+                sk = _infer(job, series[(i, hz)], hz, hint)  # fmt: skip
                 cov = pairs_coverage(truth, sk.pairs)
                 ratio = sk.pairs.shape[0] / max(truth.shape[0], 1)
                 store[h].append(ratio)
@@ -259,16 +271,8 @@ def accuracy(quick: bool, seed: int) -> dict:
 def paper_job(seed: int) -> dict:
     cluster = Cluster(Fabric.from_params(hosts=64))
     job = make_job(cluster, "paper", JobShape(8, 8, 8), iteration_s=15.0, seed=seed * 1000 + 999)
-    ((x, tx),) = _window([job], seed, SAMPLE_HZ, "default")
-    sk = infer_skeleton(
-        job.ep_ids,
-        job.host,
-        job.rail,
-        x,
-        tx_bytes=tx,
-        sample_hz=SAMPLE_HZ,
-        container=job.container,
-    )
+    (windows,) = _window([job], seed, SAMPLE_HZ, "default")
+    sk = _infer(job, windows, SAMPLE_HZ, job.container)
     sr = same_rail_pairs(job.ep_ids, job.rail, job.host).shape[0]
     return {
         "list_ratio_vs_same_rail": round(sk.pairs.shape[0] / sr, 4),
@@ -287,7 +291,7 @@ def timing(n_rnics: int, seed: int) -> dict:
     modes: dict[str, int] = {}
     used = covered = 0
     for job in jobs:
-        ((x, tx),) = _window([job], seed, SAMPLE_HZ, "default")
+        ((x, tx),) = _window([job], seed, SAMPLE_HZ, "default", windows=1)[0]
         t, c = time.perf_counter(), time.process_time()
         sk = infer_skeleton(
             job.ep_ids,

@@ -94,6 +94,7 @@ def infer_skeleton(
     container: np.ndarray | None = None,
     job: str = "",
     params: SkeletonParams | None = None,
+    prior: Skeleton | None = None,
 ) -> Skeleton:
     """Infer one job's traffic skeleton from its endpoints' byte counters.
 
@@ -105,7 +106,10 @@ def infer_skeleton(
     each endpoint's container rank in the job (the pod ordinal a training operator gives,
     ``worker-<i>``, or the ``RANK`` order where the platform exposes it). It is only a prior:
     stage blocks and partners it implies are used where the traffic confirms them, and a hint
-    the traffic contradicts is dropped and reported (``Skeleton.hint``).
+    the traffic contradicts is dropped and reported (``Skeleton.hint``). ``prior`` is the job's
+    skeleton of the preceding window: while the job keeps its shape (:func:`traffic_changed`),
+    its partner evidence adds up with this window's, so partners too weak to tell in one window
+    are told in a few.
     """
     params = params or SkeletonParams()
     hz = sample_hz
@@ -123,6 +127,8 @@ def infer_skeleton(
     group = np.full(n, -1, np.int32)
     stage = np.full(n, -1, np.int32)
 
+    evidence: dict = {}
+
     def result(mode, reason, conf, pairs, period_s, scores, hint_state="none") -> Skeleton:
         return Skeleton(
             job,
@@ -137,6 +143,7 @@ def infer_skeleton(
             period_s,
             dict(scores or {}),
             hint_state,
+            evidence,
         )
 
     def fallback(mode, reason, conf, period_s=0.0, scores=None, hint_state="none") -> Skeleton:
@@ -215,8 +222,17 @@ def infer_skeleton(
     if boundaries:
         fp, nw = fingerprints(x, group, hz, params)
         sends = shared_sends(tx, x - tx, group, hz) if tx is not None else None
-        pp_chunks, ps = pair_boundaries(
-            boundaries, fp, nw, sends, host, ep_id, hint is not None, params
+        pp_chunks, ps, evidence = pair_boundaries(
+            boundaries,
+            fp,
+            nw,
+            sends,
+            host,
+            ep_id,
+            hint is not None,
+            hz,
+            params,
+            prior.evidence if prior is not None else None,
         )
     pairs = unique_pairs(dp_chunks + pp_chunks)
 

@@ -42,8 +42,8 @@ class SkeletonParams:
     gap_ratio: float = 3.0  # boundary gap ≥ gap_ratio × the groups' robust lag spread
     min_gap_s: float = 0.005  # and at least this (lags are sub-sample precise over many bursts)
     fingerprint_s: float = 2.0  # window of one timing-offset estimate (≥ 5 samples)
-    pair_z: float = 4.0  # a partner found from traffic must beat the null by this many sigmas
-    pair_margin_z: float = 2.0  # and the runner-up by this many
+    pair_z: float = 5.0  # a partner found from traffic must beat the null by this many sigmas
+    pair_margin_z: float = 2.5  # and the runner-up by this many
     confirm_z: float = 3.0  # a rank hint's partner must beat the null by this many sigmas
     min_confidence: float = 0.5
 
@@ -107,6 +107,8 @@ class Skeleton:
     # the validation scores behind confidence
     scores: dict[str, float] = field(default_factory=dict)
     hint: str = "none"
+    # partner evidence per stage boundary, for the next window (``infer_skeleton(prior=...)``)
+    evidence: dict = field(default_factory=dict, repr=False)
 
     @property
     def confident(self) -> bool:

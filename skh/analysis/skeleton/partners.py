@@ -21,6 +21,7 @@ RNIC of the adjacent group (the list grows, never silently shrinks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.ndimage import uniform_filter1d
@@ -34,7 +35,7 @@ from skh.analysis.skeleton.model import (
     standardize,
 )
 
-__all__ = ["Boundary", "PairStats", "fingerprints", "pair_boundaries"]
+__all__ = ["Boundary", "Evidence", "PairStats", "fingerprints", "pair_boundaries", "shared_sends"]
 
 
 def _sync_cap(means: np.ndarray) -> np.ndarray:
@@ -122,29 +123,51 @@ class PairStats:
     null_z: list[float] = field(default_factory=list)
 
 
-def _zscores(c: np.ndarray, floor: float) -> np.ndarray:
-    """Evidence matrix in units of its null spread: most entries are not partners, so their
-    median and robust spread are the null (with a floor for tiny matrices)."""
+_NULL_SHIFTS = 8
+
+
+def _zscores(c: np.ndarray, pair: Any, t_len: int, min_shift: int, floor: float) -> np.ndarray:
+    """Evidence matrix ``c`` in units of its null: the same statistic between the series with one
+    side circularly shifted by ``min_shift`` or more samples (``pair(shift)``), where no send can
+    be shared and no timing agree, over every pair and a few shifts. It keeps the series' own
+    autocorrelation, and stays right however many entries carry signal (a whole expert-parallel
+    group may). Too short a series falls back to the matrix's median and robust spread, floored
+    at ``floor``."""
+    if t_len >= 4 * min_shift:
+        shifts = np.linspace(min_shift, t_len - min_shift, _NULL_SHIFTS).astype(np.int64)
+        null = np.stack([pair(int(k)) for k in shifts])
+        return (c - null.mean()) / max(floor, float(null.std()))
     if c.size > 4:
         return (c - np.median(c)) / max(floor, float(robust_sd(c.ravel())))
     return c / floor
 
 
-def _evidence(a_rows, b_rows, fp, nw, sends) -> np.ndarray:
+def _evidence(a_rows, b_rows, fp, nw, sends, hz: float) -> np.ndarray:
     """Partner evidence (z units) between the rows of two stage blocks pooled over rails: the
     timing fingerprints' correlation, and with TX/RX apart the shared sends', summed."""
     g = a_rows[0].size
     zs = []
     if nw:
         # a replica's TP ranks move together: its rails' offsets are one signal plus noise
-        da = sum(fp[a] for a in a_rows)
-        db = sum(fp[b] for b in b_rows)
-        zs.append(_zscores(standardize(da) @ standardize(db).T / nw, 1.0 / np.sqrt(nw)))
+        da = standardize(sum(fp[a] for a in a_rows))
+        db = standardize(sum(fp[b] for b in b_rows))
+
+        def fp_corr(k: int) -> np.ndarray:
+            return da @ np.roll(db, k, axis=1).T / nw
+
+        zs.append(_zscores(fp_corr(0), fp_corr, nw, 10, 1.0 / np.sqrt(nw)))
     if sends is not None:
         tx, rx = sends
         t = tx.shape[1]
-        c = sum(tx[a] @ rx[b].T + (tx[b] @ rx[a].T).T for a, b in zip(a_rows, b_rows, strict=True))
-        zs.append(_zscores(c / (t * len(a_rows)), 1.0 / np.sqrt(t)))
+
+        def sends_corr(k: int) -> np.ndarray:
+            c = sum(
+                tx[a] @ np.roll(rx[b], k, axis=1).T + (np.roll(tx[b], k, axis=1) @ rx[a].T).T
+                for a, b in zip(a_rows, b_rows, strict=True)
+            )
+            return c / (t * len(a_rows))
+
+        zs.append(_zscores(sends_corr(0), sends_corr, t, int(5 * hz) + 1, 1.0 / np.sqrt(t)))
     if not zs:
         return np.zeros((g, g))
     return sum(zs) / np.sqrt(len(zs))
@@ -158,8 +181,10 @@ def pair_boundaries(
     host: np.ndarray,
     ep_id: np.ndarray,
     hinted: bool,
+    hz: float,
     params: SkeletonParams,
-) -> tuple[list[np.ndarray], PairStats]:
+    prior: Evidence | None = None,
+) -> tuple[list[np.ndarray], PairStats, Evidence]:
     """Pairs across each stage boundary, and what decided them.
 
     Per row: the partner the assignment names when it beats the null by ``pair_z`` and the
@@ -171,14 +196,22 @@ def pair_boundaries(
     when a few candidates tie for the best (replicas that move together: the CP ranks of a
     replica, the replicas of an MoE expert-parallel group) and beat every other by the margin,
     all of them; else the whole adjacent group.
+
+    ``prior`` is the evidence of earlier windows of the same job (per boundary, keyed by its two
+    host sets): it adds up with this window's (Stouffer, weighted by seconds, at most
+    ``MAX_EVIDENCE_S``), and the sum is returned for the next window.
     """
+    seconds = nw * params.fingerprint_s if nw else 0.0
+    if sends is not None:
+        seconds = sends[0].shape[1] / hz
+    evidence: Evidence = {}
     pooled: dict[tuple[bytes, bytes], list[Boundary]] = {}
     for bd in boundaries:
         key = (np.sort(host[bd.a]).tobytes(), np.sort(host[bd.b]).tobytes())
         pooled.setdefault(key, []).append(bd)
     out: list[np.ndarray] = []
     st = PairStats()
-    for members in pooled.values():
+    for key, members in pooled.items():
         # align every rail's rows on the first rail's hosts, so rails pool row by row
         ref = members[0]
         aligned = [
@@ -193,7 +226,8 @@ def pair_boundaries(
             col = np.zeros(1, np.int64)
             contra = np.zeros(1, bool)
         else:
-            z = _evidence([a for a, _ in aligned], [b for _, b in aligned], fp, nw, sends)
+            z = _evidence([a for a, _ in aligned], [b for _, b in aligned], fp, nw, sends, hz)
+            z = _accumulate(key, z, host[ref.a], host[ref.b], seconds, prior, evidence)
             row, col = linear_sum_assignment(-z)
             best = z[row, col]
             masked = z.copy()
@@ -258,7 +292,37 @@ def pair_boundaries(
                 taken[sets[i]] = True
             if not taken.all():
                 out.append(bipartite(ep_id[b[~taken]], ep_id[a]))
-    return out, st
+    return out, st, evidence
+
+
+#: evidence older than this much traffic no longer counts (a job's timing may drift)
+MAX_EVIDENCE_S = 1800.0
+
+#: per stage boundary (its two host sets): the z matrix in host order, and its seconds
+Evidence = dict[tuple[bytes, bytes], tuple[np.ndarray, float]]
+
+
+def _accumulate(key, z, hosts_a, hosts_b, seconds, prior: Evidence | None, out: Evidence):
+    """This window's z matrix combined with the prior's of the same boundary; recorded in
+    ``out`` (host order) and returned in the rows' order."""
+    ia, ib = np.argsort(hosts_a, kind="stable"), np.argsort(hosts_b, kind="stable")
+    zs = z[np.ix_(ia, ib)]
+    w = seconds
+    prev = None
+    if prior is not None:
+        if key in prior:
+            prev = prior[key]
+        elif key[::-1] in prior:  # the stages came out in the other order
+            prev = (prior[key[::-1]][0].T, prior[key[::-1]][1])
+    if prev is not None and prev[0].shape == zs.shape:
+        zp, wp = prev
+        wp = min(wp, max(MAX_EVIDENCE_S - w, 0.0))
+        if wp > 0:
+            zs = (zs * np.sqrt(w) + zp * np.sqrt(wp)) / np.sqrt(w + wp)
+            w += wp
+    out[key] = (zs, w)
+    back_a, back_b = np.argsort(ia), np.argsort(ib)
+    return zs[np.ix_(back_a, back_b)]
 
 
 def _align(ref_hosts: np.ndarray, hosts: np.ndarray) -> np.ndarray:
