@@ -235,6 +235,11 @@ def pair_boundaries(
             runner = np.maximum(masked.max(axis=1), masked[:, col].max(axis=0))
             st.null_z.append(float(np.median(best)))
             ok_find = (best >= params.pair_z) & (best - runner >= params.pair_margin_z)
+            if g == 2:
+                # two replicas' residuals are each other's negative: whatever is left of them
+                # (replicas that move together leave no sends in it) reads as one partner or
+                # the other with equal confidence, so traffic alone does not pair them
+                ok_find[:] = False
             hint_z = z[pos, pos]
             others = z.copy()
             others[pos, pos] = -np.inf
@@ -253,10 +258,11 @@ def pair_boundaries(
             )
             contra = ok_find & (col != pos)
             top = z.max(axis=1)
-            for i in np.flatnonzero(~ok_find & (top >= params.pair_z)):
+            for i in np.flatnonzero(~ok_find & (top >= params.pair_z)) if g > 2 else ():
+                # a tie of at least two (one alone would be a partner the margin refused)
                 tie = np.flatnonzero(z[i] >= top[i] - params.pair_margin_z)
                 rest = np.delete(z[i], tie)
-                if tie.size <= g // 2 and (
+                if 2 <= tie.size <= g // 2 and (
                     rest.size == 0 or z[i, tie].min() - rest.max() >= params.pair_margin_z
                 ):
                     sets[i] = tie
