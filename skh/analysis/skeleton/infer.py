@@ -231,6 +231,7 @@ def infer_skeleton(
             ep_id,
             hint is not None,
             hz,
+            period_s,
             params,
             prior.evidence if prior is not None else None,
         )
@@ -244,7 +245,7 @@ def infer_skeleton(
         typical=float(np.mean(atypical(x1, hz1, params) < 0.5)),
         pp_paired=(ps.links - ps.whole - ps.sets) / ps.links if ps.links else 1.0,
         # each RNIC against its group, the baseline traffic_changed compares with
-        member_coherence=_member_coherence(zb, group),
+        member_coherence=_member_coherence(bursts(x1, hz1), group),
     )
     conf, limit = confidence(scores, k_mode > 0, params)
     hint_state = _hint_state(hint, split.blocks, ps)
@@ -387,7 +388,7 @@ def traffic_changed(
             True,
             f"period {prev.period_s:.1f} s -> {period_s:.1f} s (periodicity {periodicity:.2f})",
         )
-    worst = _member_coherence(bursts(x, sample_hz), prev.group)
+    worst = _member_coherence(bursts(x1, hz1), prev.group)
     baseline = prev.scores.get("member_coherence", 1.0)
     if worst < min(params.min_coherence, baseline) or worst < baseline - 0.25:
         return True, (
@@ -399,7 +400,7 @@ def traffic_changed(
 
 def _member_coherence(zb: np.ndarray, group: np.ndarray) -> float:
     """5th percentile over RNICs in groups of two or more of their correlation with their
-    group's other members (burst series); 1 when there is no such group."""
+    group's other members (burst series, per second); 1 when there is no such group."""
     keep = group >= 0
     if not keep.any():
         return 1.0

@@ -126,7 +126,23 @@ class PairStats:
 _NULL_SHIFTS = 8
 
 
-def _zscores(c: np.ndarray, pair: Any, t_len: int, min_shift: int, floor: float) -> np.ndarray:
+def _shifts(t_len: int, min_shift: int, period: float) -> np.ndarray:
+    """Circular shifts for the null: whole iterations (``period`` samples). Every replica starts
+    an iteration with the others, so at no shift two replicas' schedules are in phase, and
+    only a shift by whole iterations keeps them so while their timing draws differ; other
+    shifts would make the null too narrow. Without a period, spread shifts."""
+    if period > 0:
+        cand = np.arange(1, int(t_len / period) + 1) * period
+        cand = cand[(cand >= min_shift) & (cand <= t_len - min_shift)]
+        if cand.size >= 3:
+            pick = np.linspace(0, cand.size - 1, min(_NULL_SHIFTS, cand.size))
+            return np.rint(cand[np.rint(pick).astype(np.int64)]).astype(np.int64)
+    return np.linspace(min_shift, t_len - min_shift, _NULL_SHIFTS).astype(np.int64)
+
+
+def _zscores(
+    c: np.ndarray, pair: Any, t_len: int, min_shift: int, floor: float, period: float
+) -> np.ndarray:
     """Evidence matrix ``c`` in units of its null: the same statistic between the series with one
     side circularly shifted by ``min_shift`` or more samples (``pair(shift)``), where no send can
     be shared and no timing agree, over every pair and a few shifts. It keeps the series' own
@@ -134,15 +150,14 @@ def _zscores(c: np.ndarray, pair: Any, t_len: int, min_shift: int, floor: float)
     group may). Too short a series falls back to the matrix's median and robust spread, floored
     at ``floor``."""
     if t_len >= 4 * min_shift:
-        shifts = np.linspace(min_shift, t_len - min_shift, _NULL_SHIFTS).astype(np.int64)
-        null = np.stack([pair(int(k)) for k in shifts])
+        null = np.stack([pair(int(k)) for k in _shifts(t_len, min_shift, period)])
         return (c - null.mean()) / max(floor, float(null.std()))
     if c.size > 4:
         return (c - np.median(c)) / max(floor, float(robust_sd(c.ravel())))
     return c / floor
 
 
-def _evidence(a_rows, b_rows, fp, nw, sends, hz: float) -> np.ndarray:
+def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: float) -> np.ndarray:
     """Partner evidence (z units) between the rows of two stage blocks pooled over rails: the
     timing fingerprints' correlation, and with TX/RX apart the shared sends', summed."""
     g = a_rows[0].size
@@ -155,7 +170,7 @@ def _evidence(a_rows, b_rows, fp, nw, sends, hz: float) -> np.ndarray:
         def fp_corr(k: int) -> np.ndarray:
             return da @ np.roll(db, k, axis=1).T / nw
 
-        zs.append(_zscores(fp_corr(0), fp_corr, nw, 10, 1.0 / np.sqrt(nw)))
+        zs.append(_zscores(fp_corr(0), fp_corr, nw, 10, 1.0 / np.sqrt(nw), period_s / window_s))
     if sends is not None:
         tx, rx = sends
         t = tx.shape[1]
@@ -167,7 +182,9 @@ def _evidence(a_rows, b_rows, fp, nw, sends, hz: float) -> np.ndarray:
             )
             return c / (t * len(a_rows))
 
-        zs.append(_zscores(sends_corr(0), sends_corr, t, int(5 * hz) + 1, 1.0 / np.sqrt(t)))
+        zs.append(
+            _zscores(sends_corr(0), sends_corr, t, int(5 * hz) + 1, 1.0 / np.sqrt(t), period_s * hz)
+        )
     if not zs:
         return np.zeros((g, g))
     return sum(zs) / np.sqrt(len(zs))
@@ -182,6 +199,7 @@ def pair_boundaries(
     ep_id: np.ndarray,
     hinted: bool,
     hz: float,
+    period_s: float,
     params: SkeletonParams,
     prior: Evidence | None = None,
 ) -> tuple[list[np.ndarray], PairStats, Evidence]:
@@ -226,7 +244,16 @@ def pair_boundaries(
             col = np.zeros(1, np.int64)
             contra = np.zeros(1, bool)
         else:
-            z = _evidence([a for a, _ in aligned], [b for _, b in aligned], fp, nw, sends, hz)
+            z = _evidence(
+                [a for a, _ in aligned],
+                [b for _, b in aligned],
+                fp,
+                nw,
+                max(5, round(params.fingerprint_s * hz)) / hz,
+                sends,
+                hz,
+                period_s,
+            )
             z = _accumulate(key, z, host[ref.a], host[ref.b], seconds, prior, evidence)
             row, col = linear_sum_assignment(-z)
             best = z[row, col]
