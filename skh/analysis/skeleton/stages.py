@@ -37,6 +37,14 @@ __all__ = ["Split", "bursts", "coherence", "split_stages"]
 
 _MIN_MARGIN = 0.005  # correlation margin below which groups are never told apart
 _ORDER_SLACK = 0.05  # how far a stage's neighbour may trail its most similar groups
+#: a DP group's members start their bursts within this of each other (sampling clocks and
+#: timers agree to milliseconds; two pipeline stages are a backward pass, ~0.1-1 s, apart)
+_LOCKSTEP_S = 0.03
+#: collective bursts take a few tenths of an iteration at most; more is a pipeline's traffic
+_MAX_BURST_DUTY = 0.4
+#: shorter spikes are not a gradient sync (an MoE layer's all-to-all, a CP ring step) when a
+#: series has longer bursts too
+_MIN_BURST_S = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +81,7 @@ def _same_timing(
     label: np.ndarray,
     k: int,
     near: np.ndarray,
-    floor: float,
+    hz: float,
     params: SkeletonParams,
 ) -> bool:
     """Whether some cluster's bursts start at the instants of the cluster most like it: parts of
@@ -88,7 +96,9 @@ def _same_timing(
     # of stages of a one-replica pipeline would make, is as far apart as the stages)
     loo = (sums[label] - feat) / np.maximum(size[label] - 1, 1)[:, None]
     jitter = np.median([_onset_gap(_onsets(feat[i]), _onsets(loo[i])) for i in range(label.size)])
-    need = max(floor, params.gap_ratio * float(jitter))
+    if jitter > _LOCKSTEP_S * hz:
+        return True  # the members themselves are not in lockstep: not one DP group
+    need = max(params.min_gap_s * hz, params.gap_ratio * float(jitter))
     return any(_onset_gap(on[c], on[near[c]]) < need for c in range(k))
 
 
@@ -97,7 +107,7 @@ def _check(
     feat: np.ndarray,
     label: np.ndarray,
     k: int,
-    floor: float,
+    hz: float,
     params: SkeletonParams,
 ) -> float | None:
     """The score of a partition of items into ``k`` equal clusters, or None if some item is not
@@ -123,7 +133,7 @@ def _check(
         return None
     q = onehot.T @ s @ onehot
     np.fill_diagonal(q, -np.inf)
-    if _same_timing(feat, label, k, q.argmax(axis=1), floor, params):
+    if _same_timing(feat, label, k, q.argmax(axis=1), hz, params):
         return None
     return clip01(float(margin.min() / need) / 2.0)
 
@@ -154,7 +164,7 @@ def _fits(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
     return own >= to.max(axis=1)
 
 
-def _cluster(sim: np.ndarray, feat: np.ndarray, floor: float, params: SkeletonParams) -> _Clusters:
+def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParams) -> _Clusters:
     """The finest clear split of items with similarity matrix ``sim`` into equal clusters that
     line up as a pipeline: average-linkage clusters, balanced when they come out unequal.
     Clusters that are clear but do not line up (each one's neighbours in the seriation are not
@@ -172,7 +182,7 @@ def _cluster(sim: np.ndarray, feat: np.ndarray, floor: float, params: SkeletonPa
         label = (fcluster(tree, k, "maxclust") - 1).astype(np.int64)
         if label.max() + 1 == k and np.bincount(label).min() != n // k:
             label = _balanced(sim, label, k)
-        c = _candidate(sim, feat, label, k, floor, params)
+        c = _candidate(sim, feat, label, k, hz, params)
         if c is not None:
             return c
     return one
@@ -183,11 +193,11 @@ def _candidate(
     feat: np.ndarray,
     label: np.ndarray,
     k: int,
-    floor: float,
+    hz: float,
     params: SkeletonParams,
 ) -> _Clusters | None:
     """``label`` as a stage split if it is clear and lines up as a pipeline."""
-    score = _check(sim, feat, label, k, floor, params)
+    score = _check(sim, feat, label, k, hz, params)
     if score is None:
         return None
     order, ordered = _order(sim, label, k)
@@ -257,22 +267,32 @@ def _blocks(stage, order, k, rail_inv, n_rails, rank, host) -> list[np.ndarray]:
     return out
 
 
-def bursts(x: np.ndarray, hz: float) -> np.ndarray:
-    """The standardized collective bursts of each series: what exceeds three times its median
-    rate and half its peak (99th percentile) rate for at least 0.3 s (a grey opening removes
-    shorter spikes). Gradient syncs and
-    parameter all-gathers are a stage's own bursts, identical on every member; pipeline sends,
-    a context-parallel ring's steps, MoE all-to-alls, loads and checkpoints run shorter or lower,
-    and some of those tie a replica's RNICs together more than their stage (the whole series
-    would split a stage into its CP pairs or EP groups). Series without bursts are kept whole."""
+def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
+    """What exceeds three times a series' median rate and half its peak (99th percentile) rate
+    (for at least ``_MIN_BURST_S``: a grey opening removes shorter spikes)."""
     # the quantiles of every tenth-second sample are as good and ten times cheaper
     step = max(1, int(hz))
     q = np.quantile(x[:, ::step], [0.5, 0.99], axis=1)
     level = np.maximum(3.0 * q[0], 0.5 * q[1])
     y = np.maximum(x - level[:, None], 0.0)
-    width = int(round(0.3 * hz))
+    width = int(round(_MIN_BURST_S * hz))
     if width > 1:
-        y = grey_opening(y, size=(1, width))
+        opened = grey_opening(y, size=(1, width))
+        # a series whose bursts are mostly shorter than that (a gradient sync at line rate may
+        # last a tenth of a second) is kept whole rather than erased
+        kept = (opened**2).sum(axis=1) >= 0.25 * (y**2).sum(axis=1)
+        y = np.where(kept[:, None], opened, y)
+    return y
+
+
+def bursts(x: np.ndarray, hz: float) -> np.ndarray:
+    """The standardized collective bursts of each series (:func:`_burst_part`). Gradient syncs
+    and parameter all-gathers are a stage's own bursts, identical on every member; pipeline
+    sends, a context-parallel ring's steps, MoE all-to-alls, loads and checkpoints run shorter
+    or lower, and some of those tie a replica's RNICs together more than their stage (the whole
+    series would split a stage into its CP pairs or EP groups). Series without bursts are kept
+    whole."""
+    y = _burst_part(x, hz)
     if np.any(y.max(axis=1) <= 0):
         y = x
     return standardize(y)
@@ -301,10 +321,17 @@ def split_stages(
     q = 0.25 * (per.shape[1] - 1)  # the lower quartile, interpolated as np.quantile does
     lo, hi = int(np.floor(q)), int(np.ceil(q))
     part = np.partition(per, [lo, hi], axis=1)
-    feat = bursts(part[:, lo] + (q - lo) * (part[:, hi] - part[:, lo]), hz)
+    quartile = part[:, lo] + (q - lo) * (part[:, hi] - part[:, lo])
+    feat = bursts(quartile, hz)
     sim_h = feat @ feat.T / z.shape[1]
-    floor = params.min_gap_s * hz
-    c = _cluster(sim_h, feat, floor, params)
+    part_h = _burst_part(quartile, hz)
+    if (part_h.max(axis=1) <= 0).any() or np.median((part_h > 0).mean(axis=1)) > _MAX_BURST_DUTY:
+        # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
+        # no collective between containers (a job without data parallelism): no DP group
+        one = np.zeros(n_h, np.int64)
+        blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
+        return Split(blocks, 1.0, "no collective bursts: one group per rail", coherence(feat, one))
+    c = _cluster(sim_h, feat, hz, params)
     how = "stages split by burst similarity per host"
     if hinted:
         # the hint's blocks, tested with the same margin, when finer than the traffic's own
@@ -314,7 +341,7 @@ def split_stages(
         for k in range(n_h // 2, c.k, -1):
             if n_h % k:
                 continue
-            hc = _candidate(sim_h, feat, h_rank // (n_h // k), k, floor, params)
+            hc = _candidate(sim_h, feat, h_rank // (n_h // k), k, hz, params)
             if hc is not None:
                 c, how = hc, "rank layout confirmed by burst similarity"
                 break
@@ -332,7 +359,7 @@ def split_stages(
         idx = np.flatnonzero(rail_inv == r)
         zr = z[idx]
         sim = zr @ zr.T / z.shape[1]
-        c = _cluster(sim, zr, floor, params)
+        c = _cluster(sim, zr, hz, params)
         coh.append(coherence(zr, c.label))
         pos = np.empty(c.k, np.int64)
         pos[c.order] = np.arange(c.k)
