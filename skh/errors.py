@@ -13,7 +13,8 @@ can still catch ``ValueError`` or ``OSError``::
     ├── TestbedError(SkhError, RuntimeError)     the namespace testbed could not be built or
     │                                            torn down
     ├── RequestTimeout(SkhError, TimeoutError)   a daemon did not answer a request in time
-    └── RequestRefused(SkhError, RuntimeError)   a daemon answered a request with a refusal
+    ├── RequestRefused(SkhError, RuntimeError)   a daemon answered a request with a refusal
+    └── Unauthorized(SkhError, PermissionError)  a request its sender may not make
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "TestbedError",
     "RequestTimeout",
     "RequestRefused",
+    "Unauthorized",
 ]
 
 
@@ -72,3 +74,7 @@ class RequestTimeout(SkhError, TimeoutError):
 
 class RequestRefused(SkhError, RuntimeError):
     """A daemon answered a request with a refusal (an unknown job, a stale skeleton)."""
+
+
+class Unauthorized(SkhError, PermissionError):
+    """A daemon's policy refuses a request to its sender (:mod:`skh.orchestrator.authz`)."""

@@ -7,9 +7,10 @@ VENV=${1:-.venv}
 APT_PKGS=(
   build-essential python3-dev python3-venv pkg-config make git
   iproute2 nftables traceroute iputils-ping ethtool procps psmisc
-  libibverbs-dev ibverbs-providers rdma-core ibverbs-utils linuxptp
-  qemu-system-x86 busybox-static cpio kmod xz-utils
+  libibverbs-dev ibverbs-providers rdma-core ibverbs-utils python3-pyverbs linuxptp
+  qemu-system-x86 busybox-static cpio kmod xz-utils systemd
   openvswitch-switch chromium
+  libzmq3-dev libmsgpack-dev prometheus-alertmanager
   python3-torch
 )
 missing=()
@@ -22,7 +23,8 @@ if ((${#missing[@]})); then
     echo "skh setup: run as root, or: sudo apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
-  # Services from these packages (openvswitch) must not start on install; the testbed runs its own.
+  # Services from these packages (openvswitch, alertmanager) must not start on install: the
+  # testbed and the tests run their own.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT

@@ -23,9 +23,8 @@ import zmq
 
 from skh.errors import ConfigError, TestbedError
 from skh.model import JobShape
-from skh.orchestrator.admin import ControllerClient
+from skh.orchestrator.admin import ControllerClient, unpack_skeleton
 from skh.orchestrator.alerts import AlertFollower
-from skh.orchestrator.pipeline import unpack_skeleton
 from skh.orchestrator.security import SecurityConfig
 
 __all__ = ["DemoSpec", "FaultOutcome", "LiveDemo", "truth_pairs", "matches"]

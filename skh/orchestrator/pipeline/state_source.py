@@ -1,0 +1,264 @@
+"""Evidence for localization from host agents: :class:`AgentStateSource` asks the underlay
+agents (through the controller's command relay) for traceroutes, overlay forwarding state, host
+reports and RNIC flow tables, and turns their answers into the localizer's types."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from skh.analysis.localize import FlowRule, FlowTables, HostReport, OverlayTables, Trace
+from skh.model import Cluster
+from skh.orchestrator.admin import ControllerClient
+from skh.orchestrator.pipeline.config import PipelineConfig
+from skh.orchestrator.security import underlay_identity
+
+__all__ = ["AgentStateSource"]
+
+log = logging.getLogger(__name__)
+
+
+def _rule(d: Mapping[str, Any]) -> FlowRule:
+    match = tuple((str(k), str(v)) for k, v in dict(d.get("match", {})).items())
+    return FlowRule(match, tuple(str(a) for a in d.get("actions", ())), int(d.get("priority", 0)))
+
+
+def _linux_state(result: Any) -> Any:
+    """The ``overlay_state`` answer as a :class:`skh.collect.linux.LinuxState`: either the plain
+    form of one (``routes``/``neighs``/``fdb`` as lists of maps) or raw ``-j`` command output."""
+    from skh.collect.linux import (
+        FdbEntry,
+        LinuxState,
+        Neigh,
+        Route,
+        parse_bridge_fdb,
+        parse_ip_neigh,
+        parse_ip_route,
+    )
+
+    if not isinstance(result, Mapping):
+        return None
+    if isinstance(result.get("routes"), list):
+        return LinuxState(
+            tuple(Route(**r) for r in result["routes"]),
+            tuple(Neigh(**n) for n in result.get("neighs", ())),
+            tuple(FdbEntry(**e) for e in result.get("fdb", ())),
+            dict(result.get("links", {})),
+            frozenset(result.get("down", ())),
+        )
+    fdb = tuple(parse_bridge_fdb(str(result.get("fdb", ""))))
+    # without link kinds: a device holding remote FDB entries is a VXLAN device
+    links = {e.dev: "vxlan" for e in fdb if e.dst}
+    return LinuxState(
+        tuple(parse_ip_route(str(result.get("routes", "")))),
+        tuple(parse_ip_neigh(str(result.get("neigh", "")))),
+        fdb,
+        links,
+        frozenset(),
+    )
+
+
+_BAD_ANSWER = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def _parsed(what: str, parse: Any, *args: Any) -> Any:
+    """An agent's answer parsed, or None (logged) when it does not parse: one bad answer costs
+    its own evidence, never the round."""
+    try:
+        return parse(*args)
+    except _BAD_ANSWER as exc:
+        log.warning("unusable %s answer: %r", what, exc)
+        return None
+
+
+class AgentStateSource:
+    """The localizer's questions answered by host agents through the controller's relay.
+
+    Traces are taken between the two RNICs of a pair (the VXLAN underlay path) with a source port
+    fixed per (pair's RNICs, path id), so all container pairs over the same RNIC pair share one
+    trace. :meth:`prefetch` asks many questions at once; the localizer's later calls hit the cache.
+    """
+
+    def __init__(self, client: ControllerClient, cluster: Cluster, cfg: PipelineConfig) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.cfg = cfg
+        self.calls: dict[str, int] = {}
+        self._traces: dict[tuple[str, int, str, int, int], Trace | None] = {}
+        self._tables: dict[str, OverlayTables | None] = {}
+        self._reports: dict[str, HostReport | None] = {}
+        self._flows: dict[tuple[str, int], FlowTables | None] = {}
+        fab = cluster.fabric
+        self._vtep_hosts = {r.ip: h.name for h in fab.hosts.values() for r in h.rnics if r.ip}
+
+    def _agent(self, host: str) -> str | None:
+        if host in self.cfg.host_agents:
+            return self.cfg.host_agents[host]
+        return underlay_identity(host) if host in self.cluster.fabric.hosts else None
+
+    def _run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        for _agent, name, _args in calls:
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return self.client.commands(calls, timeout_s=self.cfg.command_timeout_s)
+
+    # -- traceroute ---------------------------------------------------------------------------
+    def _trace_key(self, pair: tuple[int, int], path_id: int) -> tuple[str, int, str, int, int]:
+        a, b = self.cluster.endpoints[pair[0]], self.cluster.endpoints[pair[1]]
+        return (a.host, a.rail, b.host, b.rail, int(path_id))
+
+    def _trace_call(
+        self, key: tuple[str, int, str, int, int]
+    ) -> tuple[str, str, dict[str, Any]] | None:
+        sh, sr, dh, dr, path_id = key
+        agent = self._agent(sh)
+        fab = self.cluster.fabric
+        src, dst = fab.rnic(sh, sr), fab.rnic(dh, dr)
+        if agent is None or not src.ip or not dst.ip:
+            return None
+        # fixed per RNIC pair and path id (not per run: crc32, not the salted hash())
+        sport = 40000 + (zlib.crc32(f"{sh}:{sr}>{dh}:{dr}".encode()) % 1000) * 16 + path_id % 16
+        return (
+            agent,
+            "traceroute",
+            {
+                "dst": dst.ip,
+                "src": src.ip,
+                "sport": sport,
+                "dport": self.cfg.trace_base_port,
+                "max_ttl": self.cfg.trace_max_ttl,
+            },
+        )
+
+    def _trace_from(self, pair: tuple[int, int], key: tuple, reply: dict[str, Any]) -> Trace | None:
+        from skh.collect.traceroute import TraceHop, TraceResult, parse_paris_json, trace_nodes
+
+        if not reply.get("ok"):
+            log.debug("traceroute %s failed: %s", key, reply.get("error"))
+            return None
+        res = reply.get("result") or {}
+        if "trace" in res:
+            t = res["trace"]
+            hops = tuple(
+                TraceHop(
+                    int(h["ttl"]),
+                    h.get("addr"),
+                    tuple(h.get("rtt_ms", ())),
+                    str(h.get("icmp", "")),
+                    int(h.get("code", -1)),
+                )
+                for h in t.get("hops", ())
+            )
+            result = TraceResult(str(t.get("dst", "")), hops, bool(t.get("reached", False)))
+        else:
+            result = parse_paris_json(str(res.get("raw", "")))
+        src_node = self.cluster.fabric.rnic(key[0], key[1]).key
+        nodes = trace_nodes(result, self.cfg.addr_owner, src_node=src_node)
+        # no per-hop round trips: a hop's answer is an ICMP error its control plane builds (here
+        # timed in userspace, one probe per hop), so a step between two hops is mostly that
+        # noise, not forwarding delay, and the source's own "0" is no measurement at all. Given
+        # to the vote, every trace showed a delay onset at its first hop: failing traces blamed
+        # the first ToR and healthy ones cleared nothing past their source.
+        return Trace(pair, nodes, result.reached)
+
+    def traceroute(self, pair: tuple[int, int], path_id: int) -> Trace | None:
+        key = self._trace_key(pair, path_id)
+        if key not in self._traces:
+            self.prefetch_traces([(pair, path_id)])
+        t = self._traces.get(key)
+        return None if t is None else Trace(pair, t.nodes, t.reached, t.hop_loss, t.hop_rtt_ns)
+
+    def prefetch_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
+        todo: dict[tuple, tuple[tuple[int, int], tuple[str, str, dict[str, Any]]]] = {}
+        for pair, pid in wanted:
+            key = self._trace_key(pair, pid)
+            if key in self._traces or key in todo:
+                continue
+            call = self._trace_call(key)
+            if call is None:
+                self._traces[key] = None
+                continue
+            todo[key] = (pair, call)
+        if not todo:
+            return
+        replies = self._run([c for _p, c in todo.values()])
+        for (key, (pair, _c)), reply in zip(todo.items(), replies, strict=True):
+            self._traces[key] = _parsed("traceroute", self._trace_from, pair, key, reply)
+
+    # -- host state ---------------------------------------------------------------------------
+    def prefetch_hosts(self, hosts: Iterable[str]) -> None:
+        hosts = [h for h in dict.fromkeys(hosts) if h not in self._tables and self._agent(h)]
+        fab = self.cluster.fabric
+        calls = []
+        for h in hosts:
+            rnics = {str(r.rail): r.netdev for r in fab.hosts[h].rnics if r.netdev}
+            calls += [
+                (self._agent(h), "overlay_state", {}),
+                (self._agent(h), "host_report", {"rnics": rnics}),
+            ]
+        replies = self._run(calls) if calls else []
+        for i, h in enumerate(hosts):
+            self._tables[h] = _parsed("overlay_state", self._tables_from, h, replies[2 * i])
+            self._reports[h] = _parsed("host_report", self._report_from, h, replies[2 * i + 1])
+
+    def _tables_from(self, host: str, reply: dict[str, Any]) -> OverlayTables | None:
+        from skh.collect.linux import LocalEndpoint, linux_overlay_tables
+
+        if not reply.get("ok"):
+            return None
+        state = _linux_state(reply.get("result"))
+        if state is None:
+            return None
+        local = [
+            LocalEndpoint(f"{e.host}/vf:{e.container}.{e.rail}", e.ip, self.cfg.vf_devices[e.name])
+            for e in self.cluster.endpoints
+            if e.host == host and e.name in self.cfg.vf_devices and e.ip
+        ]
+        dests = [e.ip for e in self.cluster.endpoints if e.ip]
+        return linux_overlay_tables(host, state, local, dests, self._vtep_hosts)
+
+    @staticmethod
+    def _report_from(host: str, reply: dict[str, Any]) -> HostReport | None:
+        if not reply.get("ok") or not isinstance(reply.get("result"), Mapping):
+            return None
+        r = reply["result"]
+        return HostReport(
+            host,
+            rnic_state={int(k): str(v) for k, v in dict(r.get("rnic_state", {})).items()},
+            peer_down=frozenset(int(x) for x in r.get("peer_down", ())),
+            agents_dead=frozenset(str(x) for x in r.get("agents_dead", ())),
+            containers_dead=frozenset(str(x) for x in r.get("containers_dead", ())),
+        )
+
+    def overlay_tables(self, host: str) -> OverlayTables | None:
+        if host not in self._tables:
+            self.prefetch_hosts([host])
+        return self._tables.get(host)
+
+    def host_report(self, host: str) -> HostReport | None:
+        if host not in self._reports:
+            self.prefetch_hosts([host])
+        return self._reports.get(host)
+
+    def flow_tables(self, host: str, rail: int) -> FlowTables | None:
+        key = (host, int(rail))
+        if key not in self._flows:
+            agent = self._agent(host)
+            if agent is None:
+                return None
+            (reply,) = self._run([(agent, "rnic_flows", {"rail": int(rail)})])
+            r = reply.get("result") if reply.get("ok") else None
+            self._flows[key] = (
+                None
+                if not isinstance(r, Mapping)
+                else _parsed(
+                    "rnic_flows",
+                    lambda: FlowTables(
+                        tuple(_rule(d) for d in r.get("expected", ())),
+                        tuple(_rule(d) for d in r.get("offloaded", ())),
+                        bool(r.get("megaflow", False)),
+                    ),
+                )
+            )
+        return self._flows[key]
