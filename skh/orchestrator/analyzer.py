@@ -449,6 +449,7 @@ class Analyzer:
             "rejected": dict(self.codec.rejected),
             "last_seq": self.alerts.last_seq,
             "detector": type(self.hook).__name__ if self.hook is not None else None,
+            "pipeline": getattr(self.hook, "status", dict)(),
         }
 
     def _collector(self) -> CallbackCollector:

@@ -19,7 +19,7 @@ from skh.model import Cluster, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
-from skh.records import PROBE_DTYPE, pair_keys, split_pair_keys
+from skh.records import PROBE_DTYPE, empty_probes, pair_keys, split_pair_keys
 
 __all__ = ["Pipeline"]
 
@@ -150,6 +150,26 @@ class Pipeline:
         simulator's; the daemon's hook passes the analyzer's through
         :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
+        alerts, events = self.observe(probes, counters, now_ns, heartbeats)
+        events = self._unexplained(events)
+        verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
+        if events and self.localizer is not None:
+            verdicts = self._localize(events, now_ns)
+        alerts += self._track(verdicts, now_ns)
+        return alerts
+
+    def observe(
+        self,
+        probes: np.ndarray,
+        counters: np.ndarray,
+        now_ns: int,
+        heartbeats: np.ndarray | None = None,
+    ) -> tuple[list[dict[str, Any]], list[SuspectEvent]]:
+        """The detection half of a round: counters into the history (and skeletons when due),
+        probes into the detector, then its tick. Returns the skeleton alerts and the detector's
+        new events. Everything the other half asks of it goes through :attr:`detector`'s
+        ``open_incidents`` and :meth:`recent_probes` (the sharded analyzer,
+        :mod:`skh.orchestrator.shard`, runs this half on each shard)."""
         alerts: list[dict[str, Any]] = []
         self.counters.add(counters)
         if heartbeats is not None and heartbeats.size:
@@ -165,12 +185,11 @@ class Pipeline:
         if now_ns >= self._next_skeleton_ns:
             self._next_skeleton_ns = now_ns + int(self.cfg.skeleton_every_s * 1e9)
             alerts += self._skeletons(now_ns)
-        events = self._unexplained(self.detector.tick(now_ns))
-        verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
-        if events and self.localizer is not None:
-            verdicts = self._localize(events, now_ns)
-        alerts += self._track(verdicts, now_ns)
-        return alerts
+        return alerts, self.detector.tick(now_ns)
+
+    def recent_probes(self) -> np.ndarray:
+        """The probe records of the last 15 s (what localization reads of recent traffic)."""
+        return np.concatenate([r for _t, r in self._recent]) if self._recent else empty_probes()
 
     def _skeletons(self, now_ns: int) -> list[dict[str, Any]]:
         out = []
@@ -245,9 +264,9 @@ class Pipeline:
     def _healthy_pairs(self, failing: set[tuple[int, int]]) -> np.ndarray:
         """Pairs answered in the last seconds with no failed probe and no open suspicion: the
         localizer traces some of them to clear the links they cross."""
-        if not self._recent:
+        p = self.recent_probes()
+        if not p.size:
             return np.zeros((0, 2), np.int64)
-        p = np.concatenate([r for _t, r in self._recent])
         key = pair_keys(p["src_ep"], p["dst_ep"])
         bad = np.unique(key[p["status"] != 0])
         if failing:
@@ -269,27 +288,16 @@ class Pipeline:
         if not suspects:
             return []
         t0 = time.monotonic()
-        source = self.source_factory(self.cluster)
         failing = {p for s, _ev in suspects for p in s.pairs}
-        eps = {e for p in failing for e in p} | {e for s, _ev in suspects for e in s.agents}
-        prefetch_hosts = getattr(source, "prefetch_hosts", None)
-        if prefetch_hosts is not None:
-            prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        prefetch_traces = getattr(source, "prefetch_traces", None)
-        if prefetch_traces is not None:
-            prefetch_traces([(p, 0) for p in sorted(failing)])
-        verdicts = self.localizer.localize(
-            [s for s, _ev in suspects],
-            source,
-            healthy_pairs=self._healthy_pairs(failing),
-            now_ns=now_ns,
+        verdicts, reads = self.locate(
+            [s for s, _ev in suspects], self._healthy_pairs(failing), now_ns
         )
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
             len(events),
             len(verdicts),
             time.monotonic() - t0,
-            getattr(source, "calls", {}),
+            reads,
         )
         self.stats["verdicts"] += len(verdicts)
         out = []
@@ -297,6 +305,24 @@ class Pipeline:
             ev = next((e for s, e in suspects if set(v.pairs) & set(s.pairs)), suspects[0][1])
             out.append((v, ev))
         return out
+
+    def locate(
+        self, suspects: list[Suspect], healthy: np.ndarray, now_ns: int
+    ) -> tuple[list[Verdict], dict[str, int]]:
+        """Localization proper: a state source for this round, its prefetches, the localizer's
+        verdicts, and the questions it asked (the sharded analyzer runs this on a Ray actor)."""
+        assert self.localizer is not None and self.cluster is not None
+        source = self.source_factory(self.cluster)
+        failing = {p for s in suspects for p in s.pairs}
+        eps = {e for p in failing for e in p} | {e for s in suspects for e in s.agents}
+        prefetch_hosts = getattr(source, "prefetch_hosts", None)
+        if prefetch_hosts is not None:
+            prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
+        prefetch_traces = getattr(source, "prefetch_traces", None)
+        if prefetch_traces is not None:
+            prefetch_traces([(p, 0) for p in sorted(failing)])
+        verdicts = self.localizer.localize(suspects, source, healthy_pairs=healthy, now_ns=now_ns)
+        return verdicts, dict(getattr(source, "calls", {}))
 
     def _track(
         self, verdicts: list[tuple[Verdict, SuspectEvent | None]], now_ns: int

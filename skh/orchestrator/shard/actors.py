@@ -1,0 +1,353 @@
+"""The Ray actors of the sharded analyzer: detection shards, the localizer, ingest front-ends.
+
+Every shard call carries the round it continues from, so a shard Ray restarted (its state
+gone) says so instead of answering from an empty detector; the coordinator then restores it
+(:meth:`ShardActor.restore`: the last checkpoint plus the rounds since, replayed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from skh.analysis.detect import SuspectEvent
+from skh.analysis.localize import Suspect, Verdict
+from skh.analysis.skeleton import Skeleton
+from skh.orchestrator.pipeline.config import PipelineConfig
+from skh.orchestrator.pipeline.rounds import Pipeline
+from skh.orchestrator.shard.placement import Placement
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE, empty_counters, empty_probes, pair_keys
+
+__all__ = ["RoundInput", "ShardReply", "ShardActor", "LocalizerActor", "IngestFrontEnd"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundInput:
+    """What one shard is given for one round; kept by the coordinator until a checkpoint covers
+    it, so a restarted shard can be brought back by replaying it.
+
+    ``probes``/``counters``: arrays or object refs, in arrival order; ``frontends``: refs of the
+    ingest front-ends' flushes for this shard, each ``(probes, counters, heartbeats)``;
+    ``heartbeats``: ``(endpoint ids, t_ns)`` heard between rounds; ``round_heartbeats``: the
+    endpoints that reported in this round (the simulator's), stamped ``now_ns``."""
+
+    round_no: int
+    now_ns: int
+    probes: tuple[Any, ...] = ()
+    counters: tuple[Any, ...] = ()
+    frontends: tuple[Any, ...] = ()
+    heartbeats: tuple[tuple[np.ndarray, int], ...] = ()
+    round_heartbeats: np.ndarray | None = None
+    retire: tuple[int, ...] = ()
+    #: the whole registry (the shard keeps the skeleton state of ``jobs`` only), when it changed
+    members: tuple[Mapping[str, Any], ...] | None = None
+    jobs: frozenset[str] = frozenset()
+    #: skeletons the coordinator installed: (job, digest, version)
+    commits: tuple[tuple[str, str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReply:
+    events: list[SuspectEvent]
+    #: skeletons inferred this round that would replace the installed list: (job, skeleton, version)
+    proposals: list[tuple[str, Skeleton, int]]
+    incidents: tuple[set[tuple[int, int]], set[int]]
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def _resolve(items: Sequence[Any]) -> list[Any]:
+    refs = [i for i in items if isinstance(i, ray.ObjectRef)]
+    got = iter(ray.get(refs)) if refs else iter(())
+    return [next(got) if isinstance(i, ray.ObjectRef) else i for i in items]
+
+
+def _no_source(_cluster: Any) -> Any:
+    raise RuntimeError("a detection shard does not localize")
+
+
+class _Shard:
+    """One shard's detection half: a :class:`Pipeline` whose skeleton installs are deferred to
+    the coordinator (it alone talks to the controller and publishes)."""
+
+    def __init__(self, shard: int, cfg: PipelineConfig) -> None:
+        self.shard = shard
+        self.pipe = Pipeline(cfg, source_factory=_no_source, apply_skeleton=self._propose)
+        self.jobs: frozenset[str] = frozenset()
+        self.done = -1  # the last round applied
+        self._proposals: list[tuple[str, Skeleton, int]] = []
+
+    def _propose(self, job: str, sk: Skeleton, version: int) -> bool:
+        self._proposals.append((job, sk, version))
+        return False  # installed by the coordinator, committed with the next round
+
+    def apply(self, inp: RoundInput) -> ShardReply:
+        p = self.pipe
+        if inp.members is not None:
+            self.jobs = inp.jobs
+            if p.set_endpoints(inp.members):
+                p.localizer = None  # the coordinator localizes
+            p.jobs = {j: st for j, st in p.jobs.items() if j in self.jobs}
+        for job, digest, version in inp.commits:
+            st = p.jobs.get(job)
+            if st is not None:
+                st.applied_digest, st.skeleton_version = digest, version
+        fronts = _resolve(inp.frontends)
+        for eps, t_ns in list(inp.heartbeats) + [hb for f in fronts for hb in f[2]]:
+            p.detector.heartbeat(eps, t_ns)
+        if inp.retire:
+            p.detector.retire(list(inp.retire))
+        probes = _resolve(inp.probes) + [f[0] for f in fronts]
+        counters = _resolve(inp.counters) + [f[1] for f in fronts]
+        self._proposals = []
+        _alerts, events = p.observe(
+            np.concatenate(probes) if probes else empty_probes(),
+            np.concatenate(counters) if counters else empty_counters(),
+            inp.now_ns,
+            inp.round_heartbeats,
+        )
+        self.done = inp.round_no
+        st = p.detector.stats
+        return ShardReply(
+            events,
+            self._proposals,
+            p.detector.open_incidents(inp.now_ns),
+            {"records_in": st.records_in, "pairs_live": st.pairs_live},
+        )
+
+    def state(self) -> bytes:
+        p = self.pipe
+        hooks = p.source_factory, p.apply_skeleton
+        p.source_factory = p.apply_skeleton = None  # type: ignore[assignment]
+        try:
+            return pickle.dumps((p, self.jobs, self.done), protocol=5)
+        finally:
+            p.source_factory, p.apply_skeleton = hooks
+
+    def load(self, blob: bytes) -> None:
+        self.pipe, self.jobs, self.done = pickle.loads(blob)
+        self.pipe.source_factory, self.pipe.apply_skeleton = _no_source, self._propose
+
+
+@ray.remote
+class ShardActor:
+    """A detection shard. Ray restarts it when its process dies; its state is then gone, and
+    every call says so (None) until :meth:`restore` brings it back."""
+
+    def __init__(self, shard: int, cfg: PipelineConfig) -> None:
+        self._s = _Shard(shard, cfg)
+        self._cfg = cfg
+        self.born_ns = time.time_ns()
+
+    def round(self, inp: RoundInput) -> ShardReply | None:
+        if inp.round_no != self._s.done + 1:
+            return None
+        return self._s.apply(inp)
+
+    def checkpoint(self, after: int) -> bytes | None:
+        return self._s.state() if self._s.done == after else None
+
+    def restore(self, blob: bytes | None, replay: Sequence[RoundInput]) -> int:
+        """Back to the last round of ``replay``: the checkpoint, then each round since."""
+        if blob is None:
+            self._s = _Shard(self._s.shard, self._cfg)
+        else:
+            self._s.load(blob)
+        for inp in replay:
+            if inp.round_no == self._s.done + 1:
+                self._s.apply(inp)
+        return self._s.done
+
+    def recent(self, after: int) -> np.ndarray | None:
+        """The last 15 s of probes as localization reads them: every failed row, and one
+        answered row per pair (it only asks which pairs answered, and when pairs failed)."""
+        if self._s.done != after:
+            return None
+        p = self._s.pipe.recent_probes()
+        ok = p["status"] == 0
+        _, first = np.unique(pair_keys(p["src_ep"][ok], p["dst_ep"][ok]), return_index=True)
+        return np.concatenate([p[~ok], p[ok][first]])
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@ray.remote
+class LocalizerActor:
+    """Localization off the coordinator: a :class:`Pipeline` holding the cluster model and the
+    localizer (its RNIC-dump rate limit lasts between rounds). ``sources(cluster)`` builds the
+    state source of a round here, unless the call brings its own factory."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        overlay_kw: Mapping[str, Any],
+        sources: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.pipe = Pipeline(
+            cfg, source_factory=sources or _no_source, apply_skeleton=None, **overlay_kw
+        )  # type: ignore[arg-type]
+        self.members_sig: int | None = None
+
+    def set_members(self, members: Sequence[Mapping[str, Any]], sig: int) -> bool:
+        self.members_sig = sig if self.pipe.set_endpoints(members) else None
+        return self.members_sig is not None
+
+    def locate(
+        self,
+        sig: int,
+        suspects: list[Suspect],
+        healthy: np.ndarray,
+        now_ns: int,
+        sources: Callable[[Any], Any] | None = None,
+    ) -> tuple[list[Verdict], dict[str, int]] | None:
+        if sig != self.members_sig:
+            return None  # restarted (or behind): the coordinator sends the registry again
+        if sources is not None:
+            self.pipe.source_factory = sources
+        return self.pipe.locate(suspects, healthy, now_ns)
+
+
+@ray.remote
+class IngestFrontEnd:
+    """A stateless ingest front-end: binds its own PULL socket, decodes, authorizes and routes
+    the agents' batches by shard; the coordinator collects them every round
+    (:meth:`flush`, one return value per shard, so the coordinator owns them and a front-end
+    that dies loses at most the batches of the round in progress)."""
+
+    def __init__(
+        self, bind: str, security: Any, shards: int, max_frame_bytes: int, policy: Any = None
+    ) -> None:
+        import zmq
+
+        from skh.orchestrator.authz import AllowAll
+        from skh.orchestrator.daemon import bind as bind_socket
+        from skh.orchestrator.daemon import make_socket
+        from skh.orchestrator.security import ServerSecurity
+        from skh.wire import Codec
+
+        self._ctx = zmq.Context()
+        self._security = ServerSecurity(security, self._ctx)
+        self._pull = make_socket(self._ctx, zmq.PULL, hwm=10_000)
+        self._security.apply(self._pull)
+        self.endpoint = bind_socket(self._pull, bind)
+        self._codec = Codec(max_frame_bytes=max_frame_bytes)
+        self._policy = policy if policy is not None else AllowAll()
+        self._shards = shards
+        self._ep_shard = self._ep_home = np.full(0, -1, np.int16)
+        self._lock = threading.Lock()
+        self._buf = self._empty()
+        self.counters: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="skh-ingest", daemon=True)
+        self._thread.start()
+
+    def _empty(self) -> list[tuple[list[np.ndarray], list[np.ndarray], list[Any]]]:
+        return [([], [], []) for _ in range(self._shards)]
+
+    def address(self) -> str:
+        return self.endpoint
+
+    def set_routes(self, ep_shard: np.ndarray, ep_home: np.ndarray) -> None:
+        """Where each endpoint's probes and heartbeats go (``ep_shard``), and its counters
+        (``ep_home``): :class:`~skh.orchestrator.shard.placement.Placement`'s tables."""
+        self._ep_shard, self._ep_home = np.asarray(ep_shard), np.asarray(ep_home)
+
+    def _serve(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            for _ in range(5000):
+                try:
+                    frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._on_batch(frames)
+
+    def _on_batch(self, frames: list[Any]) -> None:
+        """Identify, decode, authorize and route one pushed frame (as the analyzer does)."""
+        from skh.errors import ProtocolError, Unauthorized
+        from skh.orchestrator.authz import transport_user_id
+        from skh.wire import MsgType, decode_counters, decode_probes
+
+        if len(frames) != 1:
+            self.counters["malformed"] += 1
+            return
+        try:
+            who = self._policy.identify(b"", transport_user_id(frames[0]))
+            env = self._codec.decode(frames[0].buffer)
+            if env.type not in (MsgType.PROBE_BATCH, MsgType.COUNTER_BATCH):
+                self.counters["unexpected"] += 1
+                return
+            self._policy.authorize(who, env)
+            if env.type is MsgType.PROBE_BATCH:
+                recs = decode_probes(env.body)
+                eps = env.body.get("eps") or []
+                if not all(isinstance(e, int) and 0 <= e < 2**32 for e in eps):
+                    raise ProtocolError("batch: 'eps' must be endpoint ids")
+                self._route_probes(recs, np.asarray(eps, np.int64), time.time_ns())
+            else:
+                self._route_counters(decode_counters(env.body))
+            self.counters["batches"] += 1
+        except Unauthorized:
+            self.counters["unauthorized"] += 1
+        except ProtocolError:
+            self.counters["bad_batches"] += 1
+
+    def _route_probes(self, recs: np.ndarray, eps: np.ndarray, t_ns: int) -> None:
+        recs = np.asarray(recs, PROBE_DTYPE)
+        src = Placement.lookup(self._ep_shard, recs["src_ep"])
+        dst = Placement.lookup(self._ep_shard, recs["dst_ep"])
+        known = (src >= 0) & (dst >= 0)
+        hb = Placement.lookup(self._ep_shard, eps)
+        with self._lock:
+            for s in np.unique(src[known]).tolist():
+                self._buf[s][0].append(recs[known & (src == s)])
+            for s in np.unique(hb[hb >= 0]).tolist():
+                self._buf[s][2].append((eps[hb == s], t_ns))
+        self.counters["probe_records"] += recs.size
+        self.counters["unplaced_records"] += int((~known).sum())
+
+    def _route_counters(self, recs: np.ndarray) -> None:
+        recs = np.asarray(recs, COUNTER_DTYPE)
+        sh = Placement.lookup(self._ep_home, recs["ep"])
+        with self._lock:
+            for s in np.unique(sh[sh >= 0]).tolist():
+                self._buf[s][1].append(recs[sh == s])
+        self.counters["counter_records"] += recs.size
+
+    def flush(self) -> tuple[Any, ...]:
+        """Per shard ``(probes, counters, heartbeats)`` since the last flush; then the counters."""
+        with self._lock:
+            buf, self._buf = self._buf, self._empty()
+        out = tuple(
+            (
+                np.concatenate(p) if p else empty_probes(),
+                np.concatenate(c) if c else empty_counters(),
+                h,
+            )
+            for p, c, h in buf
+        )
+        return (*out, dict(self.counters))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._pull.close(0)
+        self._security.close()
+        self._ctx.term()
