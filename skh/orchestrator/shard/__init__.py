@@ -5,9 +5,11 @@ package runs the same pipeline with its detection half on Ray actors:
 
 * :mod:`.placement` — which shard holds which endpoints (jobs, or rails of big jobs);
 * :mod:`.merge` — the shards' events of one round as the single detector tells them;
-* :mod:`.actors` — detection shards, the localizer, ingest front-ends;
+* :mod:`.actors` — detection shards and the localizer;
+* :mod:`.ingest` — ingest front-ends: agents' batches routed by shard off the coordinator;
 * :mod:`.pipeline` — :class:`ShardedPipeline`, the coordinator: routing, merging, recovery;
-* :mod:`.runtime` — joining (or starting) the Ray cluster.
+* :mod:`.runtime` — joining (or starting) the Ray cluster;
+* :mod:`.daemon` — the hook ``skh analyzer --ray`` runs.
 
 Importing it needs Ray (the ``ray`` extra); ``docs/capacity.md`` sizes a deployment.
 """

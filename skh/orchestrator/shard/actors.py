@@ -1,4 +1,5 @@
-"""The Ray actors of the sharded analyzer: detection shards, the localizer, ingest front-ends.
+"""The Ray actors of the sharded analyzer: detection shards and the localizer (the ingest
+front-ends are in :mod:`.ingest`).
 
 Every shard call carries the round it continues from, so a shard Ray restarted (its state
 gone) says so instead of answering from an empty detector; the coordinator then restores it
@@ -10,9 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +24,9 @@ from skh.analysis.localize import Suspect, Verdict
 from skh.analysis.skeleton import Skeleton
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.rounds import Pipeline
-from skh.orchestrator.shard.placement import Placement
-from skh.records import COUNTER_DTYPE, PROBE_DTYPE, empty_counters, empty_probes, pair_keys
+from skh.records import empty_counters, empty_probes, pair_keys
 
-__all__ = ["RoundInput", "ShardReply", "ShardActor", "LocalizerActor", "IngestFrontEnd"]
+__all__ = ["RoundInput", "ShardReply", "ShardActor", "LocalizerActor"]
 
 log = logging.getLogger(__name__)
 
@@ -218,136 +216,5 @@ class LocalizerActor:
             self.pipe.source_factory = sources
         return self.pipe.locate(suspects, healthy, now_ns)
 
-
-@ray.remote
-class IngestFrontEnd:
-    """A stateless ingest front-end: binds its own PULL socket, decodes, authorizes and routes
-    the agents' batches by shard; the coordinator collects them every round
-    (:meth:`flush`, one return value per shard, so the coordinator owns them and a front-end
-    that dies loses at most the batches of the round in progress)."""
-
-    def __init__(
-        self, bind: str, security: Any, shards: int, max_frame_bytes: int, policy: Any = None
-    ) -> None:
-        import zmq
-
-        from skh.orchestrator.authz import AllowAll
-        from skh.orchestrator.daemon import bind as bind_socket
-        from skh.orchestrator.daemon import make_socket
-        from skh.orchestrator.security import ServerSecurity
-        from skh.wire import Codec
-
-        self._ctx = zmq.Context()
-        self._security = ServerSecurity(security, self._ctx)
-        self._pull = make_socket(self._ctx, zmq.PULL, hwm=10_000)
-        self._security.apply(self._pull)
-        self.endpoint = bind_socket(self._pull, bind)
-        self._codec = Codec(max_frame_bytes=max_frame_bytes)
-        self._policy = policy if policy is not None else AllowAll()
-        self._shards = shards
-        self._ep_shard = self._ep_home = np.full(0, -1, np.int16)
-        self._lock = threading.Lock()
-        self._buf = self._empty()
-        self.counters: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="skh-ingest", daemon=True)
-        self._thread.start()
-
-    def _empty(self) -> list[tuple[list[np.ndarray], list[np.ndarray], list[Any]]]:
-        return [([], [], []) for _ in range(self._shards)]
-
-    def address(self) -> str:
-        return self.endpoint
-
-    def set_routes(self, ep_shard: np.ndarray, ep_home: np.ndarray) -> None:
-        """Where each endpoint's probes and heartbeats go (``ep_shard``), and its counters
-        (``ep_home``): :class:`~skh.orchestrator.shard.placement.Placement`'s tables."""
-        self._ep_shard, self._ep_home = np.asarray(ep_shard), np.asarray(ep_home)
-
-    def _serve(self) -> None:
-        import zmq
-
-        poller = zmq.Poller()
-        poller.register(self._pull, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(100):
-                continue
-            for _ in range(5000):
-                try:
-                    frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                self._on_batch(frames)
-
-    def _on_batch(self, frames: list[Any]) -> None:
-        """Identify, decode, authorize and route one pushed frame (as the analyzer does)."""
-        from skh.errors import ProtocolError, Unauthorized
-        from skh.orchestrator.authz import transport_user_id
-        from skh.wire import MsgType, decode_counters, decode_probes
-
-        if len(frames) != 1:
-            self.counters["malformed"] += 1
-            return
-        try:
-            who = self._policy.identify(b"", transport_user_id(frames[0]))
-            env = self._codec.decode(frames[0].buffer)
-            if env.type not in (MsgType.PROBE_BATCH, MsgType.COUNTER_BATCH):
-                self.counters["unexpected"] += 1
-                return
-            self._policy.authorize(who, env)
-            if env.type is MsgType.PROBE_BATCH:
-                recs = decode_probes(env.body)
-                eps = env.body.get("eps") or []
-                if not all(isinstance(e, int) and 0 <= e < 2**32 for e in eps):
-                    raise ProtocolError("batch: 'eps' must be endpoint ids")
-                self._route_probes(recs, np.asarray(eps, np.int64), time.time_ns())
-            else:
-                self._route_counters(decode_counters(env.body))
-            self.counters["batches"] += 1
-        except Unauthorized:
-            self.counters["unauthorized"] += 1
-        except ProtocolError:
-            self.counters["bad_batches"] += 1
-
-    def _route_probes(self, recs: np.ndarray, eps: np.ndarray, t_ns: int) -> None:
-        recs = np.asarray(recs, PROBE_DTYPE)
-        src = Placement.lookup(self._ep_shard, recs["src_ep"])
-        dst = Placement.lookup(self._ep_shard, recs["dst_ep"])
-        known = (src >= 0) & (dst >= 0)
-        hb = Placement.lookup(self._ep_shard, eps)
-        with self._lock:
-            for s in np.unique(src[known]).tolist():
-                self._buf[s][0].append(recs[known & (src == s)])
-            for s in np.unique(hb[hb >= 0]).tolist():
-                self._buf[s][2].append((eps[hb == s], t_ns))
-        self.counters["probe_records"] += recs.size
-        self.counters["unplaced_records"] += int((~known).sum())
-
-    def _route_counters(self, recs: np.ndarray) -> None:
-        recs = np.asarray(recs, COUNTER_DTYPE)
-        sh = Placement.lookup(self._ep_home, recs["ep"])
-        with self._lock:
-            for s in np.unique(sh[sh >= 0]).tolist():
-                self._buf[s][1].append(recs[sh == s])
-        self.counters["counter_records"] += recs.size
-
-    def flush(self) -> tuple[Any, ...]:
-        """Per shard ``(probes, counters, heartbeats)`` since the last flush; then the counters."""
-        with self._lock:
-            buf, self._buf = self._buf, self._empty()
-        out = tuple(
-            (
-                np.concatenate(p) if p else empty_probes(),
-                np.concatenate(c) if c else empty_counters(),
-                h,
-            )
-            for p, c, h in buf
-        )
-        return (*out, dict(self.counters))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._pull.close(0)
-        self._security.close()
-        self._ctx.term()
+    def pid(self) -> int:
+        return os.getpid()

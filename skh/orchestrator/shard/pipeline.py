@@ -39,12 +39,12 @@ from skh.orchestrator.pipeline.alert_body import skeleton_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.shard.actors import (
-    IngestFrontEnd,
     LocalizerActor,
     RoundInput,
     ShardActor,
     ShardReply,
 )
+from skh.orchestrator.shard.ingest import IngestFrontEnd
 from skh.orchestrator.shard.merge import merge_events, merge_incidents
 from skh.orchestrator.shard.placement import Placement
 from skh.records import empty_probes
@@ -368,6 +368,9 @@ class ShardedPipeline(Pipeline):
 
     def shard_pids(self) -> list[int]:
         return ray.get([sh.pid.remote() for sh in self.shards])
+
+    def localizer_pid(self) -> int:
+        return ray.get(self._localizer.pid.remote())
 
     def close(self) -> None:
         for f in self.frontends:
