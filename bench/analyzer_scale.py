@@ -7,11 +7,16 @@ probe records per second of pipeline time (the simulator's own time excluded) an
 per million records over every process involved (the driver's CPU inside the pipeline's rounds,
 plus every Ray process: shards, localizer, raylet, GCS). On 2 cores the throughput shows
 contention, not scaling; the CPU per record shows what sharding costs. The events and alerts of
-the 2- and 4-shard runs are compared with the single process's, round by round. Then a 2-shard
-run whose shard 0 is killed (SIGKILL) twice, once between rounds and once as a round is sent:
-alerts lost and repeated against the single process, and the recovery time.
+the 1-, 2- and 4-shard runs are compared with the single process's, round by round. Then a
+2-shard run whose shard 0 is killed (SIGKILL) three times, twice between rounds and once as a
+round is sent: alerts lost and repeated against the single process, and the recovery time (kill
+to the answered round: Ray restarting the process dominates it). The single process runs again
+last (the machine's other load moves every figure). Apart from the stream: one shard's steady
+capacity in-process (records/s per core, resident bytes per pair) and one ingest front-end's
+decode-and-route rate.
 
-Prints one JSON object. ``--quick``: 64 hosts, 4 jobs, 300 s of virtual time.
+Prints one JSON object. Default: 128 hosts, 8 jobs, 400 s of virtual time; ``--quick``: 64
+hosts, 4 jobs, 300 s.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
@@ -34,6 +40,7 @@ import psutil  # noqa: E402
 from skh.failures import FailureType  # noqa: E402
 from skh.model import Fabric  # noqa: E402
 from skh.orchestrator.pipeline import Pipeline, PipelineConfig  # noqa: E402
+from skh.orchestrator.shard.merge import alert_key, event_key  # noqa: E402
 from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint  # noqa: E402
 from skh.sim.faults import Fault  # noqa: E402
 from skh.sim.scenario import Simulation  # noqa: E402
@@ -73,23 +80,6 @@ def _build(hosts: int, jobs: int, seed: int) -> tuple[Simulation, PipelineConfig
         if cands:
             sim.inject(Fault(FailureType[name], cands[(i * 7919) % len(cands)], start, end))
     return sim, PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=20.0)
-
-
-def _alert(a):
-    return (
-        a["kind"],
-        a.get("state"),
-        a.get("job"),
-        a.get("layer"),
-        a.get("component"),
-        a.get("failure_type"),
-        tuple(sorted(map(tuple, a.get("pairs", ())))),
-        a.get("first_seen_ns"),
-    )
-
-
-def _event(e):
-    return (e.kind, tuple(sorted(e.pairs)), e.first_seen_ns, tuple(sorted(e.endpoints)))
 
 
 def _cpu_s(procs) -> float:
@@ -138,6 +128,51 @@ def _ingest_rate(n_batches: int = 200, rows: int = 1000) -> dict:
     }
 
 
+def _shard_capacity(pairs: int, seconds: int) -> dict:
+    """One detection shard in this process (no Ray): ``pairs`` pairs (peers of 16 per endpoint,
+    as a skeleton keeps) answered once a second each for ``seconds`` virtual seconds, past the
+    look-back so windows are scored. CPU per record over the last 100 s (every pair's sliding
+    window scored by LOF each 5 s), and resident memory per pair."""
+    import numpy as np
+
+    from skh.model import Fabric
+    from skh.orchestrator.shard.actors import RoundInput, _Shard
+    from skh.records import ProbeStatus, empty_probes
+
+    peers = 16
+    n_ep = pairs // peers
+    src = np.repeat(np.arange(n_ep), peers)
+    dst = (src + 1 + np.tile(np.arange(peers), n_ep) * 7) % n_ep
+    cfg = PipelineConfig(fabric=Fabric.from_params(hosts=2, rnics_per_host=1).to_mapping())
+    shard = _Shard(0, cfg)
+    rng = np.random.default_rng(5)
+    me = psutil.Process()
+    rss0 = me.memory_info().rss
+    t0_ns = 1_700_000_000 * 10**9
+    cpu = []
+    for t in range(seconds):
+        r = empty_probes(src.size)
+        r["src_ep"], r["dst_ep"], r["seq"] = src, dst, t * 10
+        r["t_wall_ns"] = t0_ns + t * 10**9 + rng.integers(0, 10**9, src.size)
+        r["rtt_ns"] = rng.normal(14_000, 700, src.size).astype(np.int64)
+        r["status"] = ProbeStatus.OK
+        c0 = time.process_time()
+        shard.apply(
+            RoundInput(t, t0_ns + (t + 1) * 10**9, (r,), (), (), ((np.arange(n_ep), t0_ns),))
+        )
+        cpu.append(time.process_time() - c0)
+    late = cpu[-100:]
+    return {
+        "pairs": int(src.size),
+        "virtual_s": seconds,
+        "records_per_s": round(src.size * len(late) / sum(late)),
+        "cpu_s_per_million_records": round(sum(late) / (src.size * len(late) / 1e6), 3),
+        "rss_bytes_per_pair": round((me.memory_info().rss - rss0) / src.size),
+        "pairs_live": shard.pipe.detector.stats.pairs_live,
+        "windows_scored": shard.pipe.detector.stats.windows_scored,
+    }
+
+
 def run(args, shards: int, *, kill_at: tuple[int, ...] = (), kill_sent: tuple[int, ...] = ()):
     """One pass over the stream; ``shards`` 0 is the single process."""
     sim, cfg = _build(args.hosts, args.jobs, args.seed)
@@ -164,7 +199,7 @@ def run(args, shards: int, *, kill_at: tuple[int, ...] = (), kill_sent: tuple[in
 
     def recording(*a, **k):
         al, ev = observe(*a, **k)
-        events.append([_event(e) for e in ev])
+        events.append([event_key(e) for e in ev])
         return al, ev
 
     pipe.observe = recording  # type: ignore[method-assign]
@@ -190,7 +225,7 @@ def run(args, shards: int, *, kill_at: tuple[int, ...] = (), kill_sent: tuple[in
         cpu_s += time.process_time() - c0
         cpu_s_driver = cpu_s
         records += int(step.probes.size)
-        alerts.append([_alert(a) for a in found])
+        alerts.append([alert_key(a) for a in found])
         if i in kill_at:
             os.kill(pipe.shard_pids()[0], signal.SIGKILL)
     role_s = {k: _cpu_s(v) - role0[k] for k, v in roles.items()}
@@ -221,26 +256,35 @@ def run(args, shards: int, *, kill_at: tuple[int, ...] = (), kill_sent: tuple[in
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="64 hosts, 4 jobs, 300 s")
-    ap.add_argument("--hosts", type=int, default=256)
-    ap.add_argument("--jobs", type=int, default=16)
-    ap.add_argument("--duration", type=int, default=600, help="virtual seconds")
+    ap.add_argument("--hosts", type=int, default=128)
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--duration", type=int, default=400, help="virtual seconds")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument(
+        "--capacity-pairs", type=int, default=200_000, help="pairs of the one-shard measure"
+    )
     args = ap.parse_args()
     if args.quick:
-        args.hosts, args.jobs, args.duration = 64, 4, 300
+        args.hosts, args.jobs, args.duration, args.capacity_pairs = 64, 4, 300, 20_000
     logging.basicConfig(level=logging.ERROR)
     import ray
 
     from skh.orchestrator.shard import connect
 
+    load0 = os.getloadavg()[0]
     ingest = _ingest_rate()
+    capacity = _shard_capacity(args.capacity_pairs, 330)
     single = run(args, 0)
-    connect("local", min_cpus=6)
-    try:
-        by = {n: run(args, n) for n in (1, 2, 4)}
-        killed = run(args, 2, kill_at=(40, 150), kill_sent=(250,))
-    finally:
-        ray.shutdown()
+    # Ray prints its workers' deaths (the killed shards') on stdout: this prints JSON there
+    with contextlib.redirect_stdout(sys.stderr):
+        connect("local", min_cpus=6)
+        try:
+            by = {n: run(args, n) for n in (1, 2, 4)}
+            killed = run(args, 2, kill_at=(40, 150), kill_sent=(250,))
+        finally:
+            ray.shutdown()
+    # again after the sharded runs: what else ran on the machine moves every figure
+    again = run(args, 0)
     want = Counter(a for r in single["alerts"] for a in r)
     got = Counter(a for r in killed["alerts"] for a in r)
     print(
@@ -261,9 +305,13 @@ def main() -> int:
                     and by[n]["alerts"] == single["alerts"]
                     for n in (1, 2, 4)
                 },
-                "records_per_s_single_process": single["records_per_s"],
+                "load_average_1m": [round(load0, 1), round(os.getloadavg()[0], 1)],
+                "records_per_s_single_process": [single["records_per_s"], again["records_per_s"]],
                 "records_per_s_by_shards": {str(n): by[n]["records_per_s"] for n in by},
-                "cpu_s_per_million_records_single_process": single["cpu_s_per_million_records"],
+                "cpu_s_per_million_records_single_process": [
+                    single["cpu_s_per_million_records"],
+                    again["cpu_s_per_million_records"],
+                ],
                 "cpu_s_per_million_records_by_shards": {
                     str(n): by[n]["cpu_s_per_million_records"] for n in by
                 },
@@ -275,6 +323,7 @@ def main() -> int:
                 },
                 "shard_rss_mb": {str(n): by[n]["shard_rss_mb"] for n in by},
                 "ingest_frontend": ingest,
+                "shard_capacity": capacity,
                 "records_per_shard": {str(n): by[n]["shard_records"] for n in by},
                 "pairs_per_shard": {str(n): by[n]["shard_pairs"] for n in by},
                 "actor_kills": 3,

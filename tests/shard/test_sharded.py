@@ -1,6 +1,6 @@
 """The analyzer sharded on a local Ray cluster tells what the single process tells.
 
-A seeded simulator stream (16 hosts x 8 RNICs, 4 jobs, nine faults of seven kinds, some at
+A seeded simulator stream (16 hosts x 8 RNICs, 4 jobs, nine faults of nine kinds, some at
 once, on a seed the pipeline was not tuned on) goes through the single-process pipeline and
 through the sharded one; their detection events and alerts must be the same: kind, pairs,
 first seen, layer, component and type (sequence numbers and wall-clock stamps aside). A shard
@@ -18,6 +18,7 @@ import pytest
 import ray
 
 from skh.demo.simmode import SimRun
+from skh.orchestrator.shard.merge import alert_key, event_key
 
 pytestmark = pytest.mark.slow
 
@@ -37,24 +38,13 @@ SCRIPT = (
 DURATION_S = 480
 
 
-def _event(e):
-    return (e.kind, tuple(sorted(e.pairs)), e.first_seen_ns, tuple(sorted(e.endpoints)))
-
-
-def _alert(a):
-    return (
-        a["kind"],
-        a.get("state"),
-        a.get("job"),
-        a.get("layer"),
-        a.get("component"),
-        a.get("failure_type"),
-        tuple(sorted(map(tuple, a.get("pairs", ())))),
-        a.get("first_seen_ns"),
-    )
-
-
-def _run(shards: int = 0, *, kill_at: tuple[int, ...] = (), checkpoint_rounds: int = 20):
+def _run(
+    shards: int = 0,
+    *,
+    kill_at: tuple[int, ...] = (),
+    checkpoint_rounds: int = 20,
+    max_cell_endpoints: int = 8192,
+):
     """(per round: events, alerts) of the scripted run; ``shards`` 0 is the single process."""
     from skh.orchestrator.shard import ShardedPipeline, ShardOptions
 
@@ -68,7 +58,10 @@ def _run(shards: int = 0, *, kill_at: tuple[int, ...] = (), checkpoint_rounds: i
             overlay_endpoint=pipe._overlay_kw["overlay_endpoint"],
             overlay_component=pipe._overlay_kw["overlay_component"],
             options=ShardOptions(
-                shards=shards, actor_cpus=0.25, checkpoint_rounds=checkpoint_rounds
+                shards=shards,
+                actor_cpus=0.25,
+                checkpoint_rounds=checkpoint_rounds,
+                max_cell_endpoints=max_cell_endpoints,
             ),
         )
         pipe.set_endpoints(
@@ -82,14 +75,14 @@ def _run(shards: int = 0, *, kill_at: tuple[int, ...] = (), checkpoint_rounds: i
 
     def recording(*a, **kw):
         alerts, events = observe(*a, **kw)
-        seen.append([_event(e) for e in events])
+        seen.append([event_key(e) for e in events])
         return alerts, events
 
     pipe.observe = recording
     out = []
     try:
         for i, (_step, found) in enumerate(run.steps(DURATION_S)):
-            out.append((seen[-1], [_alert(a) for a in found]))
+            out.append((seen[-1], [alert_key(a) for a in found]))
             if i in kill_at:
                 os.kill(pipe.shard_pids()[0], signal.SIGKILL)
         return out, pipe
@@ -114,12 +107,21 @@ def single():
     return out
 
 
-@pytest.mark.parametrize("shards", [2, 4])
-def test_sharded_analyzer_tells_what_the_single_process_tells(cluster, single, shards):
-    out, pipe = _run(shards)
-    assert pipe.stats["unplaced_records"] == 0
-    # every job on its own shard at most: the merge of several shards' events is exercised
-    assert len(set(pipe.placement.home.values())) == min(shards, 4)
+@pytest.mark.parametrize(
+    ("shards", "max_cell_endpoints"),
+    [(2, 8192), (4, 8192), (2, 8)],
+    ids=["2-shards", "4-shards", "2-shards-rail-cells"],
+)
+def test_sharded_analyzer_tells_what_the_single_process_tells(
+    cluster, single, shards, max_cell_endpoints
+):
+    out, pipe = _run(shards, max_cell_endpoints=max_cell_endpoints)
+    assert pipe.stats["unplaced_records"] == 0 and pipe.stats["cross_cell_records"] == 0
+    cells = pipe.placement.cell_shard
+    if max_cell_endpoints < 16:  # jobs over 8 endpoints placed rail by rail, over both shards
+        assert any(rail >= 0 for _job, rail in cells) and set(cells.values()) == {0, 1}
+    else:  # whole jobs, each shard holding some: the merge of shards' events is exercised
+        assert len(set(cells.values())) == shards
     for r, ((ev1, al1), (ev2, al2)) in enumerate(zip(single, out, strict=True)):
         assert ev2 == ev1, f"round {r}: events differ"
         assert al2 == al1, f"round {r}: alerts differ"

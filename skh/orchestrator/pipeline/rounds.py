@@ -227,17 +227,21 @@ class Pipeline:
             if not self.apply_skeleton(job, sk, version):
                 continue
             st.applied_digest, st.skeleton_version = sk.digest, version
-            self.stats["skeletons"] += 1
-            log.info(
-                "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
-                job,
-                version,
-                sk.mode,
-                len(sk.pairs),
-                sk.confidence,
-            )
-            out.append(skeleton_alert(job, sk, version))
+            out.append(self._installed(job, sk, version))
         return out
+
+    def _installed(self, job: str, sk: Skeleton, version: int) -> dict[str, Any]:
+        """Skeleton ``version`` of ``job`` is in place: counted, logged, and its alert."""
+        self.stats["skeletons"] += 1
+        log.info(
+            "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
+            job,
+            version,
+            sk.mode,
+            len(sk.pairs),
+            sk.confidence,
+        )
+        return skeleton_alert(job, sk, version)
 
     def _unexplained(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
         """The events no open alert explains yet. One fault, one alert: loss seen around an

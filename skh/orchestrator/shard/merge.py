@@ -9,11 +9,12 @@ order, re-sorted the way the detector sorts. The explanation, written per shard,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from skh.analysis.detect import KINDS, SuspectEvent
 
-__all__ = ["merge_events", "merge_incidents"]
+__all__ = ["merge_events", "merge_incidents", "event_key", "alert_key"]
 
 
 def merge_events(per_shard: Sequence[Sequence[SuspectEvent]]) -> list[SuspectEvent]:
@@ -79,3 +80,24 @@ def merge_incidents(
         pairs |= p
         eps |= e
     return pairs, eps
+
+
+def event_key(e: SuspectEvent) -> tuple[Any, ...]:
+    """What the sharded and the single analyzer must agree on in a detection event: kind,
+    pairs, first seen, endpoints (the explanation is written per shard)."""
+    return (e.kind, tuple(sorted(e.pairs)), e.first_seen_ns, tuple(sorted(e.endpoints)))
+
+
+def alert_key(a: Mapping[str, Any]) -> tuple[Any, ...]:
+    """... and in an alert: kind, state, job, layer, component, type, pairs and first seen
+    (sequence numbers and wall-clock stamps aside)."""
+    return (
+        a["kind"],
+        a.get("state"),
+        a.get("job"),
+        a.get("layer"),
+        a.get("component"),
+        a.get("failure_type"),
+        tuple(sorted(map(tuple, a.get("pairs", ())))),
+        a.get("first_seen_ns"),
+    )

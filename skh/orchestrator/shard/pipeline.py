@@ -35,7 +35,6 @@ from skh.analysis.localize import Suspect, Verdict
 from skh.analysis.skeleton import Skeleton
 from skh.errors import ConfigError
 from skh.model import Cluster
-from skh.orchestrator.pipeline.alert_body import skeleton_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.shard.actors import (
@@ -282,16 +281,7 @@ class ShardedPipeline(Pipeline):
             if not self.apply_skeleton(job, sk, version):
                 continue
             self._commits[self.placement.home[job]].append((job, sk.digest, version))
-            self.stats["skeletons"] += 1
-            log.info(
-                "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
-                job,
-                version,
-                sk.mode,
-                len(sk.pairs),
-                sk.confidence,
-            )
-            out.append(skeleton_alert(job, sk, version))
+            out.append(self._installed(job, sk, version))
         return out
 
     def _checkpoints(self) -> None:

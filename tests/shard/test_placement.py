@@ -1,0 +1,83 @@
+"""Placement and merging, without Ray: where endpoints go, and how the shards' events of one
+tick become the single detector's."""
+
+import numpy as np
+import pytest
+
+from skh.analysis.detect import SuspectEvent
+from skh.errors import ConfigError
+from skh.orchestrator.shard.merge import merge_events
+from skh.orchestrator.shard.placement import Placement
+from skh.records import empty_counters, empty_probes
+
+
+def _members(job, first_ep, hosts, rails=8):
+    return [
+        {"ep": first_ep + h * rails + r, "job": job, "rail": r}
+        for h in range(hosts)
+        for r in range(rails)
+    ]
+
+
+def test_jobs_go_whole_to_the_least_loaded_shard_and_stay_there():
+    pl = Placement(2, max_cell_endpoints=64)
+    a, b = _members("a", 0, 4), _members("b", 32, 2)
+    pl.update(a + b)
+    assert pl.home == {"a": 0, "b": 1}
+    assert set(pl.ep_shard[:32]) == {0} and set(pl.ep_shard[32:48]) == {1}
+    # a third job goes where fewer endpoints are; earlier placements never move
+    c = _members("c", 48, 1)
+    pl.update(a + b + c)
+    assert pl.home["c"] == 1 and set(pl.ep_shard[:32]) == {0}
+    # a job gone is no one's home; its endpoints' ids are never reused
+    pl.update(a + c)
+    assert "b" not in pl.home and pl.jobs_of(1) == {"c"}
+
+
+def test_a_job_too_big_for_a_shard_is_placed_rail_by_rail():
+    pl = Placement(4, max_cell_endpoints=16)
+    big = _members("big", 0, 4)  # 32 endpoints, 8 rails
+    pl.update(big)
+    assert {c for c in pl.cell_shard} == {("big", r) for r in range(8)}
+    shard_of_rail = {r: int(pl.ep_shard[r]) for r in range(8)}
+    assert sorted(shard_of_rail.values()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    for m in big:  # an endpoint sits with every other endpoint of its rail
+        assert pl.ep_shard[m["ep"]] == shard_of_rail[m["rail"]]
+    # its counters all go to one home shard: skeleton inference reads the whole job
+    assert set(pl.ep_home[:32]) == {pl.home["big"]}
+
+
+def test_records_are_routed_in_order_and_strangers_are_counted():
+    pl = Placement(2, max_cell_endpoints=8)
+    pl.update(_members("j", 0, 2))  # rails 0..7 of 2 hosts: rail cells over both shards
+    p = empty_probes(5)
+    p["src_ep"], p["dst_ep"], p["seq"] = [0, 8, 1, 0, 99], [8, 0, 9, 1, 0], [1, 2, 3, 4, 5]
+    c = empty_counters(3)
+    c["ep"] = [0, 9, 99]
+    r = pl.route(p, c, np.array([1, 0, 99]))
+    s0, s1 = int(pl.ep_shard[0]), int(pl.ep_shard[1])
+    assert s0 != s1
+    assert r.probes[s0]["seq"].tolist() == [1, 2, 4] and r.probes[s1]["seq"].tolist() == [3]
+    assert r.unplaced == 1 and r.cross_cell == 1  # 0 -> 1 crosses rails; 99 is no one's
+    assert sum(x.size for x in r.counters) == 2 and sorted(np.concatenate(r.heartbeats)) == [0, 1]
+    with pytest.raises(ConfigError):
+        Placement(0)
+
+
+def _ev(kind, pairs, scores, first, eps=()):
+    return SuspectEvent(kind, tuple(pairs), tuple(scores), first, 100, f"{kind} here", eps)
+
+
+def test_merged_events_read_like_one_detector_tick():
+    a = [_ev("unreachable", [(0, 1), (4, 5)], [3, 4], 50), _ev("agent", [(2, 3)], [1.0], 100, (2,))]
+    b = [_ev("loss", [(8, 9)], [1], 70), _ev("unreachable", [(1, 0)], [2], 40)]
+    c = [_ev("agent", [(6, 7), (7, 6)], [4.0], 100, (6,)), _ev("agent", [(1, 2)], [8.0], 100, (1,))]
+    out = merge_events([a, b, c])
+    assert [e.kind for e in out] == ["unreachable", "loss", "agent"]
+    un = out[0]
+    assert un.pairs == ((0, 1), (1, 0), (4, 5)) and un.scores == (3, 2, 4)
+    assert un.first_seen_ns == 40
+    ag = out[2]
+    assert ag.endpoints == (1, 2, 6) and ag.scores == (8.0, 1.0, 4.0)
+    assert ag.pairs == ((1, 2), (2, 3), (6, 7), (7, 6))
+    assert merge_events([a]) == [a[0], a[1]] and merge_events([]) == []
