@@ -168,3 +168,47 @@ def test_a_shard_killed_as_a_round_is_sent_is_restored(cluster):
         assert pipe.shard_pids()[1] != pid
     finally:
         pipe.close()
+
+
+def test_a_shard_whose_checkpoint_is_lost_starts_over(cluster):
+    # a checkpoint lives on the node that took it: a node lost takes it along, and the shard
+    # comes back empty at the round it died in instead of failing every round after
+    from skh.orchestrator.shard import ShardedPipeline, ShardOptions
+
+    @ray.remote(num_cpus=0)
+    class Owner:  # an object whose owner is gone is lost, as one on a lost node
+        def make(self):
+            return [ray.put(b"checkpoint")]
+
+    run = SimRun(seed=3, script=SCRIPT[:1])
+    pipe = ShardedPipeline(
+        run.pipe.cfg,
+        source_factory=run.pipe.source_factory,
+        apply_skeleton=run.pipe.apply_skeleton,
+        options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=4),
+    )
+    run.pipe = pipe
+    try:
+        pipe.set_endpoints(
+            {"ep": e.ep_id, "job": e.job, "container": e.container, "host": e.host}
+            | {"rail": e.rail, "ip": e.ip}
+            for e in run.sim.cluster.endpoints
+        )
+        steps = run.steps(20)
+        for _ in range(12):
+            next(steps)
+        ref, at = pipe._ckpt[0]
+        assert ref is not None and at >= 4
+        owner = Owner.remote()
+        (lost,) = ray.get(owner.make.remote())
+        ray.kill(owner)
+        pipe._ckpt[0] = (lost, at)
+        os.kill(pipe.shard_pids()[0], signal.SIGKILL)
+        for _ in range(8):
+            next(steps)
+        assert pipe.stats["states_lost"] == 1 and pipe.stats["restores"] == 1
+        # it runs on with the registry: its jobs' records keep arriving, its jobs are its own
+        assert pipe.shard_stats[0]["records_in"] > 0
+        assert ray.get(pipe.shards[0].round.remote(pipe._log[0][-1])) is None  # not re-applied
+    finally:
+        pipe.close()

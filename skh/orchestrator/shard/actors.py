@@ -156,10 +156,12 @@ class ShardActor:
     def checkpoint(self, after: int) -> bytes | None:
         return self._s.state() if self._s.done == after else None
 
-    def restore(self, blob: bytes | None, replay: Sequence[RoundInput]) -> int:
-        """Back to the last round of ``replay``: the checkpoint, then each round since."""
+    def restore(self, blob: bytes | None, replay: Sequence[RoundInput], start: int = -1) -> int:
+        """Back to the last round of ``replay``: the checkpoint, then each round since. Without
+        a checkpoint, from nothing at round ``start`` (-1: the first round)."""
         if blob is None:
             self._s = _Shard(self._s.shard, self._cfg)
+            self._s.done = start
         else:
             self._s.load(blob)
         for inp in replay:

@@ -20,6 +20,7 @@ in is answered once, no alert is lost or repeated.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from skh.analysis.detect import SuspectEvent
 from skh.analysis.localize import Suspect, Verdict
@@ -163,7 +164,9 @@ class ShardedPipeline(Pipeline):
         self.recoveries: list[float] = []
         self.shard_stats: list[dict[str, int]] = [{} for _ in range(n)]
         self.ingest_stats: list[dict[str, int]] = [{} for _ in self.frontends]
-        self.stats.update({"restores": 0, "unplaced_records": 0, "cross_cell_records": 0})
+        self.stats.update(
+            {"restores": 0, "states_lost": 0, "unplaced_records": 0, "cross_cell_records": 0}
+        )
 
     # -- the model ----------------------------------------------------------------------------
     def set_endpoints(self, members: Iterable[Mapping[str, Any]]) -> bool:
@@ -251,7 +254,11 @@ class ShardedPipeline(Pipeline):
         while time.monotonic() - t0 < self.options.restore_timeout_s:
             attempt += 1
             try:
-                done = ray.get(self.shards[s].restore.remote(blob, replay))
+                try:
+                    done = ray.get(self.shards[s].restore.remote(blob, replay, at))
+                except ObjectLostError:
+                    blob, at, replay = self._lost(s)
+                    continue
                 if done != self._round - 1:
                     raise RuntimeError(f"shard {s} restored to round {done}, not {self._round - 1}")
                 reply = ray.get(self.shards[s].round.remote(self._log[s][-1]))
@@ -321,12 +328,32 @@ class ShardedPipeline(Pipeline):
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.options.restore_timeout_s:
             try:
-                ray.get(self.shards[s].restore.remote(blob, replay))
+                ray.get(self.shards[s].restore.remote(blob, replay, at))
                 self.stats["restores"] += 1
                 return
+            except ObjectLostError:
+                blob, at, replay = self._lost(s, self._round)
             except RayActorError:
                 time.sleep(0.2)
         raise RuntimeError(f"shard {s} did not come back")
+
+    def _lost(self, s: int, at: int | None = None) -> tuple[None, int, list[RoundInput]]:
+        """The checkpoint of shard ``s`` went with its node (a checkpoint lives in the object
+        store of the node that took it): the shard starts over from nothing after round ``at``
+        (default: the round before this one). Its look-back is gone for a few minutes (the fast
+        path and endpoint health work from its first round again); nothing published is
+        repeated: alerts are the coordinator's."""
+        at = self._round - 1 if at is None else at
+        log.error("shard %d: its checkpoint is lost with its node; it starts over", s)
+        self.stats["states_lost"] += 1
+        self._ckpt[s] = (None, at)
+        keep = [i for i in self._log[s] if i.round_no > at]
+        if keep:  # the registry comes with the round it resumes at, or with the next one
+            keep[0] = dataclasses.replace(keep[0], members=self._members)
+        else:
+            self._members_due[s] = True
+        self._log[s] = keep
+        return None, at, []
 
     def locate(
         self, suspects: list[Suspect], healthy: np.ndarray, now_ns: int
