@@ -534,7 +534,8 @@ def same_rail_pair_count(
     if rail.size == 0:
         return 0
     _, r = np.unique(rail, return_inverse=True)
-    _, rh = np.unique(np.stack([rail, host]), axis=1, return_inverse=True)
+    _, h = np.unique(host, return_inverse=True)
+    _, rh = np.unique(r.ravel() * (int(h.max()) + 1) + h.ravel(), return_inverse=True)
     r, rh = r.ravel(), rh.ravel()
     src = np.bincount(r)
     dst = np.bincount(r, weights=ok)
