@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from skh.errors import ProtocolError, TopologyError
-from skh.model import same_rail_pairs
+from skh.model import same_rail_pair_count, same_rail_pairs
 from skh.wire import MsgType, pack_pairs, unpack_pairs
 
 __all__ = ["EndpointInfo", "JobPingLists"]
@@ -286,13 +286,43 @@ class JobPingLists:
         pairs = pairs[np.isin(pairs[:, 1], ready_ids)]
         return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
 
-    def ping_list(self, src: int) -> np.ndarray:
-        """Destinations ``src`` probes now (sorted uint32)."""
+    def ping_list(self, src: int, *, ready_only: bool = True) -> np.ndarray:
+        """Destinations ``src`` probes now (sorted uint32); with ``ready_only`` False, every
+        destination its list holds, ready or not."""
         ep, rail, host, ready = self._cols()
         if self.skeleton is not None:
             dst = self.skeleton[self.skeleton[:, 0] == src, 1]
-            return np.sort(dst[np.isin(dst, ep[ready])])
+            return np.sort(dst[np.isin(dst, ep[ready])] if ready_only else dst)
         i = np.searchsorted(ep, src)
         if i >= ep.size or ep[i] != src:
             return np.zeros(0, np.uint32)
-        return ep[ready & (rail == rail[i]) & (host != host[i])]
+        return ep[(ready | (not ready_only)) & (rail == rail[i]) & (host != host[i])]
+
+    def pair_counts(self) -> dict[str, int]:
+        """The lists' sizes without listing them (a preload list grows with the square of the
+        job): ``preload`` (every same-rail, different-host pair), ``pairs`` (the skeleton when
+        one is applied, else the preload list), ``active`` (those with a ready destination)."""
+        ep, rail, host, ready = self._cols()
+        preload = same_rail_pair_count(rail, host)
+        if self.skeleton is None:
+            return {
+                "preload": preload,
+                "pairs": preload,
+                "active": same_rail_pair_count(rail, host, ready),
+            }
+        active = int(np.isin(self.skeleton[:, 1], ep[ready]).sum())
+        return {"preload": preload, "pairs": int(self.skeleton.shape[0]), "active": active}
+
+    def first_pairs(self, limit: int, *, ready_only: bool = True) -> np.ndarray:
+        """The first ``limit`` pairs of the list (by source, then destination), listed one
+        source at a time: what a reader of a big job's list is shown."""
+        out: list[np.ndarray] = []
+        n = 0
+        for src in sorted(self.endpoints):
+            if n >= limit:
+                break
+            dst = self.ping_list(src, ready_only=ready_only)[: limit - n]
+            if dst.size:
+                out.append(np.stack([np.full(dst.size, src, np.uint32), dst], axis=1))
+                n += dst.size
+        return np.concatenate(out) if out else np.zeros((0, 2), np.uint32)

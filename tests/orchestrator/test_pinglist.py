@@ -100,3 +100,28 @@ def test_reregistration_with_a_new_address_deactivates_until_ready():
     down = j.upsert(moved)
     assert down is not None and down["endpoints"] == [1] and not j.endpoints[1].ready
     assert j.ping_list(0).size == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=_layouts, data=st.data())
+def test_lists_are_counted_and_shown_in_part_without_listing_them(layout, data):
+    ready = sorted(data.draw(st.sets(st.integers(0, len(layout) - 1))))
+    j = _job(layout, ready)
+    if data.draw(st.booleans()):
+        pre = j.preload_pairs()
+        pick = data.draw(st.lists(st.integers(0, max(0, len(pre) - 1)), max_size=6, unique=True))
+        if len(pre):
+            j.apply_skeleton(pre[sorted(pick)] if pick else pre[:1], 1)
+    listed = j.preload_pairs() if j.skeleton is None else j.skeleton
+    active = j.active_pairs()
+    assert j.pair_counts() == {
+        "preload": len(j.preload_pairs()),
+        "pairs": len(listed),
+        "active": len(active),
+    }
+    limit = data.draw(st.integers(0, 50))
+    np.testing.assert_array_equal(j.first_pairs(limit), active[:limit].reshape(-1, 2))
+    everything = listed[np.lexsort((listed[:, 1], listed[:, 0]))] if len(listed) else listed
+    np.testing.assert_array_equal(
+        j.first_pairs(limit, ready_only=False), everything[:limit].reshape(-1, 2)
+    )
