@@ -1,17 +1,21 @@
 """Controller load: sustained container registrations per minute and readiness fan-out latency.
 
-A real ``skh controller`` process (SQLite registry, commit before every answer) serves a load
-generator that plays one DEALER per container: register 8 endpoints (one per rail), then report
-ready, with ``--window`` containers in flight. A separate subscriber process holds
-``--subscribers`` SUB sockets spread over the jobs' topics, like the agents of those jobs, and
-stamps every readiness announcement it receives. Fan-out latency = receive time at a subscriber -
-the time the container sent READY (same host clock).
+A real ``skh controller`` process (SQLite registry, commit before every answer) serves load
+generator processes that play one DEALER per container (``--procs`` processes share the
+containers, so 10,240 containers need no 10,240 sockets in one process): register 8 endpoints
+(one per rail), then report ready, with ``--window`` containers in flight in all. A separate
+subscriber process holds ``--subscribers`` SUB sockets spread over the jobs' topics, like the
+agents of those jobs, and stamps every endpoint each readiness announcement names. Fan-out
+latency = receive time at a subscriber - the time its container sent READY (same host clock).
+Every reply a generator receives is measured (``max_reply_bytes``), and the controller's
+resident memory at the end (``controller_rss_mb``).
 
-The paper's push design choked at about 2,000 container creations per minute; the goal here is
->= 20,000 registrations/min with p99 fan-out <= 1 s at 4,096 endpoints.
+The paper's push design choked at about 2,000 container creations per minute; the goal is
+>= 20,000 registrations/min with p99 fan-out <= 1 s; issue 19 asks it at 10,240 hosts x 8 RNICs
+(81,920 endpoints) with replies <= 1 MiB and the controller <= 1 GiB.
 
-    python bench/controller_load.py --quick      # one round of 4,096 endpoints (< 60 s)
-    python bench/controller_load.py              # three rounds: the registry grows to 12,288
+    python bench/controller_load.py --quick      # one round of 81,920 endpoints
+    python bench/controller_load.py              # three rounds of 4,096: the registry grows
 
 Prints one JSON object.
 """
@@ -55,7 +59,7 @@ def _subscriber(args: argparse.Namespace) -> int:
     for s in socks:
         poller.register(s, zmq.POLLIN)
     print("ready", flush=True)
-    stamps: list[tuple[str, int, int]] = []
+    stamps: list[tuple[int, int]] = []
     idle_deadline = time.monotonic() + args.idle_s * 4
     while time.monotonic() < idle_deadline:
         events = poller.poll(100)
@@ -68,41 +72,37 @@ def _subscriber(args: argparse.Namespace) -> int:
                     break
                 env = codec.decode(raw)
                 if env.type is MsgType.READY_ANNOUNCE:
-                    stamps.append(
-                        (env.body["job"], min(e["ep"] for e in env.body["endpoints"]), now)
-                    )
+                    stamps += [(int(e["ep"]), now) for e in env.body["endpoints"]]
         if events:
             idle_deadline = time.monotonic() + args.idle_s
     json.dump(stamps, sys.stdout)
     return 0
 
 
-def _generate(
-    ctx: zmq.Context,
-    router: str,
-    jobs: list[str],
-    containers_per_job: int,
-    window: int,
-    round_no: int,
-) -> tuple[float, dict[tuple[str, int], int], int]:
-    """Register + ready every container, ``window`` at a time; returns (seconds,
-    {(job, first ep): ready_sent_ns}, errors). Every container's DEALER connects before the clock
-    starts, as an agent is connected before it registers."""
-    codec = Codec()
-    todo = [(job, c) for c in range(containers_per_job) for job in jobs]
+def _generator(args: argparse.Namespace) -> int:
+    """Child process: one DEALER per container of its share; registers and readies them on
+    "go" (a line on stdin); prints its stamps and the largest reply as JSON."""
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, 65536)
+    codec = Codec(max_frame_bytes=1 << 30)
+    jobs = args.jobs_list.split(",")
+    todo = [(job, c) for c in range(args.containers_per_job) for job in jobs]
+    todo = todo[args.proc :: args.procs]
     socks: list[tuple[zmq.Socket, str, str, int]] = []
     for job, c in todo:
-        name = f"r{round_no}-{job}-c{c}"
+        name = f"r{args.round}-{job}-c{c}"
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.ROUTING_ID, name.encode())
-        s.connect(router)
+        s.connect(args.router)
         socks.append((s, name, job, c))
     time.sleep(1.0 + len(socks) / 500)  # the TCP and ZMTP handshakes complete
+    print("ready", flush=True)
+    sys.stdin.readline()
     index = {s: i for i, (s, *_rest) in enumerate(socks)}
     poller = zmq.Poller()
-    sent_ready: dict[tuple[str, int], int] = {}
-    errors = done = nxt = 0
+    sent_ready: list[tuple[int, int]] = []
+    errors = done = nxt = max_reply = 0
 
     def start(i: int) -> None:
         s, name, job, c = socks[i]
@@ -121,19 +121,22 @@ def _generate(
         )
 
     t0 = time.perf_counter()
-    while nxt < len(socks) and nxt < window:
+    while nxt < len(socks) and nxt < args.window:
         start(nxt)
         nxt += 1
     while done < len(socks):
-        events = poller.poll(5000)
+        events = poller.poll(30_000)
         if not events:
             raise RuntimeError(f"controller stopped answering after {done} containers")
         for s, _ in events:
-            _s, name, job, _c = socks[index[s]]
-            env = codec.decode(s.recv())
+            _s, name, _job, _c = socks[index[s]]
+            raw = s.recv()
+            max_reply = max(max_reply, len(raw))
+            env = codec.decode(raw)
             if env.type is MsgType.REGISTER_ACK:
                 eps = env.body["endpoints"]
-                sent_ready[(job, min(eps))] = time.time_ns()
+                now = time.time_ns()
+                sent_ready += [(ep, now) for ep in eps]
                 s.send(codec.encode(MsgType.READY, name, 2, {"agent": name, "endpoints": eps}))
             elif env.type is MsgType.ACK:
                 errors += not env.body["ok"]
@@ -145,28 +148,111 @@ def _generate(
     elapsed = time.perf_counter() - t0
     for s, *_rest in socks:
         s.close(0)
-    return elapsed, sent_ready, errors
+    json.dump(
+        {
+            "seconds": elapsed,
+            "containers": len(socks),
+            "sent_ready": sent_ready,
+            "errors": errors,
+            "max_reply_bytes": max_reply,
+        },
+        sys.stdout,
+    )
+    return 0
+
+
+def _generate(
+    env: dict[str, str],
+    router: str,
+    jobs: list[str],
+    containers_per_job: int,
+    window: int,
+    round_no: int,
+    procs: int,
+) -> tuple[float, dict[int, int], int, int]:
+    """Register + ready every container with ``procs`` generator processes; returns (seconds,
+    {endpoint: ready_sent_ns}, errors, largest reply). Every container's DEALER connects before
+    the clock starts, as an agent is connected before it registers."""
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--role",
+                "generator",
+                "--router",
+                router,
+                "--jobs-list",
+                ",".join(jobs),
+                "--containers-per-job",
+                str(containers_per_job),
+                "--window",
+                str(max(1, window // procs)),
+                "--round",
+                str(round_no),
+                "--procs",
+                str(procs),
+                "--proc",
+                str(k),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(procs)
+    ]
+    for c in children:
+        if c.stdout.readline().strip() != "ready":
+            raise RuntimeError("a load generator did not start")
+    t0 = time.perf_counter()
+    for c in children:
+        c.stdin.write("go\n")
+        c.stdin.flush()
+    outs = [json.loads(c.communicate(timeout=3600)[0]) for c in children]
+    elapsed = time.perf_counter() - t0
+    sent = {int(ep): int(t) for o in outs for ep, t in o["sent_ready"]}
+    return (
+        elapsed,
+        sent,
+        sum(o["errors"] for o in outs),
+        max(o["max_reply_bytes"] for o in outs),
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one round (< 60 s)")
+    ap.add_argument("--quick", action="store_true", help="one round of 81,920 endpoints")
     ap.add_argument(
-        "--endpoints", type=int, default=4096, help="endpoints per round (8 per container)"
+        "--endpoints",
+        type=int,
+        help="endpoints per round, 8 per container (default: 81,920 with --quick, else 4,096)",
     )
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window", type=int, default=128, help="containers registering at once")
     ap.add_argument("--subscribers", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=4, help="load generator processes")
     ap.add_argument(
-        "--role", choices=("main", "subscriber"), default="main", help=argparse.SUPPRESS
+        "--role",
+        choices=("main", "subscriber", "generator"),
+        default="main",
+        help=argparse.SUPPRESS,
     )
     ap.add_argument("--pub", help=argparse.SUPPRESS)
+    ap.add_argument("--router", help=argparse.SUPPRESS)
     ap.add_argument("--jobs-list", help=argparse.SUPPRESS)
+    ap.add_argument("--containers-per-job", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--idle-s", type=float, default=3.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "subscriber":
         return _subscriber(args)
+    if args.role == "generator":
+        return _generator(args)
+    if args.endpoints is None:
+        args.endpoints = 81_920 if args.quick else 4096
     rounds = 1 if args.quick else args.rounds
     containers_per_job = max(1, args.endpoints // RAILS // args.jobs)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -195,12 +281,11 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        ctx = zmq.Context()
         try:
             addrs = json.loads(ctl.stdout.readline())
             ctl_proc = psutil.Process(ctl.pid)
             ctl_cpu_s = 0.0
-            total_s, total_containers, errors = 0.0, 0, 0
+            total_s, total_containers, errors, max_reply = 0.0, 0, 0, 0
             latencies: list[np.ndarray] = []
             delivered = 0
             for rnd in range(rounds):
@@ -225,24 +310,29 @@ def main() -> int:
                 assert sub.stdout.readline().strip() == "ready"
                 time.sleep(0.5)  # subscriptions reach the PUB socket
                 cpu0 = sum(ctl_proc.cpu_times()[:2])
-                secs, sent, errs = _generate(
-                    ctx, addrs["router"], jobs, containers_per_job, args.window, rnd
+                secs, sent, errs, biggest = _generate(
+                    env, addrs["router"], jobs, containers_per_job, args.window, rnd, args.procs
                 )
                 ctl_cpu_s += sum(ctl_proc.cpu_times()[:2]) - cpu0
-                out, _ = sub.communicate(timeout=120)
+                out, _ = sub.communicate(timeout=600)
                 stamps = json.loads(out)
-                lat = [(t - sent[(job, ep)]) / 1e6 for job, ep, t in stamps if (job, ep) in sent]
+                lat = [(t - sent[ep]) / 1e6 for ep, t in stamps if ep in sent]
                 latencies.append(np.array(lat))
                 delivered += len(lat)
                 total_s += secs
-                total_containers += len(sent)
+                total_containers += len(sent) // RAILS
                 errors += errs
+                max_reply = max(max_reply, biggest)
             lat_all = np.concatenate(latencies) if latencies else np.zeros(0)
-            expected = total_containers * args.subscribers // args.jobs
+            # each endpoint's readiness reaches every subscriber of its job's topic
+            expected = total_containers * RAILS * args.subscribers // args.jobs
             result = {
                 "bench": "controller_load",
                 "quick": args.quick,
                 "rounds": rounds,
+                "endpoints": total_containers * RAILS,
+                "controller_rss_mb": round(ctl_proc.memory_info().rss / 2**20, 1),
+                "max_reply_bytes": max_reply,
                 "endpoints_per_round": containers_per_job * args.jobs * RAILS,
                 "registry_endpoints": total_containers * RAILS,
                 "containers": total_containers,
@@ -268,12 +358,16 @@ def main() -> int:
                 "announcements_delivered": delivered,
                 "announcements_expected": expected,
                 "errors": errors,
-                "goal": {"registrations_per_min": 20000, "fanout_p99_ms": 1000},
+                "goal": {
+                    "registrations_per_min": 20000,
+                    "fanout_p99_ms": 1000,
+                    "controller_rss_mb": 1024,
+                    "max_reply_bytes": 1 << 20,
+                },
             }
         finally:
             ctl.terminate()
             ctl.wait(15)
-            ctx.destroy(linger=0)
     print(json.dumps(result))
     return 0
 
