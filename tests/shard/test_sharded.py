@@ -212,3 +212,24 @@ def test_a_shard_whose_checkpoint_is_lost_starts_over(cluster):
         assert ray.get(pipe.shards[0].round.remote(pipe._log[0][-1])) is None  # not re-applied
     finally:
         pipe.close()
+
+
+def test_a_front_end_lost_before_its_flush_gives_nothing_again_and_again(cluster):
+    # a round (and its replay) reads what every front-end flushed; one that died before its
+    # flush ran gave nothing, and says so the same way each time, so a replay stays the round
+    # that ran
+    from skh.orchestrator.shard.actors import _flushes
+    from skh.records import empty_counters, empty_probes
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class FrontEnd:
+        def flush(self):
+            return (empty_probes(2), empty_counters(), [])
+
+    gone, alive = FrontEnd.remote(), FrontEnd.remote()
+    ray.get([gone.flush.remote(), alive.flush.remote()])
+    ray.kill(gone)
+    lost, kept = gone.flush.remote(), alive.flush.remote()
+    for _ in range(2):
+        got = _flushes([lost, kept])
+        assert len(got) == 1 and got[0][0].size == 2

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.exceptions import RayError
 
 from skh.analysis.detect import SuspectEvent
 from skh.analysis.localize import Suspect, Verdict
@@ -36,15 +37,15 @@ class RoundInput:
     """What one shard is given for one round; kept by the coordinator until a checkpoint covers
     it, so a restarted shard can be brought back by replaying it.
 
-    ``probes``/``counters``: arrays or object refs, in arrival order; ``frontends``: refs of the
+    ``probes``/``counters``: arrays, in arrival order; ``frontends``: refs of the
     ingest front-ends' flushes for this shard, each ``(probes, counters, heartbeats)``;
     ``heartbeats``: ``(endpoint ids, t_ns)`` heard between rounds; ``round_heartbeats``: the
     endpoints that reported in this round (the simulator's), stamped ``now_ns``."""
 
     round_no: int
     now_ns: int
-    probes: tuple[Any, ...] = ()
-    counters: tuple[Any, ...] = ()
+    probes: tuple[np.ndarray, ...] = ()
+    counters: tuple[np.ndarray, ...] = ()
     frontends: tuple[Any, ...] = ()
     heartbeats: tuple[tuple[np.ndarray, int], ...] = ()
     round_heartbeats: np.ndarray | None = None
@@ -65,10 +66,16 @@ class ShardReply:
     stats: dict[str, int] = field(default_factory=dict)
 
 
-def _resolve(items: Sequence[Any]) -> list[Any]:
-    refs = [i for i in items if isinstance(i, ray.ObjectRef)]
-    got = iter(ray.get(refs)) if refs else iter(())
-    return [next(got) if isinstance(i, ray.ObjectRef) else i for i in items]
+def _flushes(refs: Sequence[Any]) -> list[tuple[np.ndarray, np.ndarray, list[Any]]]:
+    """The ingest front-ends' parts of a round; a front-end that died before its flush gave
+    nothing (the same again when the round is replayed)."""
+    out = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except RayError as exc:
+            log.warning("an ingest front-end's batches of this round are lost: %s", exc)
+    return out
 
 
 def _no_source(_cluster: Any) -> Any:
@@ -92,6 +99,7 @@ class _Shard:
 
     def apply(self, inp: RoundInput) -> ShardReply:
         p = self.pipe
+        fronts = _flushes(inp.frontends)  # before any state changes: this may wait
         if inp.members is not None:
             self.jobs = inp.jobs
             if p.set_endpoints(inp.members):
@@ -101,13 +109,12 @@ class _Shard:
             st = p.jobs.get(job)
             if st is not None:
                 st.applied_digest, st.skeleton_version = digest, version
-        fronts = _resolve(inp.frontends)
         for eps, t_ns in list(inp.heartbeats) + [hb for f in fronts for hb in f[2]]:
             p.detector.heartbeat(eps, t_ns)
         if inp.retire:
             p.detector.retire(list(inp.retire))
-        probes = _resolve(inp.probes) + [f[0] for f in fronts]
-        counters = _resolve(inp.counters) + [f[1] for f in fronts]
+        probes = [*inp.probes, *(f[0] for f in fronts)]
+        counters = [*inp.counters, *(f[1] for f in fronts)]
         self._proposals = []
         _alerts, events = p.observe(
             np.concatenate(probes) if probes else empty_probes(),

@@ -180,7 +180,8 @@ class ShardedPipeline(Pipeline):
         self._members = rows
         self._members_version += 1
         self._members_due = [True] * self.options.shards
-        ray.get(self._localizer.set_members.remote(rows, self._members_version))
+        # not waited for: a localizer that missed it is sent it again when it is asked
+        self._localizer.set_members.remote(rows, self._members_version)
         for f in self.frontends:
             f.set_routes.remote(self.placement.ep_shard, self.placement.ep_home)
         return True
