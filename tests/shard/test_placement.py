@@ -1,14 +1,21 @@
-"""Placement and merging, without Ray: where endpoints go, and how the shards' events of one
-tick become the single detector's."""
+"""Placement, ingest routing and merging, without Ray: where endpoints go, what an ingest
+front-end takes from whom, and how the shards' events of one tick become the single
+detector's."""
 
 import numpy as np
 import pytest
+import zmq
 
 from skh.analysis.detect import SuspectEvent
 from skh.errors import ConfigError
+from skh.orchestrator.analyzer import RoundQuota
+from skh.orchestrator.authz import AnalyzerPolicy, KeyBook
+from skh.orchestrator.security import Identity
+from skh.orchestrator.shard.ingest import IngestRouter
 from skh.orchestrator.shard.merge import merge_events
 from skh.orchestrator.shard.placement import Placement
-from skh.records import empty_counters, empty_probes
+from skh.records import ProbeStatus, empty_counters, empty_probes
+from skh.wire import Codec, MsgType, probe_batch_body
 
 
 def _members(job, first_ep, hosts, rails=8):
@@ -62,6 +69,46 @@ def test_records_are_routed_in_order_and_strangers_are_counted():
     assert sum(x.size for x in r.counters) == 2 and sorted(np.concatenate(r.heartbeats)) == [0, 1]
     with pytest.raises(ConfigError):
         Placement(0)
+
+
+def test_a_front_end_takes_results_only_for_endpoints_the_sender_owns():
+    # the front-end is a door into the analyzer: the analyzer's policy and per-sender caps hold
+    book = KeyBook()
+    keys = {name: zmq.curve_keypair()[0].decode() for name in ("sc-a", "sc-b")}
+    book.set_dynamic(
+        [
+            Identity(keys["sc-a"], "sc-a", "overlay", "h0", "c0", "j"),
+            Identity(keys["sc-b"], "sc-b", "overlay", "h1", "c1", "j"),
+        ]
+    )
+    policy = AnalyzerPolicy(book)
+    policy.update({keys["sc-a"]: [0], keys["sc-b"]: [8]}, {"j": [0, 8]})
+    pl = Placement(2)
+    pl.update(_members("j", 0, 2))
+    router = IngestRouter(2, Codec(), policy, RoundQuota(1_000, 3))
+    router.set_routes(pl.ep_shard, pl.ep_home)
+    codec = Codec()
+
+    def batch(agent, src, dst, n=1):
+        p = empty_probes(n)
+        p["src_ep"], p["dst_ep"], p["status"], p["rtt_ns"] = src, dst, ProbeStatus.OK, 9_000
+        body = probe_batch_body(agent, p, [src])
+        return codec.encode(MsgType.PROBE_BATCH, agent, 1, body)
+
+    router.on_frame(batch("sc-a", 0, 8), keys["sc-a"])
+    router.on_frame(batch("sc-a", 8, 0), keys["sc-a"])  # b's endpoint: refused
+    router.on_frame(batch("sc-b", 8, 0), keys["sc-a"])  # speaking as b: refused
+    router.on_frame(batch("sc-a", 0, 8), "")  # no key: no identity
+    router.on_frame(batch("sc-b", 8, 0, n=5), keys["sc-b"])  # over b's 3 a round: dropped
+    assert router.counters["unauthorized"] == 3 and router.counters["batches"] == 2
+    assert router.quota.dropped == 5
+    out = router.flush()
+    got = np.concatenate([p for p, _c, _h in out])
+    assert got[["src_ep", "dst_ep"]].tolist() == [(0, 8)]
+    # the dropped batch still said b's agent is alive; the next round has room again
+    assert sorted(int(e) for _p, _c, h in out for eps, _t in h for e in eps) == [0, 8]
+    router.on_frame(batch("sc-b", 8, 0, n=3), keys["sc-b"])
+    assert sum(p.size for p, _c, _h in router.flush()) == 3
 
 
 def _ev(kind, pairs, scores, first, eps=()):

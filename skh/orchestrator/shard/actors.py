@@ -40,7 +40,10 @@ class RoundInput:
     ``probes``/``counters``: arrays, in arrival order; ``frontends``: refs of the
     ingest front-ends' flushes for this shard, each ``(probes, counters, heartbeats)``;
     ``heartbeats``: ``(endpoint ids, t_ns)`` heard between rounds; ``round_heartbeats``: the
-    endpoints that reported in this round (the simulator's), stamped ``now_ns``."""
+    endpoints that reported in this round (the simulator's), stamped ``now_ns``. Endpoints are
+    the controller's ids, as everything crossing the pipeline's edge (the shard's
+    :class:`Pipeline` maps them onto its model, built from the same registry as the
+    coordinator's, so the events it returns are in the coordinator's model ids)."""
 
     round_no: int
     now_ns: int
@@ -110,9 +113,9 @@ class _Shard:
             if st is not None:
                 st.applied_digest, st.skeleton_version = digest, version
         for eps, t_ns in list(inp.heartbeats) + [hb for f in fronts for hb in f[2]]:
-            p.detector.heartbeat(eps, t_ns)
+            p.heartbeat(eps, t_ns)
         if inp.retire:
-            p.detector.retire(list(inp.retire))
+            p.retire(inp.retire)
         probes = [*inp.probes, *(f[0] for f in fronts)]
         counters = [*inp.counters, *(f[1] for f in fronts)]
         self._proposals = []

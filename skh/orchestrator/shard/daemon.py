@@ -43,11 +43,10 @@ class AgentSources:
         return AgentStateSource(self._client, cluster, self.cfg)
 
 
-def sharded_hook(
-    a: AnalyzerConfig, pcfg: PipelineConfig, security: SecurityConfig, policy: Any = None
-) -> PipelineHook:
+def sharded_hook(a: AnalyzerConfig, pcfg: PipelineConfig, security: SecurityConfig) -> PipelineHook:
     """The pipeline hook of ``skh analyzer`` with ``analyzer.ray`` set: joins the Ray cluster and
-    runs :class:`ShardedPipeline` (shards, localizer and ingest front-ends as actors)."""
+    runs :class:`ShardedPipeline` (shards, localizer and ingest front-ends as actors; the
+    front-ends authorize batches as the analyzer does, from the controller's key bindings)."""
     binds = tuple(b.strip() for b in a.ray_ingest.split(",") if b.strip())
     connect(a.ray, min_cpus=a.ray_shards + len(binds) + 1)
     opts = ShardOptions(
@@ -58,7 +57,11 @@ def sharded_hook(
         options=opts,
         sources=AgentSources(pcfg, security),
         security=security,
-        policy=policy,
+        ingest={
+            "controller": pcfg.controller,
+            "max_round_records": a.max_round_records,
+            "max_sender_records": a.max_sender_records,
+        },
         max_frame_bytes=a.max_frame_bytes,
     )
     return PipelineHook(pcfg, security, make_pipeline=make)

@@ -81,24 +81,12 @@ class ShardOptions:
 
 
 class _Detection:
-    """What the rest of the pipeline (and :class:`PipelineHook`) asks of ``pipeline.detector``:
-    heartbeats and retirements go to the shards with the next round; open incidents are the
-    shards' of the last round."""
+    """What the rest of the pipeline asks of ``pipeline.detector``: the open incidents, the
+    shards' of the last round (heartbeats and retirements go through
+    :meth:`ShardedPipeline.heartbeat` and :meth:`ShardedPipeline.retire`)."""
 
     def __init__(self, owner: ShardedPipeline) -> None:
         self._owner = owner
-
-    def heartbeat(self, eps: int | np.ndarray, t_ns: int) -> None:
-        eps = np.atleast_1d(np.asarray(eps, np.int64))
-        sh = self._owner.placement.shard_of(eps)
-        for s in np.unique(sh[sh >= 0]).tolist():
-            self._owner._heartbeats[s].append((eps[sh == s], int(t_ns)))
-
-    def retire(self, eps: Iterable[int]) -> None:
-        eps = np.asarray(list(eps), np.int64)
-        sh = self._owner.placement.shard_of(eps)
-        for s in np.unique(sh[sh >= 0]).tolist():
-            self._owner._retire[s].extend(eps[sh == s].tolist())
 
     def open_incidents(self, now_ns: int | None = None) -> tuple[set[tuple[int, int]], set[int]]:
         return self._owner._incidents
@@ -110,7 +98,10 @@ class ShardedPipeline(Pipeline):
 
     ``sources``: a picklable ``cluster -> StateSource`` the localizer actor builds each round's
     source with (the daemon's: agents through the controller); without it the
-    ``source_factory`` is shipped with each localization (the simulator's)."""
+    ``source_factory`` is shipped with each localization (the simulator's). ``security`` and
+    ``ingest`` (keyword arguments of :class:`IngestFrontEnd`: the controller whose key bindings
+    it mirrors, the per-round record caps) go to the ingest front-ends, which authorize as the
+    analyzer does."""
 
     def __init__(
         self,
@@ -123,7 +114,7 @@ class ShardedPipeline(Pipeline):
         options: ShardOptions | None = None,
         sources: Callable[[Cluster], Any] | None = None,
         security: Any = None,
-        policy: Any = None,
+        ingest: Mapping[str, Any] | None = None,
         max_frame_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         super().__init__(
@@ -143,7 +134,9 @@ class ShardedPipeline(Pipeline):
         self.shards = [ShardActor.options(**actor).remote(i, cfg) for i in range(opt.shards)]
         self._localizer = LocalizerActor.options(**actor).remote(cfg, self._overlay_kw, sources)
         self.frontends = [
-            IngestFrontEnd.options(**actor).remote(b, security, opt.shards, max_frame_bytes, policy)
+            IngestFrontEnd.options(**actor).remote(
+                b, security, opt.shards, max_frame_bytes, **(ingest or {})
+            )
             for b in opt.ingest_binds
         ]
         self.ingest_addresses = ray.get([f.address.remote() for f in self.frontends])
@@ -169,10 +162,16 @@ class ShardedPipeline(Pipeline):
         )
 
     # -- the model ----------------------------------------------------------------------------
-    def set_endpoints(self, members: Iterable[Mapping[str, Any]]) -> bool:
+    def set_endpoints(
+        self,
+        members: Iterable[Mapping[str, Any]],
+        skeleton_versions: Mapping[str, int] | None = None,
+    ) -> bool:
+        """As :meth:`Pipeline.set_endpoints`; the shards get the registry with their next round
+        (the skeleton versions stay here: :meth:`_install` numbers what they propose)."""
         rows = tuple({k: m[k] for k in _MEMBER_KEYS if k in m} for m in members)
         before = self._members_sig
-        if not super().set_endpoints(rows):
+        if not super().set_endpoints(rows, skeleton_versions):
             return False
         if self._members_sig == before and self._members:
             return True
@@ -185,6 +184,19 @@ class ShardedPipeline(Pipeline):
         for f in self.frontends:
             f.set_routes.remote(self.placement.ep_shard, self.placement.ep_home)
         return True
+
+    # -- the edge: heartbeats and retirements (controller ids) to their shards ----------------
+    def heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
+        eps = np.atleast_1d(np.asarray(eps, np.int64))
+        sh = self.placement.shard_of(eps)
+        for s in np.unique(sh[sh >= 0]).tolist():
+            self._heartbeats[s].append((eps[sh == s], int(t_ns)))
+
+    def retire(self, eps: Iterable[int]) -> None:
+        a = np.fromiter(eps, np.int64)
+        sh = self.placement.shard_of(a)
+        for s in np.unique(sh[sh >= 0]).tolist():
+            self._retire[s].extend(a[sh == s].tolist())
 
     # -- detection, on the shards -------------------------------------------------------------
     def observe(
@@ -282,12 +294,19 @@ class ShardedPipeline(Pipeline):
         raise RuntimeError(f"shard {s} did not come back in {self.options.restore_timeout_s:g} s")
 
     def _install(self, proposals: list[tuple[str, Skeleton, int]]) -> list[dict[str, Any]]:
-        """Install the shards' new skeletons in job order (the single pipeline's order)."""
+        """Install the shards' new skeletons (controller ids) in job order (the single
+        pipeline's order), numbered after the version the job has here (which the controller's
+        count moves on: :meth:`set_endpoints`)."""
         order = {j: i for i, j in enumerate(self.jobs)}
         out = []
         for job, sk, version in sorted(proposals, key=lambda p: order.get(p[0], len(order))):
+            st = self.jobs.get(job)
+            if st is not None:
+                version = max(version, st.skeleton_version + 1)
             if not self.apply_skeleton(job, sk, version):
                 continue
+            if st is not None:
+                st.applied_digest, st.skeleton_version = sk.digest, version
             self._commits[self.placement.home[job]].append((job, sk.digest, version))
             out.append(self._installed(job, sk, version))
         return out
