@@ -21,11 +21,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from skh.errors import ProtocolError, TopologyError
 from skh.model import same_rail_pair_count, same_rail_pairs
-from skh.wire import NAME_MAX, PAGE_MAX, MsgType, pack_pairs, unpack_pairs
+from skh.wire import NAME_MAX, PAGE_MAX, MsgType, PackedList, pack_pairs, unpack_pairs
 
 __all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages"]
 
@@ -153,17 +154,32 @@ class JobPingLists:
         self.skeleton: np.ndarray | None = None  # (n, 2) uint32 (src, dst)
         self.skeleton_version = 0
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._wire: dict[int, dict[str, Any]] = {}  # snapshot entries, kept next to endpoints
-        self._order: list[int] | None = None  # endpoint ids sorted, for paging
+        #: each endpoint's record msgpack-encoded once (on demand), shared by every snapshot
+        #: page and announcement that carries it until the endpoint changes
+        self._packed: dict[int, bytes] = {}
+        self._order: list[int] = []  # endpoint ids sorted, for paging
 
     def store(self, info: EndpointInfo) -> None:
-        """Put one endpoint record; every change goes through here so the snapshot entries (wire
-        dicts) stay current without rebuilding them per snapshot."""
+        """Put one endpoint record; every change goes through here so its encoded record is
+        dropped (re-encoded once when next sent)."""
         if info.ep not in self.endpoints:
-            self._order = None
+            if self._order and info.ep < self._order[-1]:
+                bisect.insort(self._order, info.ep)
+            else:  # ids are handed out in increasing order: appending is the rule
+                self._order.append(info.ep)
         self.endpoints[info.ep] = info
-        self._wire[info.ep] = info.to_wire()
+        self._packed.pop(info.ep, None)
         self._arrays = None
+
+    def _records(self, eps: Iterable[int]) -> PackedList:
+        out = PackedList()
+        packed = self._packed
+        for ep in eps:
+            raw = packed.get(ep)
+            if raw is None:
+                raw = packed[ep] = msgpack.packb(self.endpoints[ep].to_wire(), use_bin_type=True)
+            out.append(raw)
+        return out
 
     # -- controller side: mutations ------------------------------------------------------------
     def upsert(self, info: EndpointInfo) -> dict[str, Any] | None:
@@ -180,8 +196,10 @@ class JobPingLists:
             return self._bump_down([info.ep], "re-registered")
         return None
 
-    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
-        """Mark endpoints ready; returns the READY_ANNOUNCE body (None if nothing changed)."""
+    def mark_ready(self, eps: Iterable[int]) -> list[int]:
+        """Mark endpoints ready without announcing it (the controller coalesces the readiness
+        changes of one tick into one announcement: :meth:`announce_ready`); returns those that
+        changed."""
         changed = []
         for ep in eps:
             info = self.endpoints.get(ep)
@@ -189,16 +207,20 @@ class JobPingLists:
                 raise TopologyError(f"endpoint {ep} is not registered in job {self.job}")
             if not info.ready:
                 self.store(info.with_ready(True))
-                changed.append(self.endpoints[ep])
-        if not changed:
-            return None
-        self._arrays = None
+                changed.append(ep)
+        return changed
+
+    def announce_ready(self, eps: list[int]) -> dict[str, Any]:
+        """The READY_ANNOUNCE body of endpoints marked ready since the last announcement (one
+        version step; their records are encoded once, shared with the snapshot pages)."""
         self.version += 1
-        return {
-            "job": self.job,
-            "version": self.version,
-            "endpoints": [i.to_wire() for i in changed],
-        }
+        return {"job": self.job, "version": self.version, "endpoints": self._records(eps)}
+
+    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
+        """Mark endpoints ready and announce them at once; returns the READY_ANNOUNCE body (None
+        if nothing changed)."""
+        changed = self.mark_ready(eps)
+        return self.announce_ready(changed) if changed else None
 
     def set_down(self, eps: Iterable[int], reason: str) -> dict[str, Any] | None:
         """Mark endpoints not ready (dead agent, container gone); returns ENDPOINTS_DOWN body."""
@@ -244,15 +266,13 @@ class JobPingLists:
         """One page of the JOB_SNAPSHOT body: everything an agent needs to build its lists, the
         endpoints with ids above ``after`` (at most ``limit``); ``next`` is where the next page
         starts (None: this was the last)."""
-        if self._order is None:
-            self._order = sorted(self.endpoints)
         i = bisect.bisect_right(self._order, after)
         ids = self._order[i : i + limit]
         more = i + limit < len(self._order)
         return {
             "job": self.job,
             "version": self.version,
-            "endpoints": [self._wire[ep] for ep in ids],
+            "endpoints": self._records(ids),
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
             "next": ids[-1] if more else None,

@@ -60,11 +60,16 @@ def test_agent_copy_follows_published_changes_and_detects_gaps():
         codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, ctl.snapshot())).body
     )
     assert agent.ping_list(0).size == 0  # preloaded, nothing ready yet
+
+    def wire(mtype: MsgType, body: dict) -> tuple[MsgType, dict]:
+        # announcement bodies hold their records pre-encoded: they reach an agent decoded
+        return mtype, codec.decode(codec.encode(mtype, "c", 2, body)).body
+
     msgs = [
-        (MsgType.READY_ANNOUNCE, ctl.set_ready([1, 2])),
-        (MsgType.READY_ANNOUNCE, ctl.set_ready([4])),
-        (MsgType.ENDPOINTS_DOWN, ctl.set_down([2], "agent lost")),
-        (MsgType.SKELETON, ctl.apply_skeleton(np.array([[0, 1], [3, 4], [1, 0]]), 1)),
+        wire(MsgType.READY_ANNOUNCE, ctl.set_ready([1, 2])),
+        wire(MsgType.READY_ANNOUNCE, ctl.set_ready([4])),
+        wire(MsgType.ENDPOINTS_DOWN, ctl.set_down([2], "agent lost")),
+        wire(MsgType.SKELETON, ctl.apply_skeleton(np.array([[0, 1], [3, 4], [1, 0]]), 1)),
     ]
     assert ctl.set_ready([1]) is None  # no change, no message, no version
     assert agent.apply(*msgs[0]) and agent.ping_list(0).tolist() == [1, 2]
