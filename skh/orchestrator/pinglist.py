@@ -154,31 +154,44 @@ class JobPingLists:
         self.skeleton: np.ndarray | None = None  # (n, 2) uint32 (src, dst)
         self.skeleton_version = 0
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        #: each endpoint's record msgpack-encoded once (on demand), shared by every snapshot
-        #: page and announcement that carries it until the endpoint changes
-        self._packed: dict[int, bytes] = {}
         self._order: list[int] = []  # endpoint ids sorted, for paging
+        #: beside ``_order``, each endpoint's record msgpack-encoded once (None until first
+        #: sent), shared by every snapshot page and announcement that carries it until the
+        #: endpoint changes: a page is a slice of this list
+        self._packed: list[bytes | None] = []
 
     def store(self, info: EndpointInfo) -> None:
         """Put one endpoint record; every change goes through here so its encoded record is
         dropped (re-encoded once when next sent)."""
+        order = self._order
         if info.ep not in self.endpoints:
-            if self._order and info.ep < self._order[-1]:
-                bisect.insort(self._order, info.ep)
+            if order and info.ep < order[-1]:
+                i = bisect.bisect_left(order, info.ep)
+                order.insert(i, info.ep)
+                self._packed.insert(i, None)
             else:  # ids are handed out in increasing order: appending is the rule
-                self._order.append(info.ep)
+                order.append(info.ep)
+                self._packed.append(None)
+        else:
+            self._packed[bisect.bisect_left(order, info.ep)] = None
         self.endpoints[info.ep] = info
-        self._packed.pop(info.ep, None)
         self._arrays = None
+
+    def _page(self, i: int, j: int) -> PackedList:
+        """The encoded records of ``_order[i:j]`` (encoding those not encoded yet)."""
+        page = self._packed[i:j]
+        if None in page:
+            for k, raw in enumerate(page):
+                if raw is None:
+                    info = self.endpoints[self._order[i + k]]
+                    page[k] = self._packed[i + k] = msgpack.packb(info.to_wire())
+        return PackedList(page)
 
     def _records(self, eps: Iterable[int]) -> PackedList:
         out = PackedList()
-        packed = self._packed
         for ep in eps:
-            raw = packed.get(ep)
-            if raw is None:
-                raw = packed[ep] = msgpack.packb(self.endpoints[ep].to_wire(), use_bin_type=True)
-            out.append(raw)
+            i = bisect.bisect_left(self._order, ep)
+            out += self._page(i, i + 1)
         return out
 
     # -- controller side: mutations ------------------------------------------------------------
@@ -267,15 +280,14 @@ class JobPingLists:
         endpoints with ids above ``after`` (at most ``limit``); ``next`` is where the next page
         starts (None: this was the last)."""
         i = bisect.bisect_right(self._order, after)
-        ids = self._order[i : i + limit]
         more = i + limit < len(self._order)
         return {
             "job": self.job,
             "version": self.version,
-            "endpoints": self._records(ids),
+            "endpoints": self._page(i, i + limit),
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
-            "next": ids[-1] if more else None,
+            "next": self._order[i + limit - 1] if more else None,
         }
 
     # -- agent side ----------------------------------------------------------------------------

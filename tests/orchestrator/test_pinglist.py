@@ -130,3 +130,40 @@ def test_lists_are_counted_and_shown_in_part_without_listing_them(layout, data):
     np.testing.assert_array_equal(
         j.first_pairs(limit, ready_only=False), everything[:limit].reshape(-1, 2)
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 200), min_size=1, max_size=60, unique=True),
+    changes=st.lists(st.tuples(st.integers(0, 59), st.booleans()), max_size=30),
+    limit=st.integers(1, 16),
+)
+def test_pages_of_shared_records_follow_every_change(ids, changes, limit):
+    """Snapshot pages copy records encoded once; whatever order endpoints arrive in and whatever
+    changes between reads, the pages read after the change are the controller's state."""
+    codec = Codec()
+    j = JobPingLists("j")
+    for ep in ids:  # not always increasing: a page's records stay in id order
+        j.upsert(EndpointInfo(ep, "j", f"c{ep}", f"h{ep % 3}", ep % 2, ip="10.0.0.1", port=ep))
+    for k, ready in changes:
+        read_pages(codec, j, limit)  # encoded (and shared) before the change
+        ep = ids[k % len(ids)]
+        if ready:
+            j.set_ready([ep])
+        else:
+            j.set_down([ep], "test")
+        moved = EndpointInfo(ep, "j", f"c{ep}", f"h{ep % 3}", ep % 2, ip="10.0.0.2", port=ep)
+        if k % 3 == 0:
+            j.upsert(moved)
+    got = read_pages(codec, j, limit)
+    assert [e["ep"] for e in got] == sorted(ids)
+    assert got == [j.endpoints[ep].to_wire() for ep in sorted(ids)]
+
+
+def read_pages(codec, j, limit):
+    out, after = [], -1
+    while after is not None:
+        page = codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, j.snapshot(after, limit)))
+        out += page.body["endpoints"]
+        after = page.body["next"]
+    return out
