@@ -1,7 +1,9 @@
 """Where registration and readiness cost goes as a job grows: one job's ping lists, in-process.
 
 Per job size (hosts x 8 RNICs, every endpoint ready): the controller's memory per endpoint in
-its ping lists, the job snapshot a registration carries (bytes, time to build and encode it),
+its ping lists, the job snapshot an agent reads (bytes; time to encode it cold, when every
+record is encoded, and warm, served from the records encoded once: what a SYNC costs the
+controller since issue 19),
 what an agent pays to decode it and build its lists, and what it pays per readiness change to
 recompute one endpoint's targets; and the size of the preload list, counted
 (:func:`skh.model.same_rail_pair_count`) and, up to ``--list-max-hosts``, listed
@@ -54,8 +56,17 @@ def measure(hosts: int, list_max_hosts: int) -> dict:
     j, mem = _job(hosts)
     n = hosts * RAILS
     t = time.perf_counter()
-    frame = codec.encode(MsgType.JOB_SNAPSHOT, "controller", 1, j.snapshot())
+    frame = codec.encode(MsgType.JOB_SNAPSHOT, "controller", 1, j.snapshot(limit=n))
     encode_s = time.perf_counter() - t
+    t = time.perf_counter()
+    pages = 0
+    after = -1
+    while after is not None:  # warm: every page of the job, as agents read it with SYNC
+        page = j.snapshot(after=after)
+        codec.encode(MsgType.JOB_SNAPSHOT, "controller", 2, page)
+        after = page["next"]
+        pages += 1
+    serve_s = time.perf_counter() - t
     t = time.perf_counter()
     agent = JobPingLists.from_snapshot(codec.decode(frame).body)
     build_s = time.perf_counter() - t
@@ -74,6 +85,8 @@ def measure(hosts: int, list_max_hosts: int) -> dict:
         "controller_pinglist_bytes_per_endpoint": round(mem / n),
         "snapshot_bytes": len(frame),
         "snapshot_encode_ms": round(encode_s * 1e3, 1),
+        "snapshot_pages": pages,
+        "snapshot_serve_warm_ms": round(serve_s * 1e3, 2),
         "agent_snapshot_build_ms": round(build_s * 1e3, 1),
         "agent_recompute_per_change_ms": round(recompute_s * 1e3, 2),
         "targets_per_endpoint": int(targets.size),
