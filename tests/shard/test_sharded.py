@@ -139,7 +139,8 @@ def test_a_killed_shard_comes_back_without_losing_or_repeating_an_alert(cluster,
     assert [e for e, _a in out] == [e for e, _a in single]
 
 
-def test_a_shard_killed_as_a_round_is_sent_is_restored(cluster):
+def _two_shards(checkpoint_rounds: int):
+    """A one-fault simulator run whose pipeline is two shards with their registry."""
     from skh.orchestrator.shard import ShardedPipeline, ShardOptions
 
     run = SimRun(seed=3, script=SCRIPT[:1])
@@ -147,15 +148,20 @@ def test_a_shard_killed_as_a_round_is_sent_is_restored(cluster):
         run.pipe.cfg,
         source_factory=run.pipe.source_factory,
         apply_skeleton=run.pipe.apply_skeleton,
-        options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=5),
+        options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=checkpoint_rounds),
     )
     run.pipe = pipe
+    pipe.set_endpoints(
+        {"ep": e.ep_id, "job": e.job, "container": e.container, "host": e.host}
+        | {"rail": e.rail, "ip": e.ip}
+        for e in run.sim.cluster.endpoints
+    )
+    return run, pipe
+
+
+def test_a_shard_killed_as_a_round_is_sent_is_restored(cluster):
+    run, pipe = _two_shards(checkpoint_rounds=5)
     try:
-        pipe.set_endpoints(
-            {"ep": e.ep_id, "job": e.job, "container": e.container, "host": e.host}
-            | {"rail": e.rail, "ip": e.ip}
-            for e in run.sim.cluster.endpoints
-        )
         steps = run.steps(13)
         for _ in range(12):
             next(steps)
@@ -173,27 +179,13 @@ def test_a_shard_killed_as_a_round_is_sent_is_restored(cluster):
 def test_a_shard_whose_checkpoint_is_lost_starts_over(cluster):
     # a checkpoint lives on the node that took it: a node lost takes it along, and the shard
     # comes back empty at the round it died in instead of failing every round after
-    from skh.orchestrator.shard import ShardedPipeline, ShardOptions
-
     @ray.remote(num_cpus=0)
     class Owner:  # an object whose owner is gone is lost, as one on a lost node
         def make(self):
             return [ray.put(b"checkpoint")]
 
-    run = SimRun(seed=3, script=SCRIPT[:1])
-    pipe = ShardedPipeline(
-        run.pipe.cfg,
-        source_factory=run.pipe.source_factory,
-        apply_skeleton=run.pipe.apply_skeleton,
-        options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=4),
-    )
-    run.pipe = pipe
+    run, pipe = _two_shards(checkpoint_rounds=4)
     try:
-        pipe.set_endpoints(
-            {"ep": e.ep_id, "job": e.job, "container": e.container, "host": e.host}
-            | {"rail": e.rail, "ip": e.ip}
-            for e in run.sim.cluster.endpoints
-        )
         steps = run.steps(20)
         for _ in range(12):
             next(steps)
