@@ -1,11 +1,10 @@
 """Where registration and readiness cost goes as a job grows: one job's ping lists, in-process.
 
 Per job size (hosts x 8 RNICs, every endpoint ready): the controller's memory per endpoint in
-its ping lists, the job snapshot an agent reads (bytes; time to encode it cold, when every
-record is encoded, and warm, served from the records encoded once: what a SYNC costs the
-controller since issue 19),
-what an agent pays to decode it and build its lists, and what it pays per readiness change to
-recompute one endpoint's targets; and the size of the preload list, counted
+its ping lists; the job snapshot an agent reads, every page (bytes; time to encode it cold,
+when every record is encoded, and warm, copied from the records encoded once: what SYNCs cost
+the controller since issue 19); what an agent pays to decode the pages and build its lists, and
+per readiness change to recompute one endpoint's targets; and the size of the preload list, counted
 (:func:`skh.model.same_rail_pair_count`) and, up to ``--list-max-hosts``, listed
 (:meth:`JobPingLists.active_pairs`, what ``skh job``/``skh status`` did).
 
@@ -28,7 +27,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from skh.model import same_rail_pair_count  # noqa: E402
-from skh.orchestrator.pinglist import EndpointInfo, JobPingLists  # noqa: E402
+from skh.orchestrator.pinglist import (  # noqa: E402
+    EndpointInfo,
+    JobPingLists,
+    merge_snapshot_pages,
+)
 from skh.wire import Codec, MsgType  # noqa: E402
 
 RAILS = 8
@@ -55,20 +58,24 @@ def measure(hosts: int, list_max_hosts: int) -> dict:
     codec = Codec(max_frame_bytes=1 << 31)
     j, mem = _job(hosts)
     n = hosts * RAILS
+
+    def pages() -> list[bytes]:
+        # every page of the job, as agents read it with SYNC
+        out, after = [], -1
+        while after is not None:
+            page = j.snapshot(after=after)
+            out.append(codec.encode(MsgType.JOB_SNAPSHOT, "controller", 1, page))
+            after = page["next"]
+        return out
+
     t = time.perf_counter()
-    frame = codec.encode(MsgType.JOB_SNAPSHOT, "controller", 1, j.snapshot(limit=n))
+    frames = pages()  # cold: every record is encoded on the way
     encode_s = time.perf_counter() - t
     t = time.perf_counter()
-    pages = 0
-    after = -1
-    while after is not None:  # warm: every page of the job, as agents read it with SYNC
-        page = j.snapshot(after=after)
-        codec.encode(MsgType.JOB_SNAPSHOT, "controller", 2, page)
-        after = page["next"]
-        pages += 1
+    pages()  # warm: the records encoded once are copied
     serve_s = time.perf_counter() - t
     t = time.perf_counter()
-    agent = JobPingLists.from_snapshot(codec.decode(frame).body)
+    agent = JobPingLists.from_snapshot(merge_snapshot_pages([codec.decode(f).body for f in frames]))
     build_s = time.perf_counter() - t
     agent.ping_list(0)
     agent._arrays = None  # what a readiness change does to the agent's copy
@@ -83,9 +90,9 @@ def measure(hosts: int, list_max_hosts: int) -> dict:
         "hosts": hosts,
         "endpoints": n,
         "controller_pinglist_bytes_per_endpoint": round(mem / n),
-        "snapshot_bytes": len(frame),
+        "snapshot_bytes": sum(len(f) for f in frames),
         "snapshot_encode_ms": round(encode_s * 1e3, 1),
-        "snapshot_pages": pages,
+        "snapshot_pages": len(frames),
         "snapshot_serve_warm_ms": round(serve_s * 1e3, 2),
         "agent_snapshot_build_ms": round(build_s * 1e3, 1),
         "agent_recompute_per_change_ms": round(recompute_s * 1e3, 2),
