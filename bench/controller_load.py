@@ -267,6 +267,14 @@ def _generator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _child(env: dict[str, str], role: str, opts: dict[str, object]) -> subprocess.Popen:
+    """This script as a ``role`` child process, talking over its stdin and stdout."""
+    argv = [sys.executable, __file__, "--role", role]
+    for k, v in opts.items():
+        argv += [f"--{k}", str(v)]
+    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
 def _generate(
     env: dict[str, str],
     router: str,
@@ -283,33 +291,19 @@ def _generate(
     bytes). Every container's DEALER connects (and completes its CURVE handshake) before the
     clock starts, as an agent is connected before it registers."""
     children = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--role",
-                "generator",
-                "--router",
-                router,
-                "--jobs-list",
-                ",".join(jobs),
-                "--containers-per-job",
-                str(containers_per_job),
-                "--window",
-                str(max(1, window // procs)),
-                "--round",
-                str(round_no),
-                "--procs",
-                str(procs),
-                "--proc",
-                str(k),
-                "--keys",
-                keys,
-            ],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+        _child(
+            env,
+            "generator",
+            {
+                "router": router,
+                "jobs-list": ",".join(jobs),
+                "containers-per-job": containers_per_job,
+                "window": max(1, window // procs),
+                "round": round_no,
+                "procs": procs,
+                "proc": k,
+                "keys": keys,
+            },
         )
         for k in range(procs)
     ]
@@ -428,27 +422,16 @@ def main() -> int:
             delivered = 0
             load_start = os.getloadavg()[0]
             for rnd, jobs in enumerate(round_jobs):
-                sub = subprocess.Popen(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--role",
-                        "subscriber",
-                        "--pub",
-                        addrs["pub"],
-                        "--jobs-list",
-                        ",".join(jobs),
-                        "--subscribers",
-                        str(args.subscribers),
-                        "--round",
-                        str(rnd),
-                        "--keys",
-                        keys,
-                    ],
-                    env=env,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
+                sub = _child(
+                    env,
+                    "subscriber",
+                    {
+                        "pub": addrs["pub"],
+                        "jobs-list": ",".join(jobs),
+                        "subscribers": args.subscribers,
+                        "round": rnd,
+                        "keys": keys,
+                    },
                 )
                 assert sub.stdout.readline().strip() == "ready"
                 time.sleep(0.5)  # subscriptions reach the PUB socket
