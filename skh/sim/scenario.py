@@ -587,12 +587,13 @@ class Simulation:
         active = [f for f in self.faults if f.start_s < t + 1.0 and f.end_s > t]
         live = np.flatnonzero((self._ep_start <= t) & (self._ep_end > t))
         down_eps = self._down_endpoints(active, t)
-        rates = []
+        traffic = []
         for tm in self._traffic:
-            r = tm.rates(t)
+            tx, rx = tm.sample(t, 1.0)
             if down_eps.size:
-                r[np.isin(tm.ep_ids, down_eps)] = 0.0  # a VF whose link is down moves nothing
-            rates.append((tm, r))
+                off = np.isin(tm.ep_ids, down_eps)  # a VF whose link is down moves nothing
+                tx[off] = rx[off] = 0.0
+            traffic.append((tm, tx, rx))
         rows, k = self._probe_rows(t)
         t_row = self._pair_off[rows] + k * self.probe_interval_s
         if self.probe_interval_s != 1.0:
@@ -622,7 +623,8 @@ class Simulation:
         quiet_beats = np.zeros(0, np.int64)
         if not self.noise.quiet:
             bursting = np.concatenate(
-                [tm.ep_ids[r > 0.5 * tm.burst] for tm, r in rates] or [np.zeros(0, np.uint32)]
+                [tm.ep_ids[tx > 0.5 * tm.burst] for tm, tx, _ in traffic]
+                or [np.zeros(0, np.uint32)]
             )
             eff, seq, wall, quiet_beats, faulted = self._noise(
                 t, rows, seq, src, dst, path, t_row, eff, live, bursting
@@ -640,9 +642,9 @@ class Simulation:
         if not self.noise.quiet:
             self._ledger_probes(probes, faulted if eff is None else faulted[eff.emit], rows, eff)
         # counters: every endpoint of a live container
-        for tm, r in rates:
-            self._tx[tm.ep_ids] += r
-            self._rx[tm.ep_ids] += r * rng.lognormal(0.0, 0.02, r.size)
+        for tm, tx, rx in traffic:
+            self._tx[tm.ep_ids] += tx
+            self._rx[tm.ep_ids] += rx
         up = np.ones(live.size, np.uint8)
         if down_eps.size:
             up[np.isin(live, down_eps)] = 0
