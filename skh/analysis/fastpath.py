@@ -199,6 +199,7 @@ class FastPathState:
                 ("stage_busy", "?"),
                 ("out_end_ns", "<i8"),  # when the pair's previous outage ended
                 ("was_out", "?"),  # the current run was called an outage
+                ("out_seen_ns", "<i8"),  # when the pair was last seen in an outage
             ]
         )
         self._blank = np.zeros(1, self._dtype)
@@ -207,6 +208,7 @@ class FastPathState:
         self._blank["flow_first_ns"] = -1
         self._blank["fail_ns"] = -1
         self._blank["out_end_ns"] = _NEVER
+        self._blank["out_seen_ns"] = _NEVER
         self.state = np.repeat(self._blank, n_pairs)
         self._learned_ns: int | None = None
 
@@ -507,9 +509,13 @@ class FastPathState:
                 out_first = np.where(ep_out, s["run_first_ns"], out_first)
                 outage |= ep_out
 
-        # loss: failures beyond the baseline, from the pairs whose runs have resolved
+        # loss: failures beyond the baseline, from the pairs whose runs have resolved. Failures
+        # sent while the pair was in an outage were that outage (raised as such): an ECMP path
+        # dead under a switch fails one flow in four, and those failures outlive the outage in
+        # the look-back (they raised loss half a minute after the switch came back)
+        s["out_seen_ns"][np.flatnonzero(outage)] = now_ns
         wmax = int(max(max(cfg.pair_windows_s), max(cfg.group_windows_s)) * 1e9)
-        ring = s["fail_ns"]
+        ring = np.where(s["fail_ns"] > s["out_seen_ns"][:, None], s["fail_ns"], -1)
         settled = ~running
         cand = np.flatnonzero(settled & (ring >= now_ns - wmax).any(axis=1))
         flagged = np.zeros(n, bool)

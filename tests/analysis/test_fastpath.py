@@ -98,3 +98,25 @@ def test_loss_spread_over_a_tors_pairs_is_corroborated_by_the_tor():
         f[hit[i % 10 :: 10]] = i < 10
         seen |= set(pr.step(f).loss.tolist())
     assert seen == set(hit.tolist())
+
+
+def test_a_dead_ecmp_path_is_an_outage_and_its_failures_are_not_loss_after():
+    """One flow of four dead for 20 s (a switch on its path offline), ten probes a second
+    shipped once a second: an outage of that flow; once the switch is back, its failures,
+    still in the loss look-back, are not loss."""
+    fp = FastPathState(FastPathConfig(), 1)
+    src, dst = np.array([0]), np.array([1])
+    k = 0
+    flags = []
+    for sec in range(120):
+        t = T0 + (k + np.arange(10)) * 100 * MS
+        path = (k + np.arange(10)) % 4
+        failed = (path == 2) & (60 <= sec < 80)
+        fp.update(np.zeros(10, np.int64), t, failed, path, np.full(10, 2000))
+        k += 10
+        now = T0 + k * 100 * MS
+        flags.append(fp.evaluate(now, src, dst, 2))
+        fp.learn(now, np.zeros(1, bool))
+    assert any(f.unreachable.size for f in flags[60:80])
+    assert not any(f.unreachable.size for f in flags[81:])
+    assert not any(f.loss.size for f in flags)
