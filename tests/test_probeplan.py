@@ -132,3 +132,25 @@ def test_plans_at_the_paper_scale_fabric_are_fast():
     s = plan.summary()
     assert s["links_below_floor"] == 0 and s["pairs_slower_than_coverage"] == 0
     assert s["endpoint_rate_max"] <= 100.0
+
+
+def test_the_eval_plans_its_cluster_and_covers_every_ecmp_path():
+    """``skh eval``'s probing-as-deployed figures on the tiny profile: every link at its floor,
+    no endpoint over its budget, and nearly every (pair, ECMP path) probed within 10 s where one
+    path id per pair leaves paths unprobed."""
+    from skh.eval.plan import planned_probing
+    from skh.sim import LINGJUN_TOPO
+    from skh.sim.scenario import Simulation
+
+    fab = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=64)
+    sim = Simulation.build(fab, 10, seed=2, probe_interval_s=0.1)
+    out = planned_probing(sim, fab, seed=2, hash_seeds=5)
+    assert out["plan"]["endpoint_rate_max"] <= 100.0
+    assert out["links_below_floor"]["planned"] == 0
+    cov = out["ecmp_paths_covered_share"]
+    assert cov["planned_min"] >= 0.99
+    if set(out["ecmp_paths_per_pair"]) != {"1"}:
+        assert cov["one_path_id_mean"] < cov["planned_min"]
+    b = out["busiest_container"]
+    assert b["planned_probes_per_s"] <= 8 * 100.0
+    assert out == planned_probing(sim, fab, seed=2, hash_seeds=5)  # deterministic
