@@ -22,8 +22,11 @@ The plan (docs/probing.md has the reasoning and its effect on time to detect):
 3. **Floors**, within the budget: a pair is probed faster (down to ``min_interval_s``) when
    one of its links sees fewer than ``link_min_per_s`` probes a second from the whole plan (a link
    few pairs cross), or when its ``n`` path ids would not all be probed within ``coverage_s``.
-   Where the budget cannot pay for a floor, the budget wins; :meth:`ProbePlan.summary` says how
-   many links and pairs fall short.
+   A source over its budget pays its pairs' floors first — each path id within ``coverage_s``,
+   and every pair at least once per ``ok_sample_s`` (the detector's latency windows take one RTT
+   per pair and period) — and shares the rest in proportion to what each pair wants beyond its
+   floor. Where the budget cannot pay for a floor,
+   the budget wins; :meth:`ProbePlan.summary` says how many links and pairs fall short.
 
 A link is counted undirected (a probe crosses its path's links both ways, request and reply); a
 pair's expected load on a link is its rate times the share of its ECMP paths through the link.
@@ -307,6 +310,8 @@ class ProbePlan:
             "endpoint_rate_max": round(float(ep_rate.max()), 3) if ep_rate.size else 0.0,
             "endpoint_rate_p50": round(float(np.median(ep_rate)), 3) if ep_rate.size else 0.0,
             "interval_s_max": float(self.interval_s.max()) if self.pairs.size else 0.0,
+            "interval_s_p99": float(np.percentile(self.interval_s, 99)) if self.pairs.size else 0.0,
+            "pairs_slower_than_interval": int((self.interval_s > p.interval_s + 1e-9).sum()),
             "paths_max": int(self.paths.max()) if self.pairs.size else 0,
             "path_cycle_s_max": round(float(cycle.max()), 3) if self.pairs.size else 0.0,
             "pairs_slower_than_coverage": int((cycle > p.coverage_s + 1e-9).sum()),
@@ -347,6 +352,27 @@ class ProbePlan:
         return cls(pairs, iv, n, policy, np.zeros(0))
 
 
+def _fit_budget(
+    want: np.ndarray, floor: np.ndarray, src: np.ndarray, n_src: int, budget: float
+) -> np.ndarray:
+    """Rates within each source's budget: a source under it gets what its pairs want; one over it
+    pays its pairs' floors first (shrunk alike if they alone exceed it) and shares what is left in
+    proportion to what each pair wants beyond its floor."""
+
+    def per_src(x: np.ndarray) -> np.ndarray:
+        return np.bincount(src, weights=x, minlength=n_src)
+
+    over = per_src(want) > budget
+    if not over.any():
+        return want
+    floor = floor * np.minimum(1.0, budget / np.maximum(per_src(floor), 1e-12))[src]
+    extra = want - floor
+    left = np.maximum(budget - per_src(floor), 0.0)
+    extra_total = per_src(extra)
+    share = np.minimum(1.0, left / np.maximum(extra_total, 1e-12))
+    return np.where(over[src], floor + extra * share[src], want)
+
+
 def plan_probes(
     pairs: np.ndarray,
     policy: ProbePolicy,
@@ -380,7 +406,13 @@ def plan_probes(
     k = np.bincount(src, minlength=src_ids.size)
     max_rate = 1.0 / p.min_interval_s
     base = np.minimum(1.0 / p.interval_s, p.budget_per_s / k[src])
-    want = np.maximum(base, paths / p.coverage_s)
+    # every pair at least once per latency sample period (the detector's latency windows need one
+    # RTT per pair and period), and each of its path ids within coverage_s
+    sample_s = p.ok_sample_s if p.ok_sample_s > 0 else p.interval_s
+    floor = np.minimum(
+        np.maximum(paths / p.coverage_s, 1.0 / max(sample_s, p.interval_s)), max_rate
+    )
+    want = np.maximum(base, floor)
     rate = base
     n_links = len(links.names) if links is not None else 0
     for _ in range(max(1, rounds)):
@@ -395,9 +427,7 @@ def plan_probes(
             np.maximum.at(factor, links.pair, short[links.link])
             want = np.maximum(want, rate * factor)
         want = np.minimum(want, max_rate)
-        total = np.bincount(src, weights=want, minlength=src_ids.size)
-        scale = np.where(total > p.budget_per_s, p.budget_per_s / np.maximum(total, 1e-12), 1.0)
-        rate = want * scale[src]
+        rate = _fit_budget(want, floor, src, src_ids.size, p.budget_per_s)
     # whole milliseconds: rounded down (a floor stays met) unless that puts the source over its
     # budget, then up (a plan never sends faster than its budget)
     lo = max(1, math.ceil(p.min_interval_s * 1000 - 1e-9))

@@ -154,3 +154,37 @@ def test_the_eval_plans_its_cluster_and_covers_every_ecmp_path():
     b = out["busiest_container"]
     assert b["planned_probes_per_s"] <= 8 * 100.0
     assert out == planned_probing(sim, fab, seed=2, hash_seeds=5)  # deterministic
+
+
+def test_path_coverage_counts_every_window_not_the_whole_rotation():
+    """A path is covered when no window of 10 s misses it: with 10 ids at 2 s (5 per window) a
+    path whose ids sit 6 apart is missed by some window."""
+    from skh.eval.plan import path_coverage
+
+    class Fixed:
+        """A generator whose hash puts id i on path i % 2 (and path 0 for the one-id draw)."""
+
+        def integers(self, lo, hi):
+            hi = np.asarray(hi)
+            return np.arange(hi.size) % 2 if hi.size > 1 else np.zeros(1, np.int64)
+
+    pol = ProbePolicy(interval_s=2.0, min_interval_s=0.02)
+    plan = ProbePlan(
+        np.array([[0, 1]], np.uint32),
+        np.array([2000], np.uint16),
+        np.array([10], np.uint16),
+        pol,
+        np.zeros(0),
+    )
+    # ids alternate paths: gaps of 2 <= 5 probes per window: both paths covered
+    assert path_coverage(plan, np.array([2]), Fixed())[0] == 1.0
+    # three paths, ids 0..9 on paths i % 2: path 2 never hashed onto
+    assert path_coverage(plan, np.array([3]), Fixed())[0] == pytest.approx(2 / 3)
+
+    class Lumpy(Fixed):
+        def integers(self, lo, hi):
+            hi = np.asarray(hi)
+            # path 1 only at ids 0 and 6: a cyclic gap of 6 > 5
+            return (np.isin(np.arange(hi.size), [0, 6])).astype(np.int64)
+
+    assert path_coverage(plan, np.array([2]), Lumpy())[0] == 0.5

@@ -6,8 +6,9 @@ Figures (deterministic for a seed):
 
 - probes/s per container under each (the busiest container is where the agent's CPU goes);
 - skeleton links below the plan's ``link_min_per_s`` under each;
-- ``ecmp_paths_covered_share``: the share of (ping pair, ECMP path) that at least one of the
-  pair's path ids hashes onto *and* that the pair probes within ``window_s`` (10 s). Switches hash
+- ``ecmp_paths_covered_share``: the share of (ping pair, ECMP path) probed at least once in
+  every ``window_s`` (10 s) window: one of the pair's path ids must hash onto it, and the pair
+  must reach such an id within any ``window_s`` of its rotation. Switches hash
   a flow onto one of its ECMP paths by a function the prober neither chooses nor knows, so each
   path id is hashed uniformly at random (``hash_seeds`` independent draws: mean and min); the
   agent before the plan (path id 0 only) beside it.
@@ -30,18 +31,31 @@ __all__ = ["planned_probing", "path_coverage"]
 def path_coverage(
     plan: ProbePlan, ecmp_paths: np.ndarray, rng: np.random.Generator, window_s: float = 10.0
 ) -> tuple[float, float]:
-    """One draw of the switches' hash: (share of (pair, ECMP path) the plan covers within
-    ``window_s``, share one path id per pair covers)."""
+    """One draw of the switches' hash: (share of (pair, ECMP path) that *every* ``window_s``
+    window of the plan probes, share that one path id per pair probes at all).
+
+    A pair sends ``w = floor(window_s / interval)`` consecutive path ids (cyclically) in any
+    window, so a path is probed in every window iff the ids hashed onto it leave no cyclic gap
+    longer than ``w`` (with ``w >= n``, iff any id lands on it)."""
     m = np.asarray(ecmp_paths, np.int64)
     n = plan.paths.astype(np.int64)
-    in_time = plan.paths * plan.interval_s <= window_s + 1e-9
-    offs = np.r_[0, np.cumsum(m)[:-1]]
-    hit = np.zeros(int(m.sum()), bool)
-    hit[np.repeat(offs, n) + rng.integers(0, np.repeat(m, n))] = True
-    hit &= np.repeat(in_time, m)
+    w = np.floor(window_s / plan.interval_s + 1e-9).astype(np.int64)
+    pair = np.repeat(np.arange(m.size), n)
+    pid = np.arange(pair.size) - np.repeat(np.cumsum(n) - n, n)
+    path = rng.integers(0, np.repeat(m, n))
+    order = np.lexsort((pid, path, pair))
+    pair, pid, path = pair[order], pid[order], path[order]
+    new = np.r_[True, (pair[1:] != pair[:-1]) | (path[1:] != path[:-1])]
+    group = np.cumsum(new) - 1
+    first = pid[new][group]
+    last = np.r_[new[1:], True]
+    gap = np.where(last, first + n[pair] - pid, np.r_[pid[1:], 0] - pid)
+    worst = np.zeros(int(group[-1]) + 1 if group.size else 0, np.int64)
+    np.maximum.at(worst, group, gap)
+    covered = int((worst <= w[pair[new]]).sum())
     one = np.zeros(int(m.sum()), bool)
-    one[offs + rng.integers(0, m)] = True
-    return float(hit.mean()), float(one.mean())
+    one[np.r_[0, np.cumsum(m)[:-1]] + rng.integers(0, m)] = True
+    return covered / float(m.sum()), float(one.mean())
 
 
 def _container_rates(sim: Simulation, plan: ProbePlan) -> np.ndarray:
