@@ -35,7 +35,7 @@ from typing import Any
 
 from skh.errors import ConfigError
 from skh.orchestrator.alerts import Retention
-from skh.orchestrator.security import SecurityConfig
+from skh.orchestrator.security import SecurityConfig, underlay_identity
 from skh.probeplan import ProbePolicy
 from skh.wire import DEFAULT_MAX_FRAME_BYTES
 
@@ -204,6 +204,8 @@ class AgentConfig:
     def agent_name(self) -> str:
         if self.name:
             return self.name
+        if self.role == "underlay":
+            return underlay_identity(self.host)
         return f"{self.role}-{self.host}" + (f"-{self.container}" if self.container else "")
 
 

@@ -41,6 +41,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from skh.errors import ConfigError
 
 __all__ = [
+    "underlay_identity",
     "ROLES",
     "Identity",
     "SecurityConfig",
@@ -60,6 +61,12 @@ ROLES = ("admin", "analyzer", "subscriber", "underlay", "overlay")
 _Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 _META_LINE = re.compile(r'^\s+([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"\s*$')
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,255}$")
+
+
+def underlay_identity(host: str) -> str:
+    """The name a host's underlay agent speaks as: its identity's name (docs/trust.md), its
+    default agent name, and what the analyzer's pipeline commands by default."""
+    return f"ul-{host}"
 
 
 def _path(p: str) -> str:

@@ -13,6 +13,7 @@ from skh.analysis.localize import FlowRule, FlowTables, HostReport, OverlayTable
 from skh.model import Cluster
 from skh.orchestrator.admin import ControllerClient
 from skh.orchestrator.pipeline.config import PipelineConfig
+from skh.orchestrator.security import underlay_identity
 
 __all__ = ["AgentStateSource"]
 
@@ -95,8 +96,7 @@ class AgentStateSource:
     def _agent(self, host: str) -> str | None:
         if host in self.cfg.host_agents:
             return self.cfg.host_agents[host]
-        # an underlay agent's default name (AgentConfig.agent_name)
-        return f"underlay-{host}" if host in self.cluster.fabric.hosts else None
+        return underlay_identity(host) if host in self.cluster.fabric.hosts else None
 
     def _run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
         for _agent, name, _args in calls:
