@@ -118,9 +118,9 @@ class _RecordingEngine:
         return {}
 
 
-def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
-    calls = []
-    agent = OverlayAgent(
+def _one_endpoint_agent(cfg, ctx, engine, **agent_kw):
+    """An overlay agent a/h0 of j/c0 with one endpoint on rail 0, probing through ``engine``."""
+    return OverlayAgent(
         dataclasses.replace(
             cfg.agent,
             name="a",
@@ -128,11 +128,17 @@ def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
             job="j",
             container="c0",
             endpoints=(EndpointSpec(rail=0),),
+            **agent_kw,
         ),
         cfg.security,
         ctx=ctx,
-        engine_factory=lambda s, c: _RecordingEngine(calls),
+        engine_factory=lambda s, c: engine,
     )
+
+
+def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
+    calls = []
+    agent = _one_endpoint_agent(cfg, ctx, _RecordingEngine(calls))
     eps = [
         {
             "ep": i,
@@ -257,20 +263,7 @@ def test_the_agent_probes_as_the_controller_plans_and_says_where_it_disagrees(cf
     from skh.probeplan import ProbePolicy, plan_probes
 
     calls = []
-    agent = OverlayAgent(
-        dataclasses.replace(
-            cfg.agent,
-            name="a",
-            host="h0",
-            job="j",
-            container="c0",
-            endpoints=(EndpointSpec(rail=0),),
-            ok_sample_s=0.25,
-        ),
-        cfg.security,
-        ctx=ctx,
-        engine_factory=lambda s, c: _PlanEngine(calls),
-    )
+    agent = _one_endpoint_agent(cfg, ctx, _PlanEngine(calls), ok_sample_s=0.25)
     policy = ProbePolicy(budget_per_s=20.0, ok_sample_s=1.0)
     eps = [
         {"ep": i, "job": "j", "container": f"c{i}", "host": f"h{i}", "rail": 0, "ip": "127.0.0.1"}
