@@ -14,6 +14,7 @@ profile's jobs at the start plus the arrivals over the run), as ``skh eval`` cou
 fabric is the eval's scaled Lingjun topology.
 
     python bench/probe_plan.py [--profile quick|full] [--seed 1] [--agent-s 10] [--hash-seeds 20]
+    python bench/probe_plan.py --quick     # the quick profile, 3 s agent runs, 5 hash draws
 
 Prints one JSON object.
 """
@@ -35,11 +36,14 @@ from skh.sim.scenario import Simulation
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default="quick", choices=("tiny", "quick", "full"))
+    ap.add_argument("--profile", default="full", choices=("tiny", "quick", "full"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--agent-s", type=float, default=10.0, help="seconds per agent run (0: skip)")
     ap.add_argument("--hash-seeds", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="quick profile, short agent runs")
     args = ap.parse_args()
+    if args.quick:
+        args.profile, args.agent_s, args.hash_seeds = "quick", 3.0, 5
     prof = get_profile(args.profile)
     t0 = time.perf_counter()
     fabric = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=prof.hosts)
