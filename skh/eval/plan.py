@@ -2,6 +2,8 @@
 the evaluated cluster's ping pairs, beside the flat policy the simulator probes with (every pair
 at ``probe_interval_s`` on one path id, no budget).
 
+Plans are made per job, as the controller makes them (a job's link floors count its own probes).
+
 Figures (deterministic for a seed):
 
 - probes/s per container under each (the busiest container is where the agent's CPU goes);
@@ -72,43 +74,68 @@ def planned_probing(
     hash_seeds: int = 20,
     window_s: float = 10.0,
 ) -> dict[str, Any]:
-    """The plan for ``sim``'s ping pairs (all it has had so far) on ``fabric``, against the flat
+    """The plans for ``sim``'s ping pairs (all it has had so far) on ``fabric``, one per job as
+    the controller makes them (link floors count the job's own probes), against the flat
     policy; see the module doc. ``busiest_paths`` is the most path ids a pair rotates over."""
     policy = policy or ProbePolicy(interval_s=sim.probe_interval_s)
     pairs = np.unique(sim.pairs.astype(np.uint32), axis=0)
     key = [sim.index.rnic_key(int(r)) for r in sim.eps.rnic]
-    links: LinkIncidence = FabricLinks(fabric).incidence(
-        [key[e] for e in pairs[:, 0].tolist()], [key[e] for e in pairs[:, 1].tolist()]
-    )
-    plan = plan_probes(pairs, policy, links=links)
+    job_names = [sim.cluster.endpoints[e].job for e in range(len(sim.eps))]
+    _, job_of = np.unique(np.asarray(job_names or [""]), return_inverse=True)
+    pair_job = job_of[pairs[:, 0].astype(np.int64)]
+    order = np.argsort(pair_job, kind="stable")
+    cuts = np.flatnonzero(np.diff(pair_job[order])) + 1
+    fl = FabricLinks(fabric)
+    parts: list[tuple[ProbePlan, LinkIncidence]] = []
+    below_plan = below_flat = n_links = 0
+    for rows in np.split(order, cuts) if pairs.size else []:
+        sub = pairs[rows]
+        inc = fl.incidence(
+            [key[e] for e in sub[:, 0].tolist()], [key[e] for e in sub[:, 1].tolist()]
+        )
+        plan_j = plan_probes(sub, policy, links=inc)
+        parts.append((plan_j, inc))
+        used = np.unique(inc.link)
+        flat_load = np.bincount(
+            inc.link, weights=inc.share / sim.probe_interval_s, minlength=len(inc.names)
+        )[used]
+        n_links += used.size
+        below_plan += int(plan_j.summary()["links_below_floor"])
+        below_flat += int((flat_load < policy.link_min_per_s - 1e-9).sum())
     m = pairs.shape[0]
+    if parts:
+        cat = [
+            np.concatenate(c)
+            for c in zip(
+                *((pl.pairs, pl.interval_ms, pl.paths, i.ecmp_paths) for pl, i in parts),
+                strict=True,
+            )
+        ]
+        srt = np.lexsort((cat[0][:, 1], cat[0][:, 0]))
+        pairs, iv, n_paths, ecmp = (c[srt] for c in cat)
+    else:
+        iv, n_paths, ecmp = np.zeros(0, np.uint16), np.zeros(0, np.uint16), np.zeros(0, np.int64)
+    plan = ProbePlan(pairs, iv, n_paths, policy, np.zeros(0))
     flat = ProbePlan(
-        plan.pairs,
+        pairs,
         np.full(m, round(sim.probe_interval_s * 1000), np.uint16),
         np.ones(m, np.uint16),
         policy,
         np.zeros(0),
     )
-    used = np.unique(links.link)
-    flat_link = np.bincount(
-        links.link, weights=links.share / sim.probe_interval_s, minlength=len(links.names)
-    )[used]
     c_plan, c_flat = _container_rates(sim, plan), _container_rates(sim, flat)
     peers = np.bincount(sim.eps.container[pairs[:, 0].astype(np.int64)], minlength=c_plan.size)
     bp, bf = int(np.argmax(c_plan)), int(np.argmax(c_flat))
     rng = rng_for(seed, 0xC0E)
     draws = np.array(
-        [path_coverage(plan, links.ecmp_paths, rng, window_s) for _ in range(hash_seeds)]
-        if m
-        else [(1.0, 1.0)]
+        [path_coverage(plan, ecmp, rng, window_s) for _ in range(hash_seeds)] if m else [(1.0, 1.0)]
     )
     s = plan.summary()
     return {
         "policy": policy.to_wire(),
         "pairs": m,
         "ecmp_paths_per_pair": {
-            str(k): int(v)
-            for k, v in zip(*np.unique(links.ecmp_paths, return_counts=True), strict=True)
+            str(k): int(v) for k, v in zip(*np.unique(ecmp, return_counts=True), strict=True)
         },
         "plan": s,
         "busiest_container": {
@@ -122,11 +149,9 @@ def planned_probing(
             "planned": round(float(np.median(c_plan[c_plan > 0])), 1) if m else 0.0,
             "flat": round(float(np.median(c_flat[c_flat > 0])), 1) if m else 0.0,
         },
-        "links": int(used.size),
-        "links_below_floor": {
-            "planned": int(s.get("links_below_floor", 0)),
-            "flat": int((flat_link < policy.link_min_per_s - 1e-9).sum()),
-        },
+        "jobs": len(parts),
+        "links": n_links,  # (job, link): each job's plan holds its own links to the floor
+        "links_below_floor": {"planned": below_plan, "flat": below_flat},
         "ecmp_paths_covered_share": {
             "planned_mean": round(float(draws[:, 0].mean()), 5),
             "planned_min": round(float(draws[:, 0].min()), 5),
