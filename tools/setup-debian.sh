@@ -11,6 +11,7 @@ APT_PKGS=(
   qemu-system-x86 busybox-static cpio kmod xz-utils systemd
   openvswitch-switch chromium
   libzmq3-dev libmsgpack-dev prometheus-alertmanager
+  python3-torch
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -166,6 +166,10 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
     assert sum(n == "traceroute" for _a, n, _x in client.asked) == 1
     rep = src.host_report(b.host)
     assert rep.peer_down == frozenset({0}) and rep.rnic_state == {0: "up"}
+    # a real agent reads port state only: every flag only the simulator models is unknown,
+    # never "healthy"
+    assert rep.known("peer_down") and rep.known("rnic_state")
+    assert not rep.known("bond_degraded") and not rep.known("gid_changed")
     assert src.overlay_tables(b.host) is None  # a failed command is no evidence, not a crash
     diff = src.flow_tables(a.host, 0).diff()
     assert len(diff.missing) == 1 and not diff.stale

@@ -14,6 +14,7 @@ import pytest
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.orchestrator.pipeline import Pipeline, PipelineConfig
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE
 from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint
 from skh.sim.faults import Fault
 from skh.sim.scenario import Simulation
@@ -169,3 +170,38 @@ def test_a_fault_that_cleared_while_the_analyzer_was_down_is_resolved_after_it(g
         else:
             still.pop(a["alert_id"], None)
     assert not still, sorted(still)
+
+
+def test_a_restored_alert_whose_type_was_refined_resolves_under_the_id_it_opened_with():
+    """An RNIC port down that a later round refined to flapping kept the id it opened with
+    (class of RNIC_PORT_DOWN); after a restart its resolution must carry that id, not the
+    flapping class's, or the log keeps the alert open for good."""
+    from skh.failures import class_id
+
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=5.0)
+    pipe = Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+    opened = class_id(FailureType.RNIC_PORT_DOWN)
+    assert opened != class_id(FailureType.RNIC_PORT_FLAPPING)
+    alert_id = f"rnic|h0:rnic1|{opened}"
+    alert = {
+        "kind": "fault",
+        "state": "open",
+        "alert_id": alert_id,
+        "job": "j",
+        "layer": "rnic",
+        "component": "h0:rnic1",
+        "failure_type_id": int(FailureType.RNIC_PORT_FLAPPING),
+        "type_candidates": [["rnic_port_flapping", 0.7], ["rnic_port_down", 0.3]],
+        "first_seen_ns": 1,
+        "detected_at_ns": 2,
+        "pairs": [[0, 1]],
+    }
+    pipe.restore([{"seq": 1, "ts_ns": 2, "alert": alert}])
+    empty_p, empty_c = np.zeros(0, PROBE_DTYPE), np.zeros(0, COUNTER_DTYPE)
+    t0 = 10_000_000_000
+    assert pipe.process(empty_p, empty_c, t0) == []  # open again, not announced again
+    (v,) = pipe.tracker.open
+    assert v.type_candidates[0] == (FailureType.RNIC_PORT_FLAPPING, 0.7)
+    out = pipe.process(empty_p, empty_c, t0 + 6_000_000_000)
+    assert [(a["alert_id"], a["state"]) for a in out] == [(alert_id, "resolved")]

@@ -28,6 +28,7 @@ from skh.analysis.localize import (
     StateSource,
     Suspect,
     Verdict,
+    probe_view,
 )
 from skh.analysis.skeleton import Skeleton, infer_skeleton, traffic_changed
 from skh.errors import ConfigError
@@ -35,7 +36,7 @@ from skh.model import Cluster, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
-from skh.records import PROBE_DTYPE, pair_keys, split_pair_keys
+from skh.records import PROBE_DTYPE, pair_keys
 
 __all__ = ["Pipeline"]
 
@@ -235,8 +236,15 @@ class Pipeline:
                     detected_at_ns=int(a["detected_at_ns"]),
                     evidence=dict(a.get("evidence") or {}),
                     candidates=tuple(str(c) for c in a.get("candidates", ())),
+                    type_candidates=tuple(
+                        (FailureType[str(t).upper()], float(p))
+                        for t, p in a.get("type_candidates", ())
+                    ),
+                    # the id's class: an alert a round refined into another class keeps the id
+                    # it opened with, and so must its resolution
+                    alert_class=int(str(a["alert_id"]).rsplit("|", 1)[1]),
                 )
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
                 log.warning("open alert %s not restored: %r", a.get("alert_id"), exc)
                 continue
             self.tracker.update([v], now_ns)  # open again, not announced again
@@ -357,25 +365,28 @@ class Pipeline:
         out = []
         for ev in events:
             pairs, eps = set(ev.pairs), set(ev.endpoints)
+            if getattr(ev, "flapping", False):
+                out.append(ev)  # an outage that came back: it refines the open alert's type
+                continue
             if (pairs or eps) and pairs <= held_pairs and eps <= held_eps:
                 self.stats["events_explained"] += 1
                 continue
             out.append(ev)
         return out
 
-    def _healthy_pairs(self, failing: set[tuple[int, int]]) -> np.ndarray:
-        """Pairs answered in the last seconds with no failed probe and no open suspicion: the
-        localizer traces some of them to clear the links they cross."""
+    def _probe_view(self, failing: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Healthy pairs (answered in the last seconds with no failed probe and no open
+        suspicion: the localizer traces some to clear the links they cross) and responsive
+        endpoints (their own probes came back: their agents are alive)."""
         if not self._recent:
-            return np.zeros((0, 2), np.int64)
-        p = np.concatenate([r for _t, r in self._recent])
-        key = pair_keys(p["src_ep"], p["dst_ep"])
-        bad = np.unique(key[p["status"] != 0])
-        if failing:
+            return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
+        healthy, responsive = probe_view(np.concatenate([r for _t, r in self._recent]))
+        if failing and healthy.size:
             f = np.array(sorted(failing), np.int64)
-            bad = np.union1d(bad, pair_keys(f[:, 0], f[:, 1]))
-        good = np.setdiff1d(np.unique(key[p["status"] == 0]), bad)
-        return split_pair_keys(good).astype(np.int64)
+            healthy = healthy[
+                ~np.isin(pair_keys(healthy[:, 0], healthy[:, 1]), pair_keys(f[:, 0], f[:, 1]))
+            ]
+        return healthy, responsive
 
     def _localize(
         self, events: list[SuspectEvent], now_ns: int
@@ -399,11 +410,14 @@ class Pipeline:
         prefetch_traces = getattr(source, "prefetch_traces", None)
         if prefetch_traces is not None:
             prefetch_traces([(p, 0) for p in sorted(failing)])
+        healthy, responsive = self._probe_view(failing)
         verdicts = self.localizer.localize(
             [s for s, _ev in suspects],
             source,
-            healthy_pairs=self._healthy_pairs(failing),
+            healthy_pairs=healthy,
             now_ns=now_ns,
+            known=self.tracker.open,
+            responsive=responsive,
         )
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",

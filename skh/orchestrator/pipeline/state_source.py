@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from skh.analysis.localize import FlowRule, FlowTables, HostReport, OverlayTables, Trace
+from skh.analysis.localize.data import REPORT_FLAGS
 from skh.model import Cluster
 from skh.orchestrator.admin import ControllerClient
 from skh.orchestrator.pipeline.config import PipelineConfig
@@ -220,15 +221,30 @@ class AgentStateSource:
 
     @staticmethod
     def _report_from(host: str, reply: dict[str, Any]) -> HostReport | None:
+        """The agent's answer as a :class:`HostReport`. Only the flags in the answer are read
+        (``read`` when the agent says, else the keys it sent): a real host agent reads port
+        state, light from the switch and the carrier-down count; every flag only the simulator
+        models (RNIC hardware/firmware state, GID, bond, PCIe, GPUDirect, hugepages, RDMA
+        fallback, offload churn) stays unknown, so the localizer never reads it as healthy."""
         if not reply.get("ok") or not isinstance(reply.get("result"), Mapping):
             return None
         r = reply["result"]
+        sent = {
+            "rnic_state",
+            "peer_down",
+            "port_down_count",
+            "agents_dead",
+            "containers_dead",
+        } & set(r)
+        read = frozenset(str(f) for f in r.get("read", sent)) & frozenset(REPORT_FLAGS)
         return HostReport(
             host,
             rnic_state={int(k): str(v) for k, v in dict(r.get("rnic_state", {})).items()},
             peer_down=frozenset(int(x) for x in r.get("peer_down", ())),
+            port_down_count={int(k): int(v) for k, v in dict(r.get("port_down_count", {})).items()},
             agents_dead=frozenset(str(x) for x in r.get("agents_dead", ())),
             containers_dead=frozenset(str(x) for x in r.get("containers_dead", ())),
+            read=read | (sent & {"agents_dead", "containers_dead"}),
         )
 
     def overlay_tables(self, host: str) -> OverlayTables | None:
