@@ -51,6 +51,9 @@ __all__ = [
     "parse_override",
 ]
 
+#: the probe policy's defaults (one place: :class:`skh.probeplan.ProbePolicy`)
+_POLICY = ProbePolicy()
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
@@ -111,15 +114,15 @@ class ControllerConfig:
     #: docs/probing.md): a pair's interval, the fastest a floor may go, probes/s per endpoint,
     #: probes/s per link, path coverage and its time, path ids per pair, ECMP width without a
     #: fabric, and the OK sampling agents and the analyzer share
-    probe_interval_s: float = 0.1
-    probe_min_interval_s: float = 0.02
-    probe_budget_per_s: float = 100.0
-    probe_link_min_per_s: float = 10.0
-    probe_path_coverage: float = 0.995
-    probe_coverage_s: float = 10.0
-    probe_max_paths: int = 64
-    probe_default_ecmp_paths: int = 4
-    ok_sample_s: float = 1.0
+    probe_interval_s: float = _POLICY.interval_s
+    probe_min_interval_s: float = _POLICY.min_interval_s
+    probe_budget_per_s: float = _POLICY.budget_per_s
+    probe_link_min_per_s: float = _POLICY.link_min_per_s
+    probe_path_coverage: float = _POLICY.path_coverage
+    probe_coverage_s: float = _POLICY.coverage_s
+    probe_max_paths: int = _POLICY.max_paths
+    probe_default_ecmp_paths: int = _POLICY.default_ecmp_paths
+    ok_sample_s: float = _POLICY.ok_sample_s
 
 
 @dataclass(frozen=True, slots=True)
