@@ -242,8 +242,8 @@ class OverlayAgent(AgentBase):
         self.ep_ids = list(eps)
         for job in snaps:
             self._install(job)
-        if not snaps:  # a large job's snapshot comes in pages
-            self._sync("registered")
+        if not snaps:  # the snapshot comes in pages (a controller before issue 19 sent small ones)
+            self._sync("registered", resync=False)
         self.ready_reported = False
         self._next_ready = 0.0
 
@@ -282,8 +282,9 @@ class OverlayAgent(AgentBase):
             if self.job is None or body["version"] >= self.job.version:
                 self._install(JobPingLists.from_snapshot(body))
 
-    def _sync(self, why: str) -> None:
-        self.counters["resyncs"] += 1
+    def _sync(self, why: str, *, resync: bool = True) -> None:
+        """Ask for the job's snapshot; ``resync``: this copy fell behind (counted)."""
+        self.counters["resyncs"] += resync
         log.info("%s: asking for a snapshot of %s (%s)", self.name, self.cfg.job, why)
         self._pages = []
         self.send(MsgType.SYNC, {"job": self.cfg.job})

@@ -160,6 +160,16 @@ class AnalyzerConfig:
     hwm: int = 10_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     metrics: str = ""
+    #: run the pipeline sharded over this Ray cluster (:mod:`skh.orchestrator.shard`): "local"
+    #: starts one on this machine, "auto" joins the one it is part of, "ray://HOST:PORT" goes
+    #: through Ray Client; "" (default) is the single process
+    ray: str = ""
+    ray_shards: int = 2
+    #: PULL addresses of ingest front-ends on the Ray cluster, comma-separated (agents may push
+    #: there instead of to ``bind``)
+    ray_ingest: str = ""
+    #: a shard's state is checkpointed every this many rounds
+    ray_checkpoint_rounds: int = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +342,8 @@ def _validate(cfg: Config) -> None:
         ("controller.hwm", c.hwm),
         ("analyzer.round_s", a.round_s),
         ("analyzer.hwm", a.hwm),
+        ("analyzer.ray_shards", a.ray_shards),
+        ("analyzer.ray_checkpoint_rounds", a.ray_checkpoint_rounds),
         ("analyzer.spool_max_bytes", a.spool_max_bytes),
         ("analyzer.max_round_records", a.max_round_records),
         ("analyzer.max_sender_records", a.max_sender_records),
@@ -375,6 +387,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "The 'analyzer.detector' setting must be 'pipeline', 'detect' or 'none'. "
             f"Got {a.detector!r} instead."
+        )
+    if a.ray and a.detector != "pipeline":
+        raise ConfigError(
+            "The 'analyzer.ray' setting shards the pipeline: it needs analyzer.detector = "
+            f"'pipeline'. Got {a.detector!r} instead."
         )
     Retention(a.alert_log_segment_bytes, a.alert_log_retention_s, a.alert_log_retention_bytes)
     rails = [e.rail for e in g.endpoints]

@@ -21,11 +21,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from skh.errors import ProtocolError, TopologyError
-from skh.model import same_rail_pairs
-from skh.wire import NAME_MAX, PAGE_MAX, MsgType, pack_pairs, unpack_pairs
+from skh.model import same_rail_pair_count, same_rail_pairs
+from skh.wire import NAME_MAX, PAGE_MAX, MsgType, PackedList, pack_pairs, unpack_pairs
 
 __all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages"]
 
@@ -157,17 +158,45 @@ class JobPingLists:
         self.probing: dict[str, Any] | None = None
         self.plan: dict[str, Any] | None = None
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._wire: dict[int, dict[str, Any]] = {}  # snapshot entries, kept next to endpoints
-        self._order: list[int] | None = None  # endpoint ids sorted, for paging
+        self._order: list[int] = []  # endpoint ids sorted, for paging
+        #: beside ``_order``, each endpoint's record msgpack-encoded once (None until first
+        #: sent), shared by every snapshot page and announcement that carries it until the
+        #: endpoint changes: a page is a slice of this list
+        self._packed: list[bytes | None] = []
 
     def store(self, info: EndpointInfo) -> None:
-        """Put one endpoint record; every change goes through here so the snapshot entries (wire
-        dicts) stay current without rebuilding them per snapshot."""
+        """Put one endpoint record; every change goes through here so its encoded record is
+        dropped (re-encoded once when next sent)."""
+        order = self._order
         if info.ep not in self.endpoints:
-            self._order = None
+            if order and info.ep < order[-1]:
+                i = bisect.bisect_left(order, info.ep)
+                order.insert(i, info.ep)
+                self._packed.insert(i, None)
+            else:  # ids are handed out in increasing order: appending is the rule
+                order.append(info.ep)
+                self._packed.append(None)
+        else:
+            self._packed[bisect.bisect_left(order, info.ep)] = None
         self.endpoints[info.ep] = info
-        self._wire[info.ep] = info.to_wire()
         self._arrays = None
+
+    def _page(self, i: int, j: int) -> PackedList:
+        """The encoded records of ``_order[i:j]`` (encoding those not encoded yet)."""
+        page = self._packed[i:j]
+        if None in page:
+            for k, raw in enumerate(page):
+                if raw is None:
+                    info = self.endpoints[self._order[i + k]]
+                    page[k] = self._packed[i + k] = msgpack.packb(info.to_wire())
+        return PackedList(page)
+
+    def _records(self, eps: Iterable[int]) -> PackedList:
+        out = PackedList()
+        for ep in eps:
+            i = bisect.bisect_left(self._order, ep)
+            out += self._page(i, i + 1)
+        return out
 
     # -- controller side: mutations ------------------------------------------------------------
     def upsert(self, info: EndpointInfo) -> dict[str, Any] | None:
@@ -184,8 +213,10 @@ class JobPingLists:
             return self._bump_down([info.ep], "re-registered")
         return None
 
-    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
-        """Mark endpoints ready; returns the READY_ANNOUNCE body (None if nothing changed)."""
+    def mark_ready(self, eps: Iterable[int]) -> list[int]:
+        """Mark endpoints ready without announcing it (the controller coalesces the readiness
+        changes of one tick into one announcement: :meth:`announce_ready`); returns those that
+        changed."""
         changed = []
         for ep in eps:
             info = self.endpoints.get(ep)
@@ -193,16 +224,20 @@ class JobPingLists:
                 raise TopologyError(f"endpoint {ep} is not registered in job {self.job}")
             if not info.ready:
                 self.store(info.with_ready(True))
-                changed.append(self.endpoints[ep])
-        if not changed:
-            return None
-        self._arrays = None
+                changed.append(ep)
+        return changed
+
+    def announce_ready(self, eps: list[int]) -> dict[str, Any]:
+        """The READY_ANNOUNCE body of endpoints marked ready since the last announcement (one
+        version step; their records are encoded once, shared with the snapshot pages)."""
         self.version += 1
-        return {
-            "job": self.job,
-            "version": self.version,
-            "endpoints": [i.to_wire() for i in changed],
-        }
+        return {"job": self.job, "version": self.version, "endpoints": self._records(eps)}
+
+    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
+        """Mark endpoints ready and announce them at once; returns the READY_ANNOUNCE body (None
+        if nothing changed)."""
+        changed = self.mark_ready(eps)
+        return self.announce_ready(changed) if changed else None
 
     def set_down(self, eps: Iterable[int], reason: str) -> dict[str, Any] | None:
         """Mark endpoints not ready (dead agent, container gone); returns ENDPOINTS_DOWN body."""
@@ -259,18 +294,15 @@ class JobPingLists:
         """One page of the JOB_SNAPSHOT body: everything an agent needs to build its lists, the
         endpoints with ids above ``after`` (at most ``limit``); ``next`` is where the next page
         starts (None: this was the last)."""
-        if self._order is None:
-            self._order = sorted(self.endpoints)
         i = bisect.bisect_right(self._order, after)
-        ids = self._order[i : i + limit]
         more = i + limit < len(self._order)
         return {
             "job": self.job,
             "version": self.version,
-            "endpoints": [self._wire[ep] for ep in ids],
+            "endpoints": self._page(i, i + limit),
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
-            "next": ids[-1] if more else None,
+            "next": self._order[i + limit - 1] if more else None,
         } | self._probing()
 
     # -- agent side ----------------------------------------------------------------------------
@@ -349,13 +381,43 @@ class JobPingLists:
         pairs = pairs[np.isin(pairs[:, 1], ready_ids)]
         return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
 
-    def ping_list(self, src: int) -> np.ndarray:
-        """Destinations ``src`` probes now (sorted uint32)."""
+    def ping_list(self, src: int, *, ready_only: bool = True) -> np.ndarray:
+        """Destinations ``src`` probes now (sorted uint32); with ``ready_only`` False, every
+        destination its list holds, ready or not."""
         ep, rail, host, ready = self._cols()
         if self.skeleton is not None:
             dst = self.skeleton[self.skeleton[:, 0] == src, 1]
-            return np.sort(dst[np.isin(dst, ep[ready])])
+            return np.sort(dst[np.isin(dst, ep[ready])] if ready_only else dst)
         i = np.searchsorted(ep, src)
         if i >= ep.size or ep[i] != src:
             return np.zeros(0, np.uint32)
-        return ep[ready & (rail == rail[i]) & (host != host[i])]
+        return ep[(ready | (not ready_only)) & (rail == rail[i]) & (host != host[i])]
+
+    def pair_counts(self) -> dict[str, int]:
+        """The lists' sizes without listing them (a preload list grows with the square of the
+        job): ``preload`` (every same-rail, different-host pair), ``pairs`` (the skeleton when
+        one is applied, else the preload list), ``active`` (those with a ready destination)."""
+        ep, rail, host, ready = self._cols()
+        preload = same_rail_pair_count(rail, host)
+        if self.skeleton is None:
+            return {
+                "preload": preload,
+                "pairs": preload,
+                "active": same_rail_pair_count(rail, host, ready),
+            }
+        active = int(np.isin(self.skeleton[:, 1], ep[ready]).sum())
+        return {"preload": preload, "pairs": int(self.skeleton.shape[0]), "active": active}
+
+    def first_pairs(self, limit: int, *, ready_only: bool = True) -> np.ndarray:
+        """The first ``limit`` pairs of the list (by source, then destination), listed one
+        source at a time: what a reader of a big job's list is shown."""
+        out: list[np.ndarray] = []
+        n = 0
+        for src in sorted(self.endpoints):
+            if n >= limit:
+                break
+            dst = self.ping_list(src, ready_only=ready_only)[: limit - n]
+            if dst.size:
+                out.append(np.stack([np.full(dst.size, src, np.uint32), dst], axis=1))
+                n += dst.size
+        return np.concatenate(out) if out else np.zeros((0, 2), np.uint32)

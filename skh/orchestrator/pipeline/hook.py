@@ -8,6 +8,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,13 +35,25 @@ class PipelineHook:
     hears between them) are queued to a worker thread running the :class:`Pipeline` against the
     controller; the alerts it produced are returned by the next :meth:`on_round` (published by
     the daemon). What waits for a busy worker is bounded (``_MAX_QUEUED_ROUNDS`` rounds,
-    ``_MAX_QUEUED`` items); beyond, items are dropped and counted (``dropped``)."""
+    ``_MAX_QUEUED`` items); beyond, items are dropped and counted (``dropped``).
 
-    def __init__(self, cfg: PipelineConfig, security: Any = None) -> None:
+    ``make_pipeline(cfg, source_factory=..., apply_skeleton=...)`` builds the pipeline on the
+    worker (default :class:`Pipeline`; the sharded analyzer passes its
+    :class:`~skh.orchestrator.shard.ShardedPipeline`)."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        security: Any = None,
+        *,
+        make_pipeline: Callable[..., Pipeline] = Pipeline,
+    ) -> None:
         if not cfg.controller:
             raise ConfigError("the pipeline hook needs the controller's address ('controller')")
         self.cfg = cfg
         self._security = security
+        self._make_pipeline = make_pipeline
+        self._status: dict[str, Any] = {}
         self._in: queue.Queue[tuple[str, Any, Any, int] | None] = queue.Queue(_MAX_QUEUED)
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
         self._rounds_queued = 0
@@ -89,6 +102,10 @@ class PipelineHook:
             out.append(self._round_s.get_nowait())
         return out
 
+    def status(self) -> dict[str, Any]:
+        """The pipeline's counters as of its last round (the analyzer's STATUS shows them)."""
+        return dict(self._status)
+
     def on_retire(self, eps: list[int]) -> None:
         self._put(("retire", list(eps), None, 0))
 
@@ -108,7 +125,7 @@ class PipelineHook:
                 log.warning("skeleton of %s not applied: %s", job, exc)
                 return False
 
-        pipe = Pipeline(
+        pipe = self._make_pipeline(
             cfg, source_factory=lambda cl: AgentStateSource(client, cl, cfg), apply_skeleton=apply
         )
         next_status = 0.0
@@ -172,9 +189,13 @@ class PipelineHook:
                     log.exception("pipeline round failed")
                     continue
                 self._round_s.put(time.monotonic() - t0)
+                self._status = getattr(pipe, "status", lambda: dict(pipe.stats))()
                 for alert in alerts:
                     self._out.put(alert)
         finally:
+            close = getattr(pipe, "close", None)
+            if close is not None:
+                close()
             client.close()
 
 

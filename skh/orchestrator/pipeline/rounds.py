@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from skh.model import Cluster, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
-from skh.records import PROBE_DTYPE, pair_keys
+from skh.records import PROBE_DTYPE, empty_probes, pair_keys
 
 __all__ = ["Pipeline"]
 
@@ -273,9 +273,29 @@ class Pipeline:
         simulator's; the daemon's hook passes the analyzer's through
         :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
-        alerts: list[dict[str, Any]] = []
-        if self._restored:
+        if self._restored:  # the tracker's side: a shard's observe never has any
             self._reopen(now_ns)
+        alerts, events = self.observe(probes, counters, now_ns, heartbeats)
+        events = self._unexplained(events)
+        verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
+        if events and self.localizer is not None:
+            verdicts = self._localize(events, now_ns)
+        alerts += self._track(verdicts, now_ns)
+        return alerts
+
+    def observe(
+        self,
+        probes: np.ndarray,
+        counters: np.ndarray,
+        now_ns: int,
+        heartbeats: np.ndarray | None = None,
+    ) -> tuple[list[dict[str, Any]], list[SuspectEvent]]:
+        """The detection half of a round: counters into the history (and skeletons when due),
+        probes into the detector, then its tick. Returns the skeleton alerts and the detector's
+        new events. Everything the other half asks of it goes through :attr:`detector`'s
+        ``open_incidents`` and :meth:`recent_probes` (the sharded analyzer,
+        :mod:`skh.orchestrator.shard`, runs this half on each shard)."""
+        alerts: list[dict[str, Any]] = []
         self.counters.add(self._records_in(counters, ("ep",)))
         if heartbeats is not None and heartbeats.size:
             self.heartbeat(heartbeats, now_ns)
@@ -287,12 +307,11 @@ class Pipeline:
         if now_ns >= self._next_skeleton_ns:
             self._next_skeleton_ns = now_ns + int(self.cfg.skeleton_every_s * 1e9)
             alerts += self._skeletons(now_ns)
-        events = self._unexplained(self.detector.tick(now_ns))
-        verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
-        if events and self.localizer is not None:
-            verdicts = self._localize(events, now_ns)
-        alerts += self._track(verdicts, now_ns)
-        return alerts
+        return alerts, self.detector.tick(now_ns)
+
+    def recent_probes(self) -> np.ndarray:
+        """The probe records of the last 15 s (what localization reads of recent traffic)."""
+        return np.concatenate([r for _t, r in self._recent]) if self._recent else empty_probes()
 
     def _skeletons(self, now_ns: int) -> list[dict[str, Any]]:
         out = []
@@ -337,17 +356,22 @@ class Pipeline:
             if not self.apply_skeleton(job, out_sk, version):
                 continue
             st.applied_digest, st.skeleton_version = sk.digest, version
-            self.stats["skeletons"] += 1
-            log.info(
-                "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
-                job,
-                version,
-                sk.mode,
-                len(sk.pairs),
-                sk.confidence,
-            )
-            out.append(skeleton_alert(job, out_sk, version))
+            out.append(self._installed(job, out_sk, version))
         return out
+
+    def _installed(self, job: str, sk: Skeleton, version: int) -> dict[str, Any]:
+        """Skeleton ``version`` of ``job`` (``sk`` in controller ids) is in place: counted,
+        logged, and its alert."""
+        self.stats["skeletons"] += 1
+        log.info(
+            "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
+            job,
+            version,
+            sk.mode,
+            len(sk.pairs),
+            sk.confidence,
+        )
+        return skeleton_alert(job, sk, version)
 
     def _unexplained(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
         """The events no open alert explains yet. One fault, one alert: loss seen around an
@@ -378,9 +402,10 @@ class Pipeline:
         """Healthy pairs (answered in the last seconds with no failed probe and no open
         suspicion: the localizer traces some to clear the links they cross) and responsive
         endpoints (their own probes came back: their agents are alive)."""
-        if not self._recent:
+        p = self.recent_probes()
+        if not p.size:
             return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
-        healthy, responsive = probe_view(np.concatenate([r for _t, r in self._recent]))
+        healthy, responsive = probe_view(p)
         if failing and healthy.size:
             f = np.array(sorted(failing), np.int64)
             healthy = healthy[
@@ -401,21 +426,12 @@ class Pipeline:
         if not suspects:
             return []
         t0 = time.monotonic()
-        source = self.source_factory(self.cluster)
         failing = {p for s, _ev in suspects for p in s.pairs}
-        eps = {e for p in failing for e in p} | {e for s, _ev in suspects for e in s.agents}
-        prefetch_hosts = getattr(source, "prefetch_hosts", None)
-        if prefetch_hosts is not None:
-            prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        prefetch_traces = getattr(source, "prefetch_traces", None)
-        if prefetch_traces is not None:
-            prefetch_traces([(p, 0) for p in sorted(failing)])
         healthy, responsive = self._probe_view(failing)
-        verdicts = self.localizer.localize(
+        verdicts, reads = self.locate(
             [s for s, _ev in suspects],
-            source,
-            healthy_pairs=healthy,
-            now_ns=now_ns,
+            healthy,
+            now_ns,
             known=self.tracker.open,
             responsive=responsive,
         )
@@ -424,7 +440,7 @@ class Pipeline:
             len(events),
             len(verdicts),
             time.monotonic() - t0,
-            getattr(source, "calls", {}),
+            reads,
         )
         self.stats["verdicts"] += len(verdicts)
         out = []
@@ -432,6 +448,39 @@ class Pipeline:
             ev = next((e for s, e in suspects if set(v.pairs) & set(s.pairs)), suspects[0][1])
             out.append((v, ev))
         return out
+
+    def locate(
+        self,
+        suspects: list[Suspect],
+        healthy: np.ndarray,
+        now_ns: int,
+        *,
+        known: Sequence[Verdict] = (),
+        responsive: np.ndarray | None = None,
+    ) -> tuple[list[Verdict], dict[str, int]]:
+        """Localization proper: a state source for this round, its prefetches, the localizer's
+        verdicts (``known``: the alerts still open; ``responsive``: endpoints whose own probes
+        came back), and the questions it asked (the sharded analyzer runs this on a Ray
+        actor)."""
+        assert self.localizer is not None and self.cluster is not None
+        source = self.source_factory(self.cluster)
+        failing = {p for s in suspects for p in s.pairs}
+        eps = {e for p in failing for e in p} | {e for s in suspects for e in s.agents}
+        prefetch_hosts = getattr(source, "prefetch_hosts", None)
+        if prefetch_hosts is not None:
+            prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
+        prefetch_traces = getattr(source, "prefetch_traces", None)
+        if prefetch_traces is not None:
+            prefetch_traces([(p, 0) for p in sorted(failing)])
+        verdicts = self.localizer.localize(
+            suspects,
+            source,
+            healthy_pairs=healthy,
+            now_ns=now_ns,
+            known=known,
+            responsive=responsive,
+        )
+        return verdicts, dict(getattr(source, "calls", {}))
 
     def _track(
         self, verdicts: list[tuple[Verdict, SuspectEvent | None]], now_ns: int
