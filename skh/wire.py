@@ -209,6 +209,9 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
         "skeleton_version": (int, True, 0),
         "skeleton": ((bytes, type(None)), True, _BIG),
         "next": ((int, type(None)), False, 0),  # the next page starts after this endpoint id
+        # the controller's probe policy and the skeleton's probe plan (skh.probeplan)
+        "probing": (dict, False, 32),
+        "plan": (dict, False, 8),
     },
     MsgType.READY_ANNOUNCE: {
         "job": (str, True, NAME_MAX),
@@ -226,6 +229,8 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
         "version": (int, True, 0),
         "skeleton_version": (int, True, 0),
         "pairs": (bytes, True, _BIG),
+        "probing": (dict, False, 32),
+        "plan": (dict, False, 8),
     },
     MsgType.AGENT_STATE: {
         "agent": (str, True, NAME_MAX),

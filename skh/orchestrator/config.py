@@ -36,6 +36,7 @@ from typing import Any
 from skh.errors import ConfigError
 from skh.orchestrator.alerts import Retention
 from skh.orchestrator.security import SecurityConfig, underlay_identity
+from skh.probeplan import ProbePolicy
 from skh.wire import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = [
@@ -49,6 +50,9 @@ __all__ = [
     "load_config",
     "parse_override",
 ]
+
+#: the probe policy's defaults (one place: :class:`skh.probeplan.ProbePolicy`)
+_POLICY = ProbePolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,22 @@ class ControllerConfig:
     hwm: int = 100_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     metrics: str = ""  # host:port, "" = off
+    #: fabric file (:meth:`skh.model.Fabric.from_toml`): with it, probe plans hold every link of
+    #: a skeleton to ``probe_link_min_per_s`` and size path rotation from the real ECMP width
+    fabric: str = ""
+    #: the probe policy handed out with every ping list (:class:`skh.probeplan.ProbePolicy`,
+    #: docs/probing.md): a pair's interval, the fastest a floor may go, probes/s per endpoint,
+    #: probes/s per link, path coverage and its time, path ids per pair, ECMP width without a
+    #: fabric, and the OK sampling agents and the analyzer share
+    probe_interval_s: float = _POLICY.interval_s
+    probe_min_interval_s: float = _POLICY.min_interval_s
+    probe_budget_per_s: float = _POLICY.budget_per_s
+    probe_link_min_per_s: float = _POLICY.link_min_per_s
+    probe_path_coverage: float = _POLICY.path_coverage
+    probe_coverage_s: float = _POLICY.coverage_s
+    probe_max_paths: int = _POLICY.max_paths
+    probe_default_ecmp_paths: int = _POLICY.default_ecmp_paths
+    ok_sample_s: float = _POLICY.ok_sample_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +333,7 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"The '{where}' setting must be > 0. Got {v!r} instead.")
 
     c, a, g = cfg.controller, cfg.analyzer, cfg.agent
+    ProbePolicy.from_config(c)
     for where, v in (
         ("controller.heartbeat_interval_s", c.heartbeat_interval_s),
         ("controller.command_timeout_s", c.command_timeout_s),

@@ -37,9 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 
 from skh.errors import ConfigError, ProtocolError, TopologyError, Unauthorized
+from skh.model import Fabric
 from skh.orchestrator.authz import (
     AllowAll,
     ControllerPolicy,
@@ -57,6 +59,7 @@ from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
 from skh.orchestrator.registry import AgentRecord, Registry
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import Identity, SecurityConfig, ServerSecurity
+from skh.probeplan import FabricLinks, ProbePolicy, plan_probes
 from skh.wire import (
     AGENTS_TOPIC,
     NAME_MAX,
@@ -135,9 +138,16 @@ class Controller:
         ctx: zmq.Context | None = None,
         metrics: CollectorRegistry | None = None,
         policy: Policy | None = None,
+        fabric: Fabric | None = None,
     ) -> None:
         self.cfg = cfg
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
+        # the probe policy handed out with every ping list, and the model that plans skeletons
+        # link by link (``controller.fabric``, or ``fabric`` given in-process)
+        self.probe_policy = ProbePolicy.from_config(cfg)
+        if fabric is None and cfg.fabric:
+            fabric = Fabric.from_toml(cfg.fabric)
+        self._links = FabricLinks(fabric) if fabric is not None else None
         self.registry = Registry(cfg.db)
         self.keys: KeyBook | None = None
         if not security.insecure:
@@ -230,6 +240,35 @@ class Controller:
         for ep, agent in owner.items():
             if agent in self.agents:
                 self.agents[agent].endpoints.append(ep)
+        plans = getattr(self, "_plans", {})
+        self._plans: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        for j in self.jobs.values():
+            j.probing = self.probe_policy.to_wire()
+            # a rollback reloads every job: plans of unchanged skeletons are kept
+            kept = plans.get(j.job)
+            j.plan = kept[1] if kept and kept[0] == j.skeleton_version else self._plan(j)
+            self._plans[j.job] = (j.skeleton_version, j.plan)
+
+    def _plan(self, job: JobPingLists) -> dict[str, Any] | None:
+        """The probe plan of ``job``'s skeleton (docs/probing.md), or None without one. Link by
+        link where the fabric knows every host of the job; else by the budget alone."""
+        if job.skeleton is None or job.skeleton.size == 0:
+            return None
+        pairs = job.skeleton
+        links = None
+        if self._links is not None:
+            key = {ep: f"{i.host}:rnic{i.rail}" for ep, i in job.endpoints.items()}
+            try:
+                links = self._links.incidence(
+                    [key[e] for e in pairs[:, 0].tolist()], [key[e] for e in pairs[:, 1].tolist()]
+                )
+            except (KeyError, TopologyError) as exc:
+                log.warning("job %s planned without the fabric: %s", job.job, exc)
+        plan = plan_probes(pairs, self.probe_policy, links=links)
+        if not np.array_equal(plan.pairs, pairs):  # the skeleton is kept sorted and unique
+            raise TopologyError(f"job {job.job}: the plan's rows are not the skeleton's")
+        log.info("job %s probe plan: %s", job.job, plan.summary())
+        return plan.to_wire()
 
     def _index(self, info: EndpointInfo) -> None:
         self._by_container.setdefault((info.job, info.container), set()).add(info.ep)
@@ -458,6 +497,7 @@ class Controller:
                 raise TopologyError(f"invalid job name {name[:80]!r}")
             self._mutated = True
             job = self.jobs[name] = JobPingLists(name)
+            job.probing = self.probe_policy.to_wire()
         elif not shape:
             return job
         self._mutated = True
@@ -702,6 +742,7 @@ class Controller:
             self._by_container.pop((name, info.container), None)
             self._by_host.get(info.host, set()).discard(ep)
         del self.jobs[name]
+        self._plans.pop(name, None)
         self.registry.delete_job(name)
         if self.keys is not None:
             for ident in self.keys.dynamic():
@@ -735,6 +776,10 @@ class Controller:
         j = self.jobs[job]
         self._mutated = True
         body = j.apply_skeleton(pairs, version)
+        j.plan = self._plan(j)
+        self._plans[job] = (j.skeleton_version, j.plan)
+        if j.plan is not None:
+            body["plan"] = j.plan
         self.registry.put_skeleton(j)
         self._announce(job_topic(job), MsgType.SKELETON, body)
         return j.version
@@ -773,6 +818,7 @@ class Controller:
             "agents": agents,
             "members_version": self.members_version,
             "keys_version": self._keys_version,
+            "probing": self.probe_policy.to_wire(),
             "counters": dict(self.counters),
             "rejected": dict(self.codec.rejected),
         }

@@ -153,6 +153,10 @@ class JobPingLists:
         self.endpoints: dict[int, EndpointInfo] = {}
         self.skeleton: np.ndarray | None = None  # (n, 2) uint32 (src, dst)
         self.skeleton_version = 0
+        #: the controller's probe policy (:class:`skh.probeplan.ProbePolicy`, wire form) and the
+        #: skeleton's probe plan (:meth:`skh.probeplan.ProbePlan.to_wire`, rows of ``skeleton``)
+        self.probing: dict[str, Any] | None = None
+        self.plan: dict[str, Any] | None = None
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._order: list[int] = []  # endpoint ids sorted, for paging
         #: beside ``_order``, each endpoint's record msgpack-encoded once (None until first
@@ -251,7 +255,8 @@ class JobPingLists:
 
     def apply_skeleton(self, pairs: np.ndarray, skeleton_version: int) -> dict[str, Any]:
         """Replace the pair set by a skeleton; returns the SKELETON body. Only pairs between this
-        job's endpoints are accepted; a skeleton version must grow."""
+        job's endpoints are accepted; a skeleton version must grow. The old skeleton's probe plan
+        goes with it (the controller plans the new one and adds it to the body)."""
         pairs = np.asarray(pairs, dtype=np.uint32).reshape(-1, 2)
         if skeleton_version <= self.skeleton_version:
             raise TopologyError(
@@ -267,13 +272,23 @@ class JobPingLists:
             )
         self.skeleton = np.unique(pairs, axis=0) if pairs.size else pairs
         self.skeleton_version = skeleton_version
+        self.plan = None
         self.version += 1
-        return {
+        body = {
             "job": self.job,
             "version": self.version,
             "skeleton_version": skeleton_version,
             "pairs": pack_pairs(self.skeleton),
         }
+        return body | self._probing()
+
+    def _probing(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.probing is not None:
+            out["probing"] = self.probing
+        if self.plan is not None:
+            out["plan"] = self.plan
+        return out
 
     def snapshot(self, after: int = -1, limit: int = PAGE_MAX) -> dict[str, Any]:
         """One page of the JOB_SNAPSHOT body: everything an agent needs to build its lists, the
@@ -288,7 +303,7 @@ class JobPingLists:
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
             "next": self._order[i + limit - 1] if more else None,
-        }
+        } | self._probing()
 
     # -- agent side ----------------------------------------------------------------------------
     @classmethod
@@ -302,6 +317,8 @@ class JobPingLists:
         if body.get("skeleton") is not None:
             out.skeleton = unpack_pairs(body["skeleton"])
         out.skeleton_version = int(body.get("skeleton_version", 0))
+        out.probing = body.get("probing")
+        out.plan = body.get("plan")
         return out
 
     def apply(self, mtype: MsgType, body: Mapping[str, Any]) -> bool:
@@ -325,6 +342,8 @@ class JobPingLists:
         elif mtype is MsgType.SKELETON:
             self.skeleton = unpack_pairs(body["pairs"])
             self.skeleton_version = int(body["skeleton_version"])
+            self.plan = body.get("plan")
+            self.probing = body.get("probing", self.probing)
         else:
             raise ProtocolError(f"{mtype.value} does not change a ping list")
         self.version = version

@@ -204,6 +204,52 @@ def test_flapping_from_detection_and_from_the_carrier_count():
     assert trk.open[0].key == ("rnic", "host2:rnic0", int(F.RNIC_PORT_DOWN))
 
 
+def test_a_port_that_came_back_is_its_open_alert_not_an_unexplained_one():
+    # round 1: host2:rnic0's port is down (detection raised its pairs with other segments).
+    # Round 2: the port is up, detection still holds those pairs, their traces cross the port
+    # again and its other pairs, healthy, clear it in the vote. The open alert explains them: a
+    # port that came back is flapping; nothing is left unexplained beside it. A switch port
+    # that dies meanwhile elsewhere still gets its own verdict
+    w = World()
+    w.down.add("host2:rnic0|tor0r0")
+    w.reports["host2"] = HostReport("host2", rnic_state={0: "down"})
+    mine = w.cluster.endpoint("j/c2/0").ep_id
+    far = {e.ep_id for e in w.cluster.endpoints if e.host not in ("host0", "host1", "host3")}
+    held = [p for p in w.failing() if mine in p and set(p) <= far]
+    loc, trk = Localizer(w.cluster), AlertTracker()
+    first = Suspect(tuple(held), "unreachable", 1_000)
+    vs = loc.localize([first], w, healthy_pairs=w.healthy(held), now_ns=10**9)
+    assert [named(v) for v in vs] == [("rnic", "host2:rnic0", F.RNIC_PORT_DOWN)]
+    trk.update(vs, now_ns=10**9)
+    w.down = {"spine1|tor2r1"}
+    w.reports["host2"] = HostReport("host2", rnic_state={0: "up"})
+    new = w.failing()
+    sus = [first, Suspect(tuple(new), "unreachable", 15 * 10**8)]
+    healthy = w.healthy(held + new)
+    assert any(mine in p for p in healthy.tolist())
+    vs = loc.localize(sus, w, healthy_pairs=healthy, now_ns=2 * 10**9, known=trk.open)
+    assert sorted(named(v) for v in vs) == [
+        ("rnic", "host2:rnic0", F.RNIC_PORT_FLAPPING),
+        ("underlay", "spine1|tor2r1", F.SWITCH_PORT_DOWN),
+    ]
+    assert trk.update(vs, now_ns=2 * 10**9).new[0].component == "spine1|tor2r1"
+    assert [v.failure_type for v in trk.open] == [F.RNIC_PORT_FLAPPING, F.SWITCH_PORT_DOWN]
+    # without the open alert nothing says what failed those pairs
+    vs = Localizer(w.cluster).localize(sus, w, healthy_pairs=healthy, now_ns=2 * 10**9)
+    assert ("unexplained", "", F.UNKNOWN) in {named(v) for v in vs}
+    # nor does an open alert whose fault lets traces through (a GID change fails probes only)
+    gid = dataclasses.replace(trk.open[0], failure_type=F.RNIC_GID_CHANGE)
+    vs = Localizer(w.cluster).localize(sus, w, healthy_pairs=healthy, now_ns=2 * 10**9, known=[gid])
+    assert ("unexplained", "", F.UNKNOWN) in {named(v) for v in vs}
+    # a later round that sees the port down again does not undo what the alert knows
+    w.down = {"host2:rnic0|tor0r0", "spine1|tor2r1"}
+    w.reports["host2"] = HostReport("host2", rnic_state={0: "down"})
+    vs = loc.localize(sus, w, healthy_pairs=w.healthy(w.failing()), now_ns=3 * 10**9)
+    assert ("rnic", "host2:rnic0", F.RNIC_PORT_DOWN) in {named(v) for v in vs}
+    trk.update(vs, now_ns=3 * 10**9)
+    assert [v.failure_type for v in trk.open] == [F.RNIC_PORT_FLAPPING, F.SWITCH_PORT_DOWN]
+
+
 def test_known_culprits_are_checked_first():
     # two faults on one host's pairs; the open alert's RNIC is checked first and keeps its pairs
     w = World()

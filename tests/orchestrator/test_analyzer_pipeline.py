@@ -248,3 +248,21 @@ def test_counter_samples_sit_on_the_wall_clock_grid():
     assert next_sample_delay_s(100.0, 0.0, 1.0) == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="sample_phase_s"):
         load_config(None, {"agent.sample_phase_s": 1.0})
+
+
+def test_the_analyzer_says_when_its_latency_sampling_differs_from_the_agents(caplog):
+    """Agents forward one OK per pair and the controller's ok_sample_s; a detector that samples
+    on another period is told at the first status it reads."""
+    import logging
+
+    from skh.analysis.detect import DetectorConfig
+    from skh.orchestrator.pipeline.hook import check_sampling
+    from skh.probeplan import ProbePolicy
+
+    cfg = PipelineConfig(fabric={}, detector=DetectorConfig(latency_sample_s=1.0))
+    with caplog.at_level(logging.WARNING, "skh.orchestrator.pipeline.hook"):
+        assert check_sampling(cfg, ProbePolicy(ok_sample_s=1.0).to_wire())
+        assert not caplog.text
+        assert not check_sampling(cfg, ProbePolicy(ok_sample_s=0.5).to_wire())
+    assert "detector.latency_sample_s = 1 s" in caplog.text and "0.5 s" in caplog.text
+    assert not check_sampling(cfg, None)  # an older controller hands no policy out

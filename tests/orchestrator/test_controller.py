@@ -241,6 +241,53 @@ def test_a_job_larger_than_a_page_is_read_in_pages(cfg, ctx, client, run_daemon)
         assert ack["endpoints"] == [0] and ack["snapshots"] == []
 
 
+def test_skeletons_come_with_their_probe_plan_and_the_policy(cfg, ctx, client, run_daemon):
+    """The controller plans every skeleton (link by link with its fabric) and hands the plan
+    out with the ping list, in the published SKELETON and in snapshots, with the probe policy;
+    a restarted controller plans the stored skeleton again."""
+    import dataclasses
+
+    from skh.model import Fabric
+    from skh.probeplan import ProbePlan, ProbePolicy
+
+    fabric = Fabric.from_params(hosts=4, rnics_per_host=1, hosts_per_segment=2, spines=2)
+    ccfg = dataclasses.replace(cfg.controller, probe_budget_per_s=60.0)
+    ctl = Controller(ccfg, cfg.security, ctx=ctx, fabric=fabric)
+    router, pub = ctl.bind()
+    containers = [{"name": f"c{h}", "host": f"host{h}", "rails": [0]} for h in (0, 1, 2)]
+    # 0 and 1 share a ToR; 2 is behind the spines (2 ECMP paths), and only 0 probes it
+    skeleton = np.array([[0, 1], [1, 0], [0, 2]])
+    with run_daemon(ctl):
+        admin = client(router, "admin")
+        assert admin.request(
+            MsgType.SUBMIT_JOB, {"job": "j", "containers": containers}, want={MsgType.ACK}
+        ).body["ok"]
+        sub = _sub(ctx, pub, "j")
+        time.sleep(0.3)
+        env = admin.request(
+            MsgType.APPLY_SKELETON,
+            {"job": "j", "skeleton_version": 1, "pairs": pack_pairs(skeleton)},
+            want={MsgType.ACK},
+        )
+        assert env.body["ok"], env.body
+        assert sub.poll(5000)
+        body = admin.codec.decode(sub.recv_multipart()[1]).body
+        sub.close(0)
+        policy = ProbePolicy.from_wire(body["probing"])
+        assert policy.budget_per_s == 60.0
+        plan = ProbePlan.from_wire(body["plan"], np.unique(skeleton, axis=0), policy)
+        # the pair across the spines runs at 20/s, so each spine link sees its 10/s
+        assert plan.lookup(0) == {1: (0.1, 1), 2: (0.05, 8)}
+        snap = admin.request(MsgType.SYNC, {"job": "j"}, want={MsgType.JOB_SNAPSHOT}).body
+        assert snap["plan"] == body["plan"] and snap["probing"] == body["probing"]
+        st = admin.request(MsgType.STATUS, {}, want={MsgType.ACK}).body["data"]
+        assert st["probing"] == body["probing"]
+    ctl.close()
+    again = Controller(ccfg, cfg.security, ctx=ctx, fabric=fabric)
+    assert again.jobs["j"].plan == body["plan"]
+    again.close()
+
+
 def _step_until(ctl, n, timeout_s=5.0):
     """Run the controller's loop until ``n`` requests were handled in one step."""
     deadline = time.monotonic() + timeout_s

@@ -22,7 +22,9 @@ RNIC's offloaded vs OVS flow tables, a host's report). It asks only what it need
 5. **Residual vote** for what is still left (a lossy or slow link that some flows cross
    unharmed, or pairs a delay-only culprit cannot explain), then **independent evidence**:
    an endpoint report naming a fault no verdict names yet (two faults on the same pairs).
-   The rest is reported as unexplained with its evidence, never forced.
+   Outage pairs whose traces all get through an open outage again are that outage come back
+   (the vote clears an element while it forwards). The rest is reported as unexplained with
+   its evidence, never forced.
 
 Answers are noisy, and each step reads them so (details in :mod:`.underlay` and
 :mod:`.endpoint`): a silent traceroute hop is unknown, loss counts where it persists and only in

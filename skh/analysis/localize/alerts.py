@@ -54,7 +54,8 @@ class AlertTracker:
     open alert's type candidates (or the open type among its own), or the open type
     :data:`~skh.failures.BECOMES` it — a flag that was missing arrived, a port that went down
     came back and went down again. The alert keeps its id and takes the refined type (a round
-    whose type is a guess does not undo what an earlier round knew). An uncertain alert whose
+    whose type is a guess does not undo what an earlier round knew, nor does a round that sees
+    a flapping port down). An uncertain alert whose
     candidate a round names with certainty on pairs it held resolves; so does an open alert
     that no round has confirmed for ``resolve_after_s``.
     """
@@ -101,9 +102,11 @@ class AlertTracker:
                 new.append(v)
             else:
                 # the latest round's view of the type and of what else fits, unless it guesses
-                # where the alert already knew (a flag missing or a report lost this round)
+                # where the alert already knew (a flag missing or a report lost this round), or
+                # sees down a port the alert knows flapping (it went down again: still flapping)
                 guess = v.type_pending or not v.certain
-                sure = old if guess and old.certain and not old.type_pending else v
+                down_again = BECOMES.get(v.failure_type) == old.failure_type
+                sure = old if (guess or down_again) and old.certain and not old.type_pending else v
                 merged = replace(
                     join_verdicts(old, v),
                     detected_at_ns=old.detected_at_ns,

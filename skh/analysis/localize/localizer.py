@@ -39,7 +39,13 @@ from skh.analysis.localize.endpoint import (
 from skh.analysis.localize.overlay import host_of, walk_overlay
 from skh.analysis.localize.source import StateSource
 from skh.analysis.localize.suspects import DEAD_BITS, Suspect
-from skh.analysis.localize.underlay import UnderlayCulprit, link_name, vote
+from skh.analysis.localize.underlay import (
+    UnderlayCulprit,
+    fill_silent,
+    known_elements,
+    link_name,
+    vote,
+)
 from skh.errors import ConfigError
 from skh.failures import BECOMES, FailureType
 from skh.model import Cluster, Endpoint
@@ -95,6 +101,20 @@ _LATENCY_ONLY = {
     FailureType.CC_ISSUE,
 }
 
+
+#: outages that stop forwarding at their element: the traces of the pairs they fail stop there,
+#: so traces that cross the element again say the outage is not there now (a GID change or a
+#: broken bond fails probes whose traces get through)
+_FORWARDING_OUTAGES = frozenset(
+    {
+        FailureType.SWITCH_PORT_DOWN,
+        FailureType.SWITCH_PORT_FLAPPING,
+        FailureType.SWITCH_OFFLINE,
+        FailureType.RNIC_HW_FAILURE,
+        FailureType.RNIC_PORT_DOWN,
+        FailureType.RNIC_PORT_FLAPPING,
+    }
+)
 
 #: flow labels beyond the probed ones a failing pair is traced on, to clear the ECMP paths beside
 #: a broken one
@@ -300,6 +320,8 @@ class Localizer:
             self._emit_underlay(w, c, traces, source, report, now_ns, now_s)
         if w.left:
             self._residual_step(w, source, report, now_ns, now_s)
+        if w.left and w.known:
+            self._known_step(w, now_ns)
         self._evidence_step(w, set(w.symptom), report, now_ns)
         if w.left:
             pairs = sorted(w.left)
@@ -582,25 +604,9 @@ class Localizer:
         if symptom == "unreachable" and all(t.reached for t in traces):
             # the pairs' outage is not there now: their traces cross the culprit again. An
             # outage that comes and goes is a flapping port; one named already is that one
-            again = self._known_outage(w, c, pairs)
-            ports = {*BECOMES, *BECOMES.values()}
-            if again is not None and again.failure_type not in ports:
-                # a dead element that forwards again: that outage is over (its alert resolves
-                # when no round confirms it), nothing new to name
-                w.left -= set(pairs)
-                return
+            again = self._known_outage(w, set(c.component.split("|")) | {c.component}, pairs)
             if again is not None:
-                self._add_verdict(
-                    w,
-                    pairs,
-                    again.layer,
-                    again.component,
-                    again.component_kind,
-                    BECOMES.get(again.failure_type, again.failure_type),
-                    now_ns,
-                    evidence={**evidence, "came_back": True},
-                )
-                w.left -= set(pairs)
+                self._came_back(w, again, pairs, evidence, now_ns)
                 return
             flapping = True
         if rnic is not None and not c.ambiguous:
@@ -658,14 +664,65 @@ class Localizer:
         self._settle(w, pairs, ftype)
 
     @staticmethod
-    def _known_outage(w: _Work, c: UnderlayCulprit, pairs: Sequence[Pair]) -> Verdict | None:
-        """An open alert of an outage at the culprit (or at the RNIC of its access link) on
-        some of these pairs."""
-        ends = set(c.component.split("|")) | {c.component}
+    def _known_outage(w: _Work, elements: set[str], pairs: Sequence[Pair]) -> Verdict | None:
+        """An open alert of an outage that stops forwarding at one of ``elements`` (a culprit,
+        or the RNIC of its access link) on some of these pairs."""
         for v in w.known:
-            if v.symptom == "unreachable" and v.component in ends and set(v.pairs) & set(pairs):
+            if (
+                v.symptom == "unreachable"
+                and v.failure_type in _FORWARDING_OUTAGES
+                and v.component in elements
+                and set(v.pairs) & set(pairs)
+            ):
                 return v
         return None
+
+    def _came_back(
+        self, w: _Work, again: Verdict, pairs: Sequence[Pair], evidence: Mapping, now_ns: int
+    ) -> None:
+        """``pairs`` failed through the open outage ``again`` and cross it again: a port that
+        came back is flapping (the alert is refined); any other dead element that forwards
+        again is over (its alert resolves when no round confirms it), nothing new to name."""
+        if again.failure_type in {*BECOMES, *BECOMES.values()}:
+            self._add_verdict(
+                w,
+                pairs,
+                again.layer,
+                again.component,
+                again.component_kind,
+                BECOMES.get(again.failure_type, again.failure_type),
+                now_ns,
+                evidence={**evidence, "came_back": True},
+            )
+        w.left -= set(pairs)
+
+    def _known_step(self, w: _Work, now_ns: int) -> None:
+        """Outage pairs no culprit explained whose every trace now reaches its destination
+        across an open outage on those pairs: that outage came back. The vote cannot name it
+        then (healthy traces cross the element while it is up, so it is cleared), and the
+        pairs would open an unexplained alert beside the known one. Pairs whose traces stop
+        somewhere, or miss the known element, stay unexplained (they may be a second fault)."""
+        traces: dict[Pair, list[Trace]] = {}
+        for t in w.failing:
+            if t.pair in w.left and w.symptom.get(t.pair) == "unreachable":
+                traces.setdefault(t.pair, []).append(t)
+
+        def elements(t: Trace) -> set[str]:
+            # a silent hop is named where the fabric allows one node only (a ToR behind its RNIC)
+            links, nodes = known_elements(fill_silent(t, self._expected_paths(t)))
+            return {*links, *nodes}
+
+        # the elements every trace of the pair crossed, for pairs whose traces all got through
+        crossed = {
+            p: set.intersection(*map(elements, ts))
+            for p, ts in traces.items()
+            if all(t.reached for t in ts)
+        }
+        for v in w.known:
+            pairs = sorted(p for p, el in crossed.items() if p in w.left and v.component in el)
+            if pairs and self._known_outage(w, {v.component}, pairs) is v:
+                evidence = {"path": list(traces[pairs[0]][0].nodes)}
+                self._came_back(w, v, pairs, evidence, now_ns)
 
     def _add_finding(
         self,

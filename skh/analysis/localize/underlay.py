@@ -41,6 +41,7 @@ __all__ = [
     "UnderlayCulprit",
     "UnderlayResult",
     "fill_silent",
+    "known_elements",
     "link_name",
     "loss_trusted",
     "rtt_trusted",
@@ -82,7 +83,7 @@ class UnderlayResult:
     cleared: dict[str, int] = field(default_factory=dict)
 
 
-def _known_elements(nodes: Sequence[str | None]) -> tuple[list[str], list[str]]:
+def known_elements(nodes: Sequence[str | None]) -> tuple[list[str], list[str]]:
     """Links between consecutive answering hops and the answering nodes."""
     links = []
     known = [n for n in nodes if n is not None]
@@ -235,7 +236,7 @@ def _onset_elements(
         if nodes[k - 1] is not None:
             if clean:
                 return [link_name(nodes[k - 1], nodes[k])], []  # type: ignore[arg-type]
-            links, known = _known_elements(nodes[k - 1 :])
+            links, known = known_elements(nodes[k - 1 :])
             return links, known[1:]
     if use_rtt and tr.hop_rtt_ns:
         r = tr.hop_rtt_ns
@@ -333,7 +334,7 @@ def vote(
         if onset is not None:
             links, nodes = onset
         elif tr.reached:
-            links, nodes = _known_elements(tr.nodes)
+            links, nodes = known_elements(tr.nodes)
         else:
             links, nodes = _frontier_elements(
                 tr, expected_paths(tr) if expected_paths else None, silent, forwarding
@@ -345,7 +346,7 @@ def vote(
         # a path judged healthy whose own hops show loss or delay setting in clears nothing
         # from there on: a link that drops 2% lets many probes through, it is not exonerated
         k = _onset_index(tr, latency_jump_ns, use_rtt, use_loss)
-        links, nodes = _known_elements(tr.nodes[:k])
+        links, nodes = known_elements(tr.nodes[:k])
         for e in (*links, *nodes):
             if e in explains:
                 cleared[e] = cleared.get(e, 0) + 1

@@ -4,6 +4,7 @@ worker thread against the controller, so traceroutes that take seconds never sta
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -18,8 +19,9 @@ from skh.orchestrator.admin import ControllerClient
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.pipeline.state_source import AgentStateSource
+from skh.probeplan import ProbePolicy
 
-__all__ = ["PipelineHook"]
+__all__ = ["PipelineHook", "check_sampling"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,7 @@ class PipelineHook:
             cfg, source_factory=lambda cl: AgentStateSource(client, cl, cfg), apply_skeleton=apply
         )
         next_status = 0.0
+        checked = False  # the controller's probe policy against this detector, once
         members: list[dict[str, Any]] = []
         members_version = -1
         try:
@@ -160,6 +163,9 @@ class PipelineHook:
                     try:
                         # the members are read (page by page) only when they changed
                         st = client.status()
+                        if not checked:
+                            checked = True
+                            check_sampling(cfg, st.get("probing"))
                         versions = {j: int(d["skeleton_version"]) for j, d in st["jobs"].items()}
                         if st["members_version"] != members_version:
                             members, members_version = client.members()
@@ -191,3 +197,25 @@ class PipelineHook:
             if close is not None:
                 close()
             client.close()
+
+
+def check_sampling(cfg: PipelineConfig, probing: Any) -> bool:
+    """Whether the detector samples latency as the agents thin their results: the controller's
+    probe policy (``ok_sample_s``, handed out with every ping list) against
+    ``detector.latency_sample_s``. A disagreement is logged, not fixed: the detector's windows
+    are sized from its own setting."""
+    try:
+        policy = ProbePolicy.from_wire(probing)
+    except ProtocolError as exc:
+        log.warning("the controller's probe policy is not usable here: %s", exc)
+        return False
+    mine = cfg.detector.latency_sample_s
+    if policy.ok_sample_s and not math.isclose(policy.ok_sample_s, mine, rel_tol=1e-9):
+        log.warning(
+            "detector.latency_sample_s = %g s, but the controller has agents forward one OK per "
+            "pair and %g s (controller.ok_sample_s): set both alike",
+            mine,
+            policy.ok_sample_s,
+        )
+        return False
+    return True

@@ -398,14 +398,21 @@ class Pipeline:
             out.append(ev)
         return out
 
-    def _probe_view(self, failing: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def _probe_view(
+        self, failing: set[tuple[int, int]], now_ns: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Healthy pairs (answered in the last seconds with no failed probe and no open
         suspicion: the localizer traces some to clear the links they cross) and responsive
-        endpoints (their own probes came back: their agents are alive)."""
+        endpoints (their own probes sent since the heartbeat timeout came back: their agents
+        are alive). Only that recent: an agent is declared dead once its heartbeats are
+        missing for the timeout, and the probes it sent before it died, still in the look-back,
+        must not make it look alive."""
         p = self.recent_probes()
         if not p.size:
             return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
-        healthy, responsive = probe_view(p)
+        healthy, _ = probe_view(p)
+        since_ns = now_ns - int(self.cfg.detector.health.heartbeat_timeout_s * 1e9)
+        _, responsive = probe_view(p[p["t_wall_ns"] >= since_ns])
         if failing and healthy.size:
             f = np.array(sorted(failing), np.int64)
             healthy = healthy[
@@ -427,7 +434,7 @@ class Pipeline:
             return []
         t0 = time.monotonic()
         failing = {p for s, _ev in suspects for p in s.pairs}
-        healthy, responsive = self._probe_view(failing)
+        healthy, responsive = self._probe_view(failing, now_ns)
         verdicts, reads = self.locate(
             [s for s, _ev in suspects],
             healthy,

@@ -180,14 +180,16 @@ class ShardActor:
         return self._s.done
 
     def recent(self, after: int) -> np.ndarray | None:
-        """The last 15 s of probes as localization reads them: every failed row, and one
-        answered row per pair (it only asks which pairs answered, and when pairs failed)."""
+        """The last 15 s of probes as localization reads them: every failed row, and the
+        newest answered row per pair (it only asks which pairs answered, whose probes came back
+        lately, and when pairs failed)."""
         if self._s.done != after:
             return None
         p = self._s.pipe.recent_probes()
-        ok = p["status"] == 0
-        _, first = np.unique(pair_keys(p["src_ep"][ok], p["dst_ep"][ok]), return_index=True)
-        return np.concatenate([p[~ok], p[ok][first]])
+        ok = p[p["status"] == 0]
+        ok = ok[np.argsort(ok["t_wall_ns"], kind="stable")[::-1]]
+        _, newest = np.unique(pair_keys(ok["src_ep"], ok["dst_ep"]), return_index=True)
+        return np.concatenate([p[p["status"] != 0], ok[newest]])
 
     def pid(self) -> int:
         return os.getpid()
