@@ -22,10 +22,11 @@ from skh.eval.report import to_html, to_markdown  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the CI profile (minutes)")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, action="append", help="seeds (default: drawn)")
+    ap.add_argument("--noise", default="field")
     ap.add_argument("--out", help="also write eval.json, eval.md and eval.html here")
     a = ap.parse_args(argv)
-    res = run_eval(profile("quick" if a.quick else "full"), a.seed)
+    res = run_eval(profile("quick" if a.quick else "full"), seeds=a.seed, noise=a.noise)
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,11 @@ API (what the analyzer daemon calls each round)::
 
 Two clocks decide (paper §5.2, ``shared/DESIGN.md`` §6):
 
-- **Fast path** (:mod:`skh.analysis.fastpath`), evaluated on every tick: unreachable pairs and
-  loss bursts from the failed probes received so far.
+- **Fast path** (:mod:`skh.analysis.fastpath`), evaluated on every tick: outages (runs of
+  failures of a pair, of one of its flows, or of most of an endpoint's pairs, improbable under
+  the pairs' own loss baselines) and loss (more failures than the baseline explains, for the
+  pair, its endpoints or the endpoint groups set with :meth:`Detector.set_endpoint_groups`),
+  with failures excused where the far end's host stalled or its agent restarted.
 - **Windows**, closed by a watermark: ``now - allowed_lateness_s``. A 30 s window of a pair is
   summarised by seven features (:mod:`skh.analysis.features`); the window *slides* every
   ``hop_s`` (5 s) and each slide is scored by batched LOF (:mod:`skh.analysis.lof`) against the
@@ -49,7 +52,9 @@ Streaming rules:
   reported as ``agent`` instead.
 
 A new pair is judged by LOF once it has ``min_lookback_windows`` complete windows (3 min);
-the fast path and endpoint health cover it from its first probe.
+until then its latency is held against the fleet (the established pairs' look-backs: only a
+shift beyond what any of them reaches shows), and the fast path and endpoint health cover it
+from its first probe.
 
 Events are incidents: a pair raises a kind once, then stays active while the condition keeps
 being seen and clears after ``clear_after_s`` without it (``latency-long`` after a block).
@@ -71,6 +76,12 @@ its 12–16 µs RTTs, σ = 0.05, and checked against its fault magnitudes, the s
   training by 20 %" puts real failures far above; the p75 of 30 healthy samples (σ about
   0.7 µs each) moves by about 0.2 µs. With both guards the healthy runs raised nothing.
 - ``min_window_samples = 8``: percentiles of fewer samples are too noisy to compare.
+- ``min_sustained_s = 20``: the shift must hold (the newest samples above the gate, two
+  misses allowed, or the newest samples of one flow) for 20 s. The field regime
+  (:mod:`skh.sim.noise`) has benign congestion episodes of up to 10 s on a switch, and two on
+  switches of one path can follow each other; at 12 s those chains raised false latency
+  events on the training seeds, at 20 s none. This costs time to detect: latency faults are
+  seen after about 25 s.
 """
 
 from __future__ import annotations
@@ -114,6 +125,9 @@ class SuspectEvent:
     detected_ns: int
     explanation: str
     endpoints: tuple[int, ...] = ()
+    #: unreachable: the outage came back within ``fast.flap_window_s`` of the last one (a port
+    #: flapping); such a pair's open incident is raised once more with this set
+    flapping: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +136,25 @@ class DetectorConfig:
     hop_s: float = 5.0
     lookback_windows: int = 10
     min_lookback_windows: int = 6
+    #: a pair younger than that is held against the established pairs (at least this many):
+    #: its p75 must clear this quantile of their look-backs' highest p75, plus the effect floor
+    young_fleet_min_pairs: int = 50
+    young_fleet_quantile: float = 0.999
     lof_k: int = 5
     lof_threshold: float = 5.0
     min_shift_us: float = 2.0
     min_shift_rel: float = 0.10
     min_window_samples: int = 8
+    #: a latency shift must be sustained this long: the newest samples above the gate, with
+    #: at most ``sustained_gaps`` below it, must span it. A benign congestion episode lasts up
+    #: to 10 s on one switch, and two on switches of one path can follow each other; a fault
+    #: lasts (chosen on the field regime's training seeds, skh.sim.noise.TRAIN_SEEDS)
+    min_sustained_s: float = 20.0
+    sustained_gaps: int = 2
+    #: a shift this far above the look-back, more than benign congestion stacked on every
+    #: switch of a path can add, needs to hold only ``large_sustained_s``
+    large_shift_us: float = 30.0
+    large_sustained_s: float = 8.0
     #: the latency features keep one RTT per pair and period (:mod:`skh.analysis.sampling`)
     latency_sample_s: float = LATENCY_SAMPLE_S
     #: flow labels a prober rotates through: the sampled RTT visits them in turn
@@ -168,6 +196,11 @@ class DetectorConfig:
                 "DetectorConfig needs lof_k >= 1 and samples_per_pair >= min_window_samples >= 1. "
                 f"Got lof_k={self.lof_k!r}, samples_per_pair={self.samples_per_pair!r}, "
                 f"min_window_samples={self.min_window_samples!r} instead."
+            )
+        if self.young_fleet_min_pairs < 1 or not 0 < self.young_fleet_quantile <= 1:
+            raise ConfigError(
+                "DetectorConfig needs young_fleet_min_pairs >= 1 and 0 < young_fleet_quantile "
+                f"<= 1. Got {self.young_fleet_min_pairs!r} and {self.young_fleet_quantile!r}."
             )
         if self.latency_paths < 1:
             raise ConfigError(
@@ -236,6 +269,7 @@ class Detector:
                 ("dead", "?"),
                 ("ring_rtt", "<f4", (M,)),
                 ("ring_hop", "<i4", (M,)),
+                ("ring_path", "<u1", (M,)),  # flow slot of each sample (path id % paths)
                 ("ring_pos", "<i8"),
                 ("lat_phase", "<i8"),  # send time that starts the pair's sampling periods
                 ("lat_slot", "<i8"),  # newest sampling period that gave the ring an RTT
@@ -247,6 +281,7 @@ class Detector:
                 ("lrd", "<f4", (L,)),
                 ("act_since", "<i8", (len(_NET_KINDS),)),
                 ("act_last", "<i8", (len(_NET_KINDS),)),
+                ("flap_raised", "?"),  # this unreachable incident was raised again as a flap
             ]
         )
         blank = np.zeros(1, self._dtype)
@@ -273,6 +308,11 @@ class Detector:
         self._lt_block: int | None = None
         #: endpoint -> last time it was seen unhealthy, while its agent incident is open
         self._agent_since: dict[int, int] = {}
+        #: endpoint -> (from, to) ns of its agent's latest restart (its prober numbered anew):
+        #: failures toward it then were its absence, not the network's
+        self._restart_gap: dict[int, tuple[int, int]] = {}
+        #: endpoint groupings for the fast path's corroboration (e.g. endpoint -> ToR)
+        self._groups: list[np.ndarray] = []
         self._ticks = 0
 
     # ------------------------------------------------------------------ inputs
@@ -289,6 +329,21 @@ class Detector:
         # retirement is final (the cluster model never reuses an endpoint id): a stopping
         # container's last heartbeat may still arrive after the controller reported it gone
         self.health.heartbeat(arr[~self.health.is_retired(arr)], int(t_ns))
+
+    def set_endpoint_groups(self, *groups: np.ndarray) -> None:
+        """Groupings of endpoints whose pairs share links, for the fast path's loss
+        corroboration: each an int array mapping endpoint id -> group id (-1: none), e.g. the
+        ToR each endpoint's RNIC hangs off (the links above it). Replaces earlier ones."""
+        out = []
+        for g in groups:
+            a = np.asarray(g)
+            if a.ndim != 1 or a.dtype.kind not in "iu":
+                raise ConfigError(
+                    "Detector.set_endpoint_groups takes 1-D integer arrays (endpoint id -> "
+                    f"group id). Got {a.dtype} of shape {a.shape} instead."
+                )
+            out.append(a.astype(np.int64))
+        self._groups = out
 
     def retire(self, eps: np.ndarray | list[int]) -> None:
         """Endpoints stopped on purpose (container churn): drop their pairs and state now."""
@@ -334,7 +389,7 @@ class Detector:
         # one sort by (pair, send time); every per-pair step below works on its runs
         order = np.lexsort((b["t_wall_ns"], pid))
         b, pid = b[order], pid[order]
-        b, pid = self._dedupe(b, pid)
+        b, pid, advanced = self._dedupe(b, pid)
         if b.size == 0:
             return
         t = b["t_wall_ns"]
@@ -355,7 +410,15 @@ class Detector:
         # reply loss is loss: a lost answer is a packet the reverse path dropped
         failed = is_loss(status) | (status == ProbeStatus.UNREACHABLE)
         counted = failed | (status == ProbeStatus.OK)
-        self.fast.update(pid[counted], t[counted], failed[counted])
+        self.fast.update(
+            pid[counted],
+            t[counted],
+            failed[counted],
+            b["path_id"][counted],
+            b["responder_delay_ns"][counted],
+            advanced[counted],
+        )
+        self._excuse_restarts(t.max())
         ok = (status == ProbeStatus.OK) & (b["rtt_ns"] > 0)
         if ok.any():
             self._store_samples(pid[ok], t[ok], b["rtt_ns"][ok] / 1e3, b["path_id"][ok])
@@ -432,8 +495,11 @@ class Detector:
         self._keys, self._key_pid = keys[order], order.astype(np.int64)
         log.debug("compacted pair state: %d dropped, %d live", int(drop.sum()), self._n)
 
-    def _dedupe(self, b: np.ndarray, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Drop rows seen before (same pair and seq), keeping the (pair, time) order."""
+    def _dedupe(self, b: np.ndarray, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Drop rows seen before (same pair and seq), keeping the (pair, time) order. Also
+        returns, per row, how many probes its pair sent that were not counted before (the
+        first row of each pair carries the pair's sequence-number advance; the agents forward
+        only some OKs, so rows alone undercount), and notes agents that restarted."""
         seq = b["seq"].astype(np.int64)
         _, first = np.unique((pid << 32) | seq, return_index=True)
         if first.size != seq.size:
@@ -454,19 +520,35 @@ class Detector:
             rp = np.unique(pid[restart])
             self.stats.restarts += rp.size
             log.info("%d pair(s) restarted their probe numbering (a restarted prober)", rp.size)
+            # the agent was away from its last record of the old numbering to its first of the
+            # new one: its responder answered nothing meanwhile
+            first_new = np.full(pid.max() + 1, np.iinfo(np.int64).max)
+            np.minimum.at(first_new, pid[restart], b["t_wall_ns"][restart])
+            for e, a_ns, b_ns in zip(
+                p["src"][rp].tolist(),
+                p["last_rec_ns"][rp].tolist(),
+                first_new[rp].tolist(),
+                strict=True,
+            ):
+                old = self._restart_gap.get(e)
+                if old is None or old[1] < b_ns:
+                    self._restart_gap[e] = (int(a_ns), int(b_ns))
+                else:
+                    self._restart_gap[e] = (min(old[0], a_ns), max(old[1], b_ns))
             p["seq_hi"][rp] = -1
             drop |= np.isin(pid, rp) & ~newer  # what was sent before the restart
         if drop.any():
             self.stats.stale += int(drop.sum())
             b, pid, seq = b[~drop], pid[~drop], seq[~drop]
             if b.size == 0:
-                return b, pid
+                return b, pid, np.zeros(0)
         starts = _runs(pid)
         upid = pid[starts]
         fresh = p["seq_hi"][upid] < 0
         if fresh.any():
-            # a pair's first rows: its window starts at its lowest seq of this batch
-            p["seq_hi"][upid[fresh]] = np.minimum.reduceat(seq, starts)[fresh]
+            # a pair's first rows: its window starts at its lowest seq of this batch, which
+            # counts as one probe sent
+            p["seq_hi"][upid[fresh]] = (np.minimum.reduceat(seq, starts)[fresh] - 1) % 2**32
             p["seq_bits"][upid[fresh]] = 0
         hi = p["seq_hi"][pid]
         # serial-number arithmetic, so a u32 seq may wrap
@@ -480,10 +562,12 @@ class Detector:
             self.stats.duplicates += int(seen.sum())
             b, pid, delta = b[keep], pid[keep], delta[keep]
             if b.size == 0:
-                return b, pid
+                return b, pid, np.zeros(0)
             starts = _runs(pid)
             upid = pid[starts]
         shift = np.maximum(np.maximum.reduceat(delta, starts), 0)
+        advanced = np.zeros(pid.size)
+        advanced[starts] = shift
         bits = p["seq_bits"][upid]
         bits = np.where(shift < 64, bits << np.minimum(shift, 63).astype(np.uint64), np.uint64(0))
         p["seq_hi"][upid] = (p["seq_hi"][upid] + shift) % 2**32
@@ -494,7 +578,28 @@ class Detector:
             np.uint64(0),
         )
         p["seq_bits"][upid] = bits | np.bitwise_or.reduceat(mark, starts)
-        return b, pid
+        return b, pid, advanced
+
+    def _excuse_restarts(self, newest_ns: int) -> None:
+        """Drop failures toward endpoints whose agent was restarting when they were sent."""
+        if not self._restart_gap or not self._n:
+            return
+        horizon = int(newest_ns) - int(60e9)
+        for e in [e for e, (_, b) in self._restart_gap.items() if b < horizon]:
+            del self._restart_gap[e]
+        if not self._restart_gap:
+            return
+        p = self.pairs[: self._n]
+        eps = np.fromiter(self._restart_gap, np.int64, len(self._restart_gap))
+        gaps = np.array(list(self._restart_gap.values()), np.int64).reshape(-1, 2)
+        order = np.argsort(eps)
+        eps, gaps = eps[order], gaps[order]
+        dst = p["dst"].astype(np.int64)
+        pos = np.minimum(np.searchsorted(eps, dst), eps.size - 1)
+        toward = np.flatnonzero(eps[pos] == dst)
+        if toward.size:
+            g = gaps[pos[toward]]
+            self.fast.excuse_toward(toward, g[:, 0], g[:, 1])
 
     def _store_samples(
         self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray, path_id: np.ndarray
@@ -513,6 +618,7 @@ class Detector:
         if keep.size == 0:
             return
         pid, t_ns, rtt_us = pid[keep], t_ns[keep], rtt_us[keep]
+        path = (path_id[keep].astype(np.int64) % self.config.latency_paths).astype(np.uint8)
         M = self.config.samples_per_pair
         start = _runs(pid)
         size = np.diff(np.r_[start, pid.size])
@@ -520,6 +626,7 @@ class Detector:
         pos = (p["ring_pos"][pid] + rank) % M
         p["ring_rtt"][pid, pos] = rtt_us
         p["ring_hop"][pid, pos] = (t_ns // self._hop_ns).astype(np.int32)
+        p["ring_path"][pid, pos] = path
         p["ring_pos"][pid[start]] += size
         first_block = self._lt_block if self._lt_block is not None else np.iinfo(np.int64).min
         self.longterm.add(pid, t_ns, rtt_us, first_block)
@@ -558,19 +665,32 @@ class Detector:
         elif e > self._scored_until_ns:
             self._scored_until_ns = e
 
+        flaps = np.zeros(0, np.int64)
         if n:
             ff = self.fast.evaluate(
                 now_ns,
                 p["src"].astype(np.int64),
                 p["dst"].astype(np.int64),
                 max(self.health.n_endpoints, int(max(p["src"].max(), p["dst"].max())) + 1),
+                self.health.state["progress_ns"],
+                self._groups,
             )
             cand["unreachable"].append(
                 (ff.unreachable, ff.unreachable_fails.astype(float), ff.unreachable_first_ns, [])
             )
-            cand["loss"].append((ff.loss, ff.loss_fails.astype(float), ff.loss_first_ns, []))
+            notes = [f"evidence 1e-{x:.0f}" for x in ff.loss_evidence]
+            cand["loss"].append((ff.loss, ff.loss_fails.astype(float), ff.loss_first_ns, notes))
+            flaps = ff.unreachable[ff.unreachable_flapping]
+            # a pair in an outage does not teach its baseline (an outage's failures are dropped
+            # anyway). Loss does, one to two stages late, so a fault is caught before its
+            # failures are learned, while a benign bad link once flagged, by chance or beside a
+            # fault, is learned at last rather than flagged for ever; a held pair does too, or
+            # every benign failure near a batch's end would be forgotten
+            busy = (p["act_since"][:, 0] != _NONE) | p["dead"]
+            busy[ff.unreachable] = True
+            self.fast.learn(now_ns, busy)
         self.stats.pairs_live = n
-        return self._emit(now_ns, reasons, cand)
+        return self._emit(now_ns, reasons, cand, flaps)
 
     def _close_window(self, w: int) -> None:
         """Summarise tumbling window ``w`` of every pair into its look-back slot."""
@@ -622,13 +742,10 @@ class Detector:
         hop = p["ring_hop"]
         qvalid = (hop >= hop_e - self._hops_per_win) & (hop < hop_e)
         qn = qvalid.sum(axis=1)
-        elig = (
-            (n_lb >= cfg.min_lookback_windows)
-            & (qn >= cfg.min_window_samples)
-            & self._complete(p, e)
-            & ~p["dead"]
-        )
+        ready = (qn >= cfg.min_window_samples) & self._complete(p, e) & ~p["dead"]
+        elig = ready & (n_lb >= cfg.min_lookback_windows)
         rows = np.flatnonzero(elig)
+        young = np.flatnonzero(ready & (n_lb < cfg.min_lookback_windows))
         if rows.size == 0:
             return
         query, _ = window_features(p["ring_rtt"][rows], qvalid[rows])
@@ -661,7 +778,16 @@ class Detector:
         self.stats.windows_scored += rows.size
         excess = query[:, _P75] - max_p75
         floor = np.maximum(cfg.min_shift_us, cfg.min_shift_rel * med_p50)
+        if young.size:
+            self._score_young(young, qvalid[young], max_p75, floor, e, cand)
         hit = (lof >= cfg.lof_threshold) & (excess >= floor)
+        if hit.any():
+            hi = np.flatnonzero(hit)
+            hit[hi] = self._sustained(
+                rows[hi], qvalid[rows[hi]], (max_p75 + floor)[hi], cfg.min_sustained_s
+            ) | self._sustained(
+                rows[hi], qvalid[rows[hi]], max_p75[hi] + cfg.large_shift_us, cfg.large_sustained_s
+            )
         if not hit.any():
             return
         hp = rows[hit]
@@ -683,6 +809,86 @@ class Detector:
         ]
         cand["latency-short"].append((hp, lof[hit], first_ns, notes))
 
+    def _score_young(
+        self,
+        rows: np.ndarray,
+        qvalid: np.ndarray,
+        lb_p75: np.ndarray,
+        lb_floor: np.ndarray,
+        e: int,
+        cand: dict,
+    ) -> None:
+        """Pairs too young for a look-back of their own (a job that just started) are held
+        against the fleet: their window's p75 must clear what the established pairs' own
+        look-backs reach (the ``young_fleet_quantile`` of their highest p75, plus the largest
+        effect floor among them), held as long as any shift must be. Only large shifts show
+        this way, and the pair's own look-back takes over after ``min_lookback_windows``."""
+        cfg = self.config
+        if lb_p75.size < cfg.young_fleet_min_pairs:
+            return
+        p = self.pairs
+        thr = float(np.quantile(lb_p75, cfg.young_fleet_quantile) + lb_floor.max())
+        query, _ = window_features(p["ring_rtt"][rows], qvalid)
+        up = query[:, _P75] > thr
+        if not up.any():
+            return
+        rows, qvalid, q75 = rows[up], qvalid[up], query[up, _P75]
+        thr_v = np.full(rows.size, thr)
+        ok = self._sustained(rows, qvalid, thr_v, cfg.min_sustained_s)
+        if not ok.any():
+            return
+        rows, qvalid, q75 = rows[ok], qvalid[ok], q75[ok]
+        hop = p["ring_hop"][rows]
+        above = qvalid & (p["ring_rtt"][rows] > thr)
+        first_hop = np.where(above, hop, np.iinfo(np.int32).max).min(axis=1)
+        first_ns = first_hop.astype(np.int64) * self._hop_ns
+        notes = [
+            f"young pair (no look-back yet): p75 {q:.1f} us above the fleet's "
+            f"{cfg.young_fleet_quantile:.1%} look-back max {thr:.1f} us"
+            for q in q75
+        ]
+        cand["latency-short"].append((rows, q75 / thr, first_ns, notes))
+
+    def _sustained(
+        self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray, span_s: float
+    ) -> np.ndarray:
+        """Per row: the newest samples of its query window lie above ``thr`` for at least
+        ``span_s``, allowing ``sustained_gaps`` samples below it (a heavy-tailed
+        healthy sample can be high, a faulty one low; a short congestion episode is not a
+        fault) — or the newest samples of one of its flows do (a slow ECMP path: the samples
+        visit the flows in turn, so only every ``latency_paths``-th one is slow)."""
+        cfg = self.config
+        p = self.pairs
+        M = cfg.samples_per_pair
+        # ring positions oldest -> newest
+        order = (p["ring_pos"][rows][:, None] + np.arange(M)[None, :]) % M
+        v = np.take_along_axis(valid, order, axis=1)
+        rtt = np.take_along_axis(p["ring_rtt"][rows], order, axis=1)
+        up = v & (rtt > thr[:, None])
+        miss = v & ~up
+        # walking back from the newest sample: misses so far (inclusive)
+        misses_from_end = np.cumsum(miss[:, ::-1], axis=1)[:, ::-1]
+        in_span = v & (misses_from_end <= cfg.sustained_gaps)
+        need = int(np.ceil(span_s / cfg.latency_sample_s))
+        ok = (up & in_span).sum(axis=1) >= need
+        if cfg.latency_paths > 1 and not ok.all():
+            path = np.take_along_axis(p["ring_path"][rows], order, axis=1)
+            # per flow: samples visit the flows in turn, so one more than a turn's share spans
+            # it when the turns are even; they need not be (a pair's flow labels and the
+            # sampling period can beat), so the run must also span it in sample positions
+            # (one sample per latency_sample_s): a flow sampled every other time shows a 10 s
+            # congestion episode in six samples
+            need_p = int(np.ceil(span_s / cfg.latency_sample_s / cfg.latency_paths))
+            pos = np.arange(M)[None, :]
+            for j in range(cfg.latency_paths):
+                vj = v & (path == j)
+                mj = np.cumsum((vj & ~up)[:, ::-1], axis=1)[:, ::-1]
+                run = up & vj & (mj == 0)
+                first = np.where(run, pos, M).min(axis=1)
+                last = np.where(vj, pos, -1).max(axis=1)
+                ok |= (run.sum(axis=1) >= need_p + 1) & (last - first + 1 >= need)
+        return ok
+
     def _test_block(self, block: int, cand: dict) -> None:
         p = self.pairs[: self._n]
         # a block that held a short-term incident is explained already: its mean is up because
@@ -702,7 +908,9 @@ class Detector:
 
     # ------------------------------------------------------------------ events
 
-    def _emit(self, now_ns: int, reasons: np.ndarray, cand: dict) -> list[SuspectEvent]:
+    def _emit(
+        self, now_ns: int, reasons: np.ndarray, cand: dict, flaps: np.ndarray
+    ) -> list[SuspectEvent]:
         cfg = self.config
         p = self.pairs[: self._n]
         events: list[SuspectEvent] = []
@@ -723,6 +931,8 @@ class Detector:
             last = p["act_last"][:, ki]
             expired = (since != _NONE) & (last < now_ns - clear_ns[kind])
             since[expired] = _NONE
+            if kind == "unreachable":
+                p["flap_raised"][expired] = False
             for pids, scores, first_ns, notes in cand[kind]:
                 if pids.size == 0:
                     continue
@@ -759,6 +969,7 @@ class Detector:
                         explanation=self._explain(kind, np_, scores, notes),
                     )
                 )
+        events.extend(self._flap_events(now_ns, reasons, flaps))
         events.extend(self._agent_events(now_ns, reasons, withheld))
         # failures seen while an endpoint was unhealthy are its agent's story, not evidence of
         # a network loss once it recovers
@@ -766,6 +977,45 @@ class Detector:
         if sick.any():
             self.fast.clear_pairs(np.flatnonzero(sick))
         return events
+
+    def _flap_events(self, now_ns: int, reasons: np.ndarray, flaps: np.ndarray) -> list:
+        """Raise once more, as flapping, the open outages that came back after a recovery."""
+        if flaps.size == 0:
+            return []
+        p = self.pairs[: self._n]
+        src = p["src"].astype(np.int64)[flaps]
+        dst = p["dst"].astype(np.int64)[flaps]
+        sick = np.zeros(flaps.size, bool)
+        for ep in (src, dst):
+            ok = ep < reasons.size
+            sick[ok] |= reasons[ep[ok]] != 0
+        ki = _NET_KINDS.index("unreachable")
+        new = flaps[
+            ~sick
+            & (p["act_since"][flaps, ki] != _NONE)
+            & ~p["flap_raised"][flaps]
+            & ~p["dead"][flaps]
+        ]
+        if new.size == 0:
+            return []
+        p["flap_raised"][new] = True
+        order = np.lexsort((p["dst"][new], p["src"][new]))
+        new = new[order]
+        st = self.fast.state
+        return [
+            SuspectEvent(
+                kind="unreachable",
+                pairs=tuple(zip(p["src"][new].tolist(), p["dst"][new].tolist(), strict=True)),
+                scores=tuple(float(x) for x in st["consec"][new]),
+                first_seen_ns=int(p["act_since"][new, ki].min()),
+                detected_ns=now_ns,
+                explanation=(
+                    f"{new.size} pair(s) unreachable again within "
+                    f"{self.config.fast.flap_window_s:g} s of recovering: flapping"
+                ),
+                flapping=True,
+            )
+        ]
 
     def _explain(self, kind: str, pids: np.ndarray, scores: np.ndarray, notes: list[str]) -> str:
         cfg = self.config
@@ -775,15 +1025,15 @@ class Detector:
         head = f"{pids.size} pair(s) {kind}"
         if kind == "unreachable":
             return (
-                f"{head}: every probe failed since the first failure "
-                f"(worst {ex}: {int(scores[i])} in a row); "
-                f"{cfg.fast.unreachable_after} in a row, or fewer when "
-                f"{cfg.fast.corroborate_pairs}+ pairs of one endpoint fail together"
+                f"{head}: the pair's last {cfg.fast.unreachable_after}+ probes, or those of one "
+                f"of its flows, all failed (worst {ex}: {int(scores[i])} in a row)"
             )
         if kind == "loss":
+            why = f", {notes[i]}" if notes else ""
             return (
-                f"{head}: probes lost within {cfg.fast.loss_window_s:g} s while others "
-                f"still succeed (worst {ex}: {int(scores[i])} lost)"
+                f"{head}: more probes lost than the baseline explains (Poisson tail <= "
+                f"{cfg.fast.alpha:g} for the pair, its endpoint or its group; worst {ex}: "
+                f"{int(scores[i])} lost{why})"
             )
         return f"{head}; worst {ex}: {notes[i]}" if notes else head
 

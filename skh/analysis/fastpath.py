@@ -1,27 +1,58 @@
-"""Fast path: unreachability and loss bursts, decided per batch instead of at a window's end.
+"""Fast path: outages and loss, decided on every tick from the failed probes received so far,
+with statistical evidence against each pair's own baseline.
 
-A RoCE fabric is built to lose nothing, and a connectivity loss longer than 4 s fails a
-collective, so failed probes (``LOST`` or ``UNREACHABLE``) are acted on as soon as they arrive:
+A healthy production fabric loses a probe now and then (Pingmesh measured 1e-5 to 1e-4 per
+packet; some links lose far more), so one lost probe is not a fault: at ten probes a second on
+thousands of pairs, benign losses arrive every second. What is a fault:
 
-- **unreachable**: the pair's most recent probes all failed, at least ``unreachable_after`` in
-  a row and spanning at least ``unreachable_after_s`` of send time (a pair probed ten times a
-  second loses two probes in a row to a 2 % loss every few minutes: that is still loss); or
-  at least one failed and the failure is *corroborated*: ``corroborate_pairs`` pairs (itself
-  included) sharing one of its endpoints, in either direction, are failing right now (one
-  RNIC, port or switch failure breaks many pairs at once, which is why one failed probe then
-  suffices; a lossy access link now and then fails two of them at once too, and is then
-  called unreachable, which localization still pins to the right link).
-- **loss**: at least ``loss_count`` failures within ``loss_window_s`` while the pair's latest
-  probe succeeded (CRC errors; a dead link that only some of the pair's ECMP paths cross).
-  ``loss_count`` defaults to 1 because a RoCE fabric's healthy loss is zero: one lost probe is
-  already a fault. Raise it where the fabric has background loss. A lone, uncorroborated
-  failure is therefore decided by the pair's next probe: OK makes it loss, another failure an
-  outage. That costs one probe interval and keeps an outage from first being called loss.
+- **outage** (``unreachable``): the pair's last ``k`` probes all failed and they span at least
+  ``unreachable_after_s``, or the same holds for one *flow* of it (the pair's probes of one
+  path id, ``path_id % paths``): an ECMP path through a dead link fails every time while the
+  pair's other paths work. ``k`` is the shortest run the pair's baseline makes improbable
+  (the posterior mean of ``rate**k`` at most ``alpha``), at least ``unreachable_after``: 3 on
+  a quiet pair, more on a lossy one.
+- **loss**: more failures than the baseline explains. For each scope — the pair, each endpoint
+  (all its pairs, both directions: an RNIC or its access link) and each group of endpoints the
+  caller names (e.g. the ToR: the links above it) — the failures ``F`` seen in a window ``W``
+  are tested against what the scope's baseline makes likely: the scope is lossy when
+  ``P(X >= F) <= alpha``, where ``X`` counts the failures of the probes it sent in ``W`` at a
+  loss rate drawn from the baseline's Gamma posterior (a negative binomial: a young baseline
+  knows little, so its tail is wide). An endpoint or group pools its pairs' history into one
+  rate (they share links). A pair is
+  flagged when its own test fires, or when it lost a probe in the window of a scope whose test
+  fired (corroboration: a 2 % CRC on an access link shows as three failures a second over the
+  endpoint's pairs while each pair has lost one or two). Scopes explain away from narrow to
+  wide: pairs lossy on their own are left out of their endpoints' tests, and pairs of a lossy
+  endpoint out of the groups' (that access link's CRC lifts its ToR's count, but the ToR's
+  other pairs, which merely lost a probe, are not corroborated by it). Only *settled* pairs
+  take part: a pair whose latest probe, or the latest probe of one of its flows, failed waits
+  until the run resolves — an OK makes it loss, more failures an outage — so a dead ECMP path is not
+  first called loss, nor does it lift its group's count for pairs that merely lost a probe.
+- an endpoint whose pairs (at least ``endpoint_outage_share`` of them) are all failing, with
+  runs jointly improbable under their baselines, is down: those pairs are unreachable, even
+  probed once a second.
 
-Only failures that were *reported* count: a missing record is never a loss, so an agent that
-is late or dead cannot fake a network failure (that is the health module's business).
-``REFUSED`` is not a failure either: the network delivered the probe and the responder's host
-said nobody listens.
+The **baseline** of a pair is its long-run loss, learned from what it probed (the probe count
+comes from sequence numbers, so the agents' thinning of OK results does not bias it) with a
+prior of ``prior_loss`` worth ``prior_probes`` probes and forgotten over ``baseline_tau_s``;
+the caller stops the learning while a pair is under an incident (:meth:`FastPathState.learn`).
+
+Failures that are the far end's own story are **excused**, not counted:
+
+- a run of failures toward a responder that ends with a late answer (responder delay at least
+  ``stall_evidence_ms``): the responder's host stalled, and answered when it woke;
+- failures toward an endpoint whose agent restarted (its prober's numbering began again) while
+  they happened (:meth:`FastPathState.excuse_toward`);
+- while the responder's own agent has reported nothing sent after a pair's run of failures
+  began (it may be dead, stalled or restarting), the pair is **held**: no verdict either way
+  yet. A dead agent stays held, and endpoint health speaks for it.
+
+**Flapping**: an outage that starts within ``flap_window_s`` of the pair's previous outage
+ending (a port going down and up) is flagged as such; the flows of a pair still failing when
+the OK that ended its outage came (not probed since) are that outage, not a new one.
+
+Only failures that were *reported* count: a missing record is never a loss. ``REFUSED`` and
+``LOCAL_ERROR`` are not failures (the network delivered, or the probe never left).
 """
 
 from __future__ import annotations
@@ -29,41 +60,101 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import gammaln
+from scipy.stats import nbinom
 
+from skh.analysis.sampling import FLOW_SLOTS
 from skh.errors import ConfigError
 
 __all__ = ["FastPathConfig", "FastPathState", "FastFlags"]
 
+_NEVER = np.iinfo(np.int64).min
+
 
 @dataclass(frozen=True, slots=True)
 class FastPathConfig:
-    unreachable_after: int = 2
-    unreachable_after_s: float = 0.5
-    corroborate_pairs: int = 2
-    #: a failure corroborates others only while it is this recent
-    corroborate_window_s: float = 2.0
-    loss_count: int = 1
+    #: an outage: this many failures in a row, of the pair or of one of its flows ...
+    unreachable_after: int = 3
+    #: ... spanning at least this much send time
+    unreachable_after_s: float = 0.3
+    #: significance of each test (tail probability of what was seen, under the baseline)
+    alpha: float = 1e-9
+    #: fewest failures a loss verdict rests on
+    loss_count: int = 2
+    #: the pair's loss test looks back this long and six times as long
     loss_window_s: float = 10.0
-    #: failure timestamps kept per pair (must be >= loss_count)
-    history: int = 4
+    #: endpoint and group tests look back this long, five and fifteen times as long
+    group_window_s: float = 2.0
+    #: baseline prior: loss per probe, and how many probes' worth of weight it has
+    prior_loss: float = 2e-4
+    prior_probes: float = 2500.0
+    #: the baseline forgets with this time constant ...
+    baseline_tau_s: float = 3600.0
+    #: ... and learns what a pair probed one to two of these later, if it stayed unflagged
+    learn_stage_s: float = 30.0
+    #: an OK ending a failure run with a responder delay this large: the responder stalled
+    stall_evidence_ms: float = 100.0
+    #: a lossy endpoint with at least this share of its pairs failing right now is down
+    endpoint_outage_share: float = 0.5
+    #: a pair is held at most this long: a responder silent for longer is endpoint health's
+    #: case (missed heartbeats withhold its pairs), else its agent is alive but probes nothing
+    hold_max_s: float = 3.0
+    #: how far two hosts' clocks may disagree (NTP steps of up to a few hundred ms): a pair is
+    #: held unless its responder reported this far past the run's start, and a restart's gap
+    #: excuses failures this far around it
+    clock_skew_s: float = 0.25
+    #: an outage starting within this long of the pair's previous outage ending is a flap
+    flap_window_s: float = 120.0
+    #: failure send times kept per pair
+    history: int = 16
+    #: flow slots per pair (path ids are folded modulo this; the agents' thinner forwards the OK
+    #: that ends a failure run of each)
+    paths: int = FLOW_SLOTS
 
     def __post_init__(self) -> None:
-        for name in ("unreachable_after", "corroborate_pairs", "loss_count"):
+        for name in ("unreachable_after", "loss_count", "history", "paths"):
             if getattr(self, name) < 1:
                 raise ConfigError(
                     f"The '{name}' parameter of FastPathConfig must be >= 1. "
                     f"Got {getattr(self, name)!r} instead."
                 )
-        if not self.unreachable_after_s >= 0:
+        for name in ("unreachable_after_s", "stall_evidence_ms", "hold_max_s", "clock_skew_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(
+                    f"The '{name}' parameter of FastPathConfig must be >= 0. "
+                    f"Got {getattr(self, name)!r} instead."
+                )
+        for name in (
+            "loss_window_s",
+            "group_window_s",
+            "baseline_tau_s",
+            "learn_stage_s",
+            "flap_window_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ConfigError(
+                    f"The '{name}' parameter of FastPathConfig must be > 0. "
+                    f"Got {getattr(self, name)!r} instead."
+                )
+        if not 0 < self.alpha < 1 or not 0 < self.prior_loss < 1 or not self.prior_probes > 0:
             raise ConfigError(
-                "The 'unreachable_after_s' parameter of FastPathConfig must be >= 0. "
-                f"Got {self.unreachable_after_s!r} instead."
+                "FastPathConfig needs 0 < alpha < 1, 0 < prior_loss < 1 and prior_probes > 0. "
+                f"Got alpha={self.alpha!r}, prior_loss={self.prior_loss!r}, "
+                f"prior_probes={self.prior_probes!r} instead."
             )
         if self.history < self.loss_count:
             raise ConfigError(
                 "The 'history' parameter of FastPathConfig must be >= loss_count "
                 f"({self.loss_count}). Got {self.history!r} instead."
             )
+
+    @property
+    def pair_windows_s(self) -> tuple[float, ...]:
+        return (self.loss_window_s, 6 * self.loss_window_s)
+
+    @property
+    def group_windows_s(self) -> tuple[float, ...]:
+        return (self.group_window_s, 5 * self.group_window_s, 15 * self.group_window_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,25 +167,50 @@ class FastFlags:
     loss: np.ndarray
     loss_first_ns: np.ndarray
     loss_fails: np.ndarray
+    #: per unreachable pair: its outage restarted within flap_window_s of the last one ending
+    unreachable_flapping: np.ndarray
+    #: per loss pair: -log10 of the strongest test's tail probability (the evidence)
+    loss_evidence: np.ndarray
+    #: pairs held for their responder's reports
+    held: np.ndarray
 
 
 class FastPathState:
     def __init__(self, config: FastPathConfig, n_pairs: int = 0) -> None:
         self.config = config
+        P = config.paths
         self._dtype = np.dtype(
             [
                 ("consec", "<i4"),  # failures since the last OK (by send time)
                 ("run_first_ns", "<i8"),  # send time of the first failure of that run
                 ("last_t_ns", "<i8"),  # newest send time seen, to keep runs in order
+                ("flow_consec", "<i2", (P,)),  # the same per flow (path id % paths)
+                ("flow_first_ns", "<i8", (P,)),
                 ("fail_pos", "<i8"),
-                ("fail_ns", "<i8", (config.history,)),  # ring of recent failure send times
+                ("fail_ns", "<i8", (config.history,)),  # ring of counted failure send times
+                ("rate_hz", "<f4"),  # probes per second (sequence numbers over send time)
+                ("base_n", "<f8"),  # baseline: probes and failures, forgetting
+                ("base_f", "<f8"),
+                ("new_n", "<f8"),  # counted since the stage began ...
+                ("new_f", "<f8"),
+                ("new_busy", "?"),  # ... and whether the pair was flagged meanwhile
+                ("stage_n", "<f8"),  # the previous stage, learned once it stays clean
+                ("stage_f", "<f8"),
+                ("stage_busy", "?"),
+                ("out_end_ns", "<i8"),  # when the pair's previous outage ended
+                ("was_out", "?"),  # the current run was called an outage
+                ("out_seen_ns", "<i8"),  # when the pair was last seen in an outage
             ]
         )
         self._blank = np.zeros(1, self._dtype)
         self._blank["run_first_ns"] = -1
         self._blank["last_t_ns"] = -1
+        self._blank["flow_first_ns"] = -1
         self._blank["fail_ns"] = -1
+        self._blank["out_end_ns"] = _NEVER
+        self._blank["out_seen_ns"] = _NEVER
         self.state = np.repeat(self._blank, n_pairs)
+        self._learned_ns: int | None = None
 
     def resize(self, n_pairs: int) -> None:
         grown = np.repeat(self._blank, n_pairs)
@@ -106,91 +222,427 @@ class FastPathState:
         self.state = self.state[keep]
 
     def clear_pairs(self, pids: np.ndarray) -> None:
-        self.state[pids] = self._blank
+        """Forget the pairs' failures and runs (their baseline and rate stay)."""
+        s = self.state
+        for f in ("consec", "flow_consec", "fail_pos"):
+            s[f][pids] = 0
+        for f in ("run_first_ns", "flow_first_ns", "fail_ns"):
+            s[f][pids] = -1
 
-    def update(self, pids: np.ndarray, t_ns: np.ndarray, failed: np.ndarray) -> None:
-        """Fold one batch of probe outcomes (``failed``: LOST/UNREACHABLE; the rest: OK) in,
-        sorted by pair then send time.
+    # ------------------------------------------------------------------ input
+
+    def update(
+        self,
+        pids: np.ndarray,
+        t_ns: np.ndarray,
+        failed: np.ndarray,
+        path_id: np.ndarray,
+        responder_delay_ns: np.ndarray,
+        advanced: np.ndarray | None = None,
+    ) -> None:
+        """Fold one batch of probe outcomes in (``failed``: loss or UNREACHABLE; the rest: OK),
+        sorted by pair then send time. ``advanced`` gives, per row, how many probes its pair
+        sent since its previous row (from sequence numbers; None: one each).
 
         A record older than the pair's newest one still lands in the failure history but does
-        not reorder the current run.
-        """
+        not reorder the current run."""
         if len(pids) == 0:
             return
-        p, t, f = pids, t_ns, failed
+        cfg = self.config
         s = self.state
-        fresh = t > s["last_t_ns"][p]
+        adv = np.ones(len(pids)) if advanced is None else np.asarray(advanced, np.float64)
+        # probe counts and rates
+        starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
+        up = pids[starts]
+        n_adv = np.add.reduceat(adv, starts)
+        s["new_n"][up] += n_adv
+        prev_t = s["last_t_ns"][up]
+        span_s = np.maximum.reduceat(t_ns, starts) - np.where(prev_t > 0, prev_t, t_ns[starts])
+        span_s = span_s / 1e9
+        ok_rate = span_s > 0
+        r = np.where(ok_rate, n_adv / np.where(ok_rate, span_s, 1.0), 0.0)
+        old = s["rate_hz"][up]
+        s["rate_hz"][up] = np.where(
+            ok_rate, np.where(old > 0, old + 0.3 * (r - old), r), old
+        ).astype(np.float32)
 
-        # failure history ring: position = per-pair counter + rank among this batch's failures
-        fp, ft = p[f], t[f]
-        if len(fp):
-            start = np.flatnonzero(np.r_[True, fp[1:] != fp[:-1]])
-            rank = np.arange(len(fp)) - np.repeat(start, np.diff(np.r_[start, len(fp)]))
-            pos = (s["fail_pos"][fp] + rank) % self.config.history
-            s["fail_ns"][fp, pos] = ft
-            s["fail_pos"][fp[start]] += np.diff(np.r_[start, len(fp)])
-
-        # current run: only in-order records move it
-        p, t, f = p[fresh], t[fresh], f[fresh]
+        fresh = t_ns > s["last_t_ns"][pids]
+        late = ~fresh
+        # late rows: failures still land in the history (runs are not reordered)
+        if (late & failed).any():
+            self._add_failures(pids[late & failed], t_ns[late & failed])
+        p, t, f = pids[fresh], t_ns[fresh], failed[fresh]
+        path = (path_id[fresh].astype(np.int64) % cfg.paths) if len(p) else path_id[:0]
+        rd = responder_delay_ns[fresh]
         if len(p) == 0:
             return
-        bounds = np.flatnonzero(np.r_[True, p[1:] != p[:-1], True])
-        first, end = bounds[:-1], bounds[1:]
-        up = p[first]
-        idx = np.arange(len(p))
-        # index of the last OK in each group (-1 when the group has none)
+        n = len(p)
+        idx = np.arange(n)
+        first = np.r_[True, p[1:] != p[:-1]]
+        pair_start = np.maximum.accumulate(np.where(first, idx, 0))
+        # the last OK (or the pair's first row - 1) at or before each row
+        base = np.maximum(np.maximum.accumulate(np.where(~f, idx, -1)), pair_start - 1)
+        carried = s["consec"][p] > 0  # per row: the pair's stored run continues into the batch
+        prev_same = np.r_[False, ~first[1:]]
+        prev = np.maximum(idx - 1, 0)
+        # an OK right after failures (of this batch, or of the stored run) ends a run
+        ends_run = ~f & ((prev_same & f[prev]) | (first & carried))
+        # a run that ends with a late answer was the responder stalling: excuse it
+        stalled = ends_run & (rd >= cfg.stall_evidence_ms * 1e6)
+        counted = f.copy()
+        if stalled.any():
+            # failures of this batch that belong to a stalled run: the next OK is a stalled ender
+            nxt_ok = np.minimum.accumulate(np.where(~f, idx, n)[::-1])[::-1]
+            pend = np.r_[np.flatnonzero(first)[1:], n]
+            last_row = np.repeat(pend, np.diff(np.r_[np.flatnonzero(first), n])) - 1
+            ender = np.where(nxt_ok <= last_row, nxt_ok, -1)
+            counted &= ~((ender >= 0) & stalled[np.maximum(ender, 0)])
+            # runs carried over from earlier batches: their stored failures are excused too
+            carried_stall = stalled & first & carried
+            if carried_stall.any():
+                cp = p[carried_stall]
+                self._drop_failures(cp, s["run_first_ns"][cp], t[carried_stall])
+        if counted.any():
+            self._add_failures(p[counted], t[counted])
+        # an outage that ends: when (for flapping); its failures were the outage, not loss
+        out_end = ends_run & ~stalled & s["was_out"][p]
+        if out_end.any():
+            oe = np.flatnonzero(out_end)
+            s["out_end_ns"][p[oe]] = t[oe]
+            in_batch_first = np.where(prev_same[oe], t[np.minimum(base[prev[oe]] + 1, n - 1)], -1)
+            from_stored = ~prev_same[oe] | (base[prev[oe]] == pair_start[oe] - 1)
+            run_first = np.where(from_stored, s["run_first_ns"][p[oe]], in_batch_first)
+            self._drop_failures(p[oe], run_first, t[oe])
+
+        # pair-level run state at the end of the batch
+        pstart = np.flatnonzero(first)
         ok_idx = np.where(~f, idx, -1)
-        last_ok = np.maximum.reduceat(ok_idx, first)
-        has_ok = last_ok >= first
-        n_fail_group = np.add.reduceat(f.astype(np.int64), first)
-        trailing = end - 1 - last_ok  # failures after the last OK
-        old = s["consec"][up]
-        s["consec"][up] = np.where(has_ok, trailing, old + n_fail_group)
-        # first failure of the current run
-        after_ok = np.minimum(last_ok + 1, len(p) - 1)
-        run_first_new = np.where(trailing > 0, t[after_ok], -1)
-        first_fail_in_group = np.where(f, idx, len(p))
-        ffi = np.minimum.reduceat(first_fail_in_group, first)
+        last_ok = np.maximum.reduceat(ok_idx, pstart)
+        has_ok = last_ok >= pstart
+        pend = np.r_[pstart[1:], n]
+        trailing = pend - 1 - last_ok
+        upair = p[pstart]
+        n_fail = np.add.reduceat(f.astype(np.int64), pstart)
+        old_c = s["consec"][upair]
+        first_fail = np.where(f, idx, n)
+        ffi = np.minimum.reduceat(first_fail, pstart)
+        run_first_new = np.where(trailing > 0, t[np.minimum(last_ok + 1, n - 1)], -1)
         cont_first = np.where(
-            old > 0, s["run_first_ns"][up], np.where(ffi < end, t[np.minimum(ffi, len(p) - 1)], -1)
+            old_c > 0, s["run_first_ns"][upair], np.where(ffi < pend, t[np.minimum(ffi, n - 1)], -1)
         )
-        s["run_first_ns"][up] = np.where(has_ok, run_first_new, cont_first)
-        s["last_t_ns"][up] = t[end - 1]
+        s["was_out"][upair] &= ~has_ok
+        s["consec"][upair] = np.where(has_ok, trailing, old_c + n_fail)
+        s["run_first_ns"][upair] = np.where(has_ok, run_first_new, cont_first)
+        s["last_t_ns"][upair] = t[pend - 1]
+
+        # per-flow runs: the same, by (pair, path slot), in send order within each flow
+        key = p.astype(np.int64) * cfg.paths + path
+        order = np.lexsort((t, key))
+        k2, f2, t2 = key[order], f[order], t[order]
+        fstart = np.flatnonzero(np.r_[True, k2[1:] != k2[:-1]])
+        fend = np.r_[fstart[1:], k2.size]
+        idx2 = np.arange(k2.size)
+        last_ok2 = np.maximum.reduceat(np.where(~f2, idx2, -1), fstart)
+        has_ok2 = last_ok2 >= fstart
+        trail2 = fend - 1 - last_ok2
+        nf2 = np.add.reduceat(f2.astype(np.int64), fstart)
+        fp, fs = k2[fstart] // cfg.paths, k2[fstart] % cfg.paths
+        oldf = s["flow_consec"][fp, fs].astype(np.int64)
+        ffirst = np.minimum.reduceat(np.where(f2, idx2, k2.size), fstart)
+        s["flow_consec"][fp, fs] = np.minimum(np.where(has_ok2, trail2, oldf + nf2), 2**15 - 1)
+        s["flow_first_ns"][fp, fs] = np.where(
+            has_ok2,
+            np.where(trail2 > 0, t2[np.minimum(last_ok2 + 1, k2.size - 1)], -1),
+            np.where(
+                oldf > 0,
+                s["flow_first_ns"][fp, fs],
+                np.where(ffirst < fend, t2[np.minimum(ffirst, k2.size - 1)], -1),
+            ),
+        )
+        if stalled.any():
+            # a stalled responder's flows start over too
+            sp = np.unique(p[stalled])
+            reset = s["consec"][sp] == 0
+            s["flow_consec"][sp[reset]] = 0
+            s["flow_first_ns"][sp[reset]] = -1
+
+    def _add_failures(self, p: np.ndarray, t: np.ndarray) -> None:
+        s = self.state
+        h = self.config.history
+        start = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        cnt = np.diff(np.r_[start, len(p)])
+        rank = np.arange(len(p)) - np.repeat(start, cnt)
+        pos = (s["fail_pos"][p] + rank) % h
+        s["fail_ns"][p, pos] = t
+        s["fail_pos"][p[start]] += cnt
+        np.add.at(s["new_f"], p, 1.0)
+
+    def _drop_failures(self, pids: np.ndarray, from_ns: np.ndarray, to_ns: np.ndarray) -> None:
+        """Take the failures of ``pids`` sent in ``[from_ns, to_ns]`` (per pair) out of the
+        loss history (and out of what the baseline learns)."""
+        if pids.size == 0:
+            return
+        s = self.state
+        ring = s["fail_ns"][pids]
+        gone = (ring >= from_ns[:, None]) & (ring <= to_ns[:, None]) & (ring >= 0)
+        ring[gone] = -1
+        s["fail_ns"][pids] = ring
+        np.add.at(s["new_f"], pids, -gone.sum(axis=1).astype(np.float64))
+
+    def excuse_toward(self, pids: np.ndarray, from_ns: np.ndarray, to_ns: np.ndarray) -> None:
+        """Failures of ``pids`` sent in ``[from_ns, to_ns]`` (per pair) were the responder's
+        absence (its agent restarted): drop them, and any run they started."""
+        if pids.size == 0:
+            return
+        s = self.state
+        skew = int(self.config.clock_skew_s * 1e9)
+        from_ns, to_ns = from_ns - skew, to_ns + skew
+        self._drop_failures(pids, from_ns, to_ns)
+        rf = s["run_first_ns"][pids]
+        in_run = (s["consec"][pids] > 0) & (rf >= from_ns) & (rf <= to_ns)
+        rp = pids[in_run]
+        s["consec"][rp] = 0
+        s["run_first_ns"][rp] = -1
+        s["flow_consec"][rp] = 0
+        s["flow_first_ns"][rp] = -1
+
+    def learn(self, now_ns: int, busy: np.ndarray) -> None:
+        """Let the baselines learn. ``busy`` marks the first ``len(busy)`` pairs flagged, held
+        or under an incident now. What a pair probed is learned only after a whole stage
+        (``learn_stage_s``) followed it without the pair being busy, so the failures of a
+        fault, counted before the fault was recognised, do not become its baseline."""
+        s = self.state[: len(busy)]
+        s["new_busy"] |= busy
+        stage_ns = int(self.config.learn_stage_s * 1e9)
+        if self._learned_ns is None:
+            self._learned_ns = now_ns
+            return
+        if now_ns - self._learned_ns < stage_ns:
+            return
+        decay = np.exp(-(now_ns - self._learned_ns) / 1e9 / self.config.baseline_tau_s)
+        self._learned_ns = now_ns
+        clean = ~(s["stage_busy"] | s["new_busy"])
+        s["base_n"] = s["base_n"] * decay + np.where(clean, s["stage_n"], 0.0)
+        s["base_f"] = s["base_f"] * decay + np.where(clean, np.maximum(s["stage_f"], 0.0), 0.0)
+        s["stage_n"], s["stage_f"], s["stage_busy"] = s["new_n"], s["new_f"], s["new_busy"]
+        s["new_n"] = 0.0
+        s["new_f"] = 0.0
+        s["new_busy"] = False
+
+    # ------------------------------------------------------------------ decision
+
+    def baseline(self, pids: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's benign loss per probe as a Gamma posterior: (shape, rate) — failures
+        and probes seen, plus the prior's ``prior_loss * prior_probes`` and ``prior_probes``.
+        The prior's shape (0.5 by default) is small on purpose: a fresh pair may sit on a bad
+        link, losing ten times the typical rate, and must not be called faulty for that."""
+        cfg = self.config
+        s = self.state[pids]
+        return s["base_f"] + cfg.prior_loss * cfg.prior_probes, s["base_n"] + cfg.prior_probes
 
     def evaluate(
-        self, now_ns: int, src: np.ndarray, dst: np.ndarray, n_endpoints: int
+        self,
+        now_ns: int,
+        src: np.ndarray,
+        dst: np.ndarray,
+        n_endpoints: int,
+        progress_ns: np.ndarray | None = None,
+        groups: list[np.ndarray] | None = None,
     ) -> FastFlags:
         """Which pairs are unreachable or lossy at ``now_ns``. ``src``/``dst`` are the endpoint
-        ids of the first ``len(src)`` pairs, the live ones (for corroboration)."""
+        ids of the first ``len(src)`` pairs (the live ones); ``progress_ns`` per endpoint id,
+        the newest send time its own agent reported (to hold pairs whose responder is silent);
+        ``groups``: per grouping, an array mapping endpoint id → group id (-1: none)."""
         cfg = self.config
         s = self.state[: len(src)]
+        n = len(src)
+        m_ep = max(n_endpoints, int(max(src.max(initial=-1), dst.max(initial=-1))) + 1)
         consec = s["consec"]
+        fc = s["flow_consec"]
         failing = consec > 0
-        recent = failing & (s["run_first_ns"] >= now_ns - int(cfg.corroborate_window_s * 1e9))
-        # failing pairs per endpoint, either direction (a dead RNIC breaks a->b and b->a alike)
-        by_ep = np.bincount(src[recent], minlength=n_endpoints) + np.bincount(
-            dst[recent], minlength=n_endpoints
-        )
-        corroborated = recent & (
-            (by_ep[src] >= cfg.corroborate_pairs) | (by_ep[dst] >= cfg.corroborate_pairs)
-        )
-        span_ns = np.where(failing, s["last_t_ns"] - s["run_first_ns"], -1)
-        outage = (consec >= cfg.unreachable_after) & (span_ns >= int(cfg.unreachable_after_s * 1e9))
-        unreach = outage | corroborated
-        u = np.flatnonzero(unreach)
+        # a flow or the pair failing right now: an outage in the making, or a loss whose next
+        # probe has not said so yet; such a pair waits for its run to resolve
+        running = failing | (fc > 0).any(axis=1)
+        held = np.zeros(n, bool)
+        if progress_ns is not None and running.any():
+            prog = np.full(n, _NEVER)
+            ok = dst < progress_ns.size
+            prog[ok] = progress_ns[dst[ok]]
+            # the first failure of what is running now: the pair's run (any OK before it came
+            # from the responder, alive), else the flows' runs
+            ff = np.where(fc > 0, s["flow_first_ns"], np.iinfo(np.int64).max).min(axis=1)
+            first = np.where(failing, s["run_first_ns"], ff)
+            # send times come from two hosts' clocks: allow for their skew
+            skew = int(cfg.clock_skew_s * 1e9)
+            held = running & (prog < first + skew) & (first > now_ns - int(cfg.hold_max_s * 1e9))
+        a_p, b_p = self.baseline(slice(0, n))
+        log_alpha = np.log(cfg.alpha)
 
-        horizon = now_ns - int(cfg.loss_window_s * 1e9)
-        fails = s["fail_ns"]
-        in_win = fails >= horizon
-        n_recent = in_win.sum(axis=1)
-        first_recent = np.where(in_win, fails, np.iinfo(np.int64).max).min(axis=1)
-        lossy = (n_recent >= cfg.loss_count) & ~unreach & (consec == 0)
-        lo = np.flatnonzero(lossy)
+        # outages: a run the baseline makes improbable, of the pair or of one of its flows
+        span_ns = np.where(failing, s["last_t_ns"] - s["run_first_ns"], -1)
+        min_span = int(cfg.unreachable_after_s * 1e9)
+        k_run = _run_needed(a_p, b_p, log_alpha, cfg.unreachable_after)
+        pair_out = (consec >= k_run) & (span_ns >= min_span)
+        flow_hit = fc >= k_run[:, None]
+        flow_out = flow_hit.any(axis=1)
+        outage = (pair_out | flow_out) & ~held
+        out_first = np.where(
+            pair_out,
+            s["run_first_ns"],
+            np.where(flow_hit, s["flow_first_ns"], np.iinfo(np.int64).max).min(axis=1),
+        )
+        out_fails = np.maximum(consec, fc.max(axis=1).astype(np.int32))
+        # ... or of an endpoint: most of its pairs failing together, improbable jointly
+        live_n = np.bincount(src, minlength=m_ep) + np.bincount(dst, minlength=m_ep)
+        joint = failing & ~held & ~outage
+        if joint.any():
+            # the endpoint's pairs share its access link: one rate for all of them, from their
+            # pooled history, and the probability that its runs all happened by chance
+            k_ep = np.bincount(src, weights=np.where(joint, consec, 0), minlength=m_ep)
+            k_ep += np.bincount(dst, weights=np.where(joint, consec, 0), minlength=m_ep)
+            A, B = self._pooled(src, dst, m_ep)
+            lp_ep = gammaln(A + k_ep) - gammaln(A) - k_ep * np.log(B)
+            f_ep = np.bincount(src[joint], minlength=m_ep) + np.bincount(dst[joint], minlength=m_ep)
+            down = (lp_ep <= log_alpha) & (f_ep >= 2) & (f_ep >= cfg.endpoint_outage_share * live_n)
+            ep_out = joint & (down[src] | down[dst])
+            if ep_out.any():
+                out_first = np.where(ep_out, s["run_first_ns"], out_first)
+                outage |= ep_out
+
+        # loss: failures beyond the baseline, from the pairs whose runs have resolved. Failures
+        # sent while the pair was in an outage were that outage (raised as such): an ECMP path
+        # dead under a switch fails one flow in four, and those failures outlive the outage in
+        # the look-back (they raised loss half a minute after the switch came back)
+        s["out_seen_ns"][np.flatnonzero(outage)] = now_ns
+        wmax = int(max(max(cfg.pair_windows_s), max(cfg.group_windows_s)) * 1e9)
+        ring = np.where(s["fail_ns"] > s["out_seen_ns"][:, None], s["fail_ns"], -1)
+        settled = ~running
+        cand = np.flatnonzero(settled & (ring >= now_ns - wmax).any(axis=1))
+        flagged = np.zeros(n, bool)
+        evidence = np.zeros(n)
+        first_ns = np.full(n, np.iinfo(np.int64).max)
+        fails = np.zeros(n, np.int64)
+        if cand.size:
+            rate = s["rate_hz"].astype(np.float64)
+            rc = ring[cand]
+            for w in cfg.pair_windows_s:
+                in_w = rc >= now_ns - int(w * 1e9)
+                F = in_w.sum(axis=1)
+                ls = _nb_logsf(F, rate[cand] * w, a_p[cand], b_p[cand])
+                hit = (F >= cfg.loss_count) & (ls <= log_alpha)
+                self._mark(hit, cand, rc, in_w, F, ls, flagged, evidence, first_ns, fails)
+            scopes = [(src, dst, m_ep)]
+            for g in groups or []:
+                gs = np.where(src < g.size, g[np.minimum(src, g.size - 1)], -1)
+                gd = np.where(dst < g.size, g[np.minimum(dst, g.size - 1)], -1)
+                scopes.append((gs, gd, int(max(gs.max(initial=-1), gd.max(initial=-1))) + 1))
+            # scopes from narrow to wide, each explaining away what it found: a pair lossy on
+            # its own, or touching a lossy endpoint, is that scope's story and is set aside from
+            # wider ones (a CRC on one access link lifts its ToR's count too, but the ToR's
+            # other pairs did not lose with it). What a scope expects: the probes of its
+            # settled pairs not explained (pairs in a run are set aside on both sides too)
+            explained = flagged.copy()
+            for a, b, m in scopes:
+                if m <= 0:
+                    continue
+                ca, cb = a[cand], b[cand]
+                A_g, B_g = self._pooled(a, b, m)
+                use = settled & ~explained
+                lossy = np.zeros(m, bool)
+                for w in cfg.group_windows_s:
+                    in_w = rc >= now_ns - int(w * 1e9)
+                    F_p = in_w.sum(axis=1)
+                    if not F_p.any():
+                        continue
+                    n_g = _per_group(a, b, np.where(use, rate * w, 0.0), m)
+                    F_g = _per_group(ca, cb, np.where(use[cand], F_p, 0).astype(np.float64), m)
+                    busy = np.flatnonzero(F_g >= cfg.loss_count)
+                    if busy.size == 0:
+                        continue
+                    ls_g = _nb_logsf(F_g[busy], n_g[busy], A_g[busy], B_g[busy])
+                    sig = busy[ls_g <= log_alpha]
+                    if sig.size == 0:
+                        continue
+                    lossy[sig] = True
+                    ls_full = np.zeros(m)
+                    ls_full[sig] = ls_g[ls_g <= log_alpha]
+                    la = np.where(ca >= 0, ls_full[np.maximum(ca, 0)], 0.0)
+                    lb = np.where(cb >= 0, ls_full[np.maximum(cb, 0)], 0.0)
+                    ls_pair = np.minimum(la, lb)
+                    hit = (ls_pair < 0) & (F_p > 0)
+                    self._mark(
+                        hit, cand, rc, in_w, F_p, ls_pair, flagged, evidence, first_ns, fails
+                    )
+                explained |= ((a >= 0) & lossy[np.maximum(a, 0)]) | (
+                    (b >= 0) & lossy[np.maximum(b, 0)]
+                )
+        loss = flagged & ~outage
+        u = np.flatnonzero(outage)
+        s["was_out"][u] = True
+        lo = np.flatnonzero(loss)
+        prev_end = s["out_end_ns"][u]
+        # a flap is a new outage, begun after the last one ended: a flow whose run began
+        # before the OK that ended the pair's outage (not probed since) is that same outage
+        gap = out_first[u] - prev_end
+        flap = (prev_end != _NEVER) & (gap > 0) & (gap <= int(cfg.flap_window_s * 1e9))
         return FastFlags(
             unreachable=u,
-            unreachable_first_ns=s["run_first_ns"][u],
-            unreachable_fails=consec[u].astype(np.int64),
+            unreachable_first_ns=out_first[u],
+            unreachable_fails=out_fails[u].astype(np.int64),
             loss=lo,
-            loss_first_ns=first_recent[lo],
-            loss_fails=n_recent[lo].astype(np.int64),
+            loss_first_ns=first_ns[lo],
+            loss_fails=fails[lo],
+            unreachable_flapping=flap,
+            loss_evidence=evidence[lo],
+            held=np.flatnonzero(held),
         )
+
+    def _pooled(self, a: np.ndarray, b: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """A group's rate as one Gamma posterior: its pairs' pooled history under one prior
+        (its pairs share links, so a bad link makes all of them lossy together)."""
+        cfg = self.config
+        s = self.state[: len(a)]
+        A = _per_group(a, b, s["base_f"], m) + cfg.prior_loss * cfg.prior_probes
+        B = _per_group(a, b, s["base_n"], m) + cfg.prior_probes
+        return A, B
+
+    @staticmethod
+    def _mark(hit, cand, rc, in_w, F, ls, flagged, evidence, first_ns, fails) -> None:
+        if not hit.any():
+            return
+        rows = cand[hit]
+        flagged[rows] = True
+        evidence[rows] = np.maximum(evidence[rows], -ls[hit] / np.log(10))
+        fw = np.where(in_w[hit], rc[hit], np.iinfo(np.int64).max).min(axis=1)
+        first_ns[rows] = np.minimum(first_ns[rows], fw)
+        fails[rows] = np.maximum(fails[rows], F[hit])
+
+
+def _nb_logsf(k: np.ndarray, n: np.ndarray, shape: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """log P(X >= k) for the failures X of ``n`` probes whose loss rate is Gamma(shape, rate):
+    a negative binomial (the Poisson's tail, widened by what the baseline does not know)."""
+    p = rate / (rate + np.maximum(n, 1e-12))
+    return nbinom.logsf(np.asarray(k) - 1, shape, p)
+
+
+def _run_needed(shape: np.ndarray, rate: np.ndarray, log_alpha: float, least: int) -> np.ndarray:
+    """Per pair, the shortest run of failures whose probability under the baseline (the
+    Gamma mean of rate**k) is at most alpha, and at least ``least``."""
+    k = np.full(shape.shape, least, np.int64)
+    for _ in range(64):
+        lp = gammaln(shape + k) - gammaln(shape) - k * np.log(rate)
+        todo = lp > log_alpha
+        if not todo.any():
+            break
+        k[todo] += 1
+    return k
+
+
+def _per_group(a: np.ndarray, b: np.ndarray, v: np.ndarray, m: int) -> np.ndarray:
+    """Sum of ``v`` per group over both ends of each pair (a pair inside one group counts once)."""
+    out = np.zeros(m)
+    ok_a = a >= 0
+    np.add.at(out, a[ok_a], v[ok_a])
+    ok_b = (b >= 0) & (b != a)
+    np.add.at(out, b[ok_b], v[ok_b])
+    return out

@@ -15,8 +15,11 @@ this module tracks:
 - **refused**: probes to it answered ``REFUSED``: the network delivered them and its host said
   nobody listens: the agent there is gone.
 - **delays**: prober delay ``(T6-T1)-(T5-T2)`` when it probes and responder delay ``T4-T3``
-  when it answers. A fast EWMA rising well above a slow one (``delay_factor`` times and by at
-  least ``delay_floor_us``) means an overloaded host, whose user-space stamps inflate RTTs.
+  when it answers. Each batch's *median* delay well above a slow average (``delay_factor``
+  times and by at least ``delay_floor_us``), in every batch for ``delay_persist_s``, means an
+  overloaded host, whose user-space stamps inflate RTTs. The median and the persistence keep
+  benign stalls out: a host that stalls for a moment (a page-fault storm, a lock) answers a
+  few probes late and is fine again, while a late agent is late on every probe.
 
 Endpoints retired by the orchestrator (a container stopped on purpose) are forgotten, so churn
 never reads as a dead agent.
@@ -64,9 +67,10 @@ class HealthConfig:
     refused_hold_s: float = 10.0
     delay_factor: float = 3.0
     delay_floor_us: float = 50.0
-    #: EWMA weights per batch for the fast and the slow delay average
-    delay_fast_alpha: float = 0.3
+    #: EWMA weight per batch of the slow delay average (the baseline)
     delay_slow_alpha: float = 0.01
+    #: a delay rise alerts once it has lasted this long
+    delay_persist_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_overdue_s <= self.heartbeat_timeout_s:
@@ -75,18 +79,22 @@ class HealthConfig:
                 "must be in (0, heartbeat_timeout_s]. "
                 f"Got {self.heartbeat_overdue_s!r} instead."
             )
-        for name in ("heartbeat_timeout_s", "late_after_s", "refused_hold_s", "delay_factor"):
+        for name in (
+            "heartbeat_timeout_s",
+            "late_after_s",
+            "refused_hold_s",
+            "delay_factor",
+            "delay_persist_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(
                     f"The '{name}' parameter of HealthConfig must be > 0. "
                     f"Got {getattr(self, name)!r} instead."
                 )
-        if not (0 < self.delay_slow_alpha < self.delay_fast_alpha <= 1):
+        if not 0 < self.delay_slow_alpha <= 1:
             raise ConfigError(
-                "The 'delay_slow_alpha' and 'delay_fast_alpha' "
-                "parameters of HealthConfig must satisfy "
-                f"0 < slow < fast <= 1. Got {self.delay_slow_alpha!r} "
-                f"and {self.delay_fast_alpha!r} instead."
+                "The 'delay_slow_alpha' parameter of HealthConfig must be in (0, 1]. "
+                f"Got {self.delay_slow_alpha!r} instead."
             )
 
 
@@ -105,16 +113,16 @@ class EndpointHealth:
                 ("progress_ns", "<i8"),
                 ("refused_ns", "<i8"),
                 ("retired", "?"),
-                ("pd_fast", "<f8"),
                 ("pd_slow", "<f8"),
-                ("rd_fast", "<f8"),
                 ("rd_slow", "<f8"),
+                ("pd_rise_ns", "<i8"),  # since when every batch's median has been up (or never)
+                ("rd_rise_ns", "<i8"),
             ]
         )
         self._blank = np.zeros(1, self._dtype)
-        for f in ("heartbeat_ns", "progress_ns", "refused_ns"):
+        for f in ("heartbeat_ns", "progress_ns", "refused_ns", "pd_rise_ns", "rd_rise_ns"):
             self._blank[f] = _NEVER
-        for f in ("pd_fast", "pd_slow", "rd_fast", "rd_slow"):
+        for f in ("pd_slow", "rd_slow"):
             self._blank[f] = np.nan
         self.state = np.repeat(self._blank, 0)
 
@@ -172,28 +180,26 @@ class EndpointHealth:
         if refused.any():
             np.maximum.at(s["refused_ns"], dst[refused], t_ns[refused])
         cfg = self.config
-        for who, delay, fast, slow in (
-            (src, prober_delay_ns, "pd_fast", "pd_slow"),
-            (dst, responder_delay_ns, "rd_fast", "rd_slow"),
+        t_now = int(t_ns.max())
+        for who, delay, slow, rise in (
+            (src, prober_delay_ns, "pd_slow", "pd_rise_ns"),
+            (dst, responder_delay_ns, "rd_slow", "rd_rise_ns"),
         ):
             ok = delay >= 0
             if not ok.any():
                 continue
-            n = np.bincount(who[ok], minlength=len(s))
-            tot = np.bincount(who[ok], weights=delay[ok] / 1e3, minlength=len(s))
-            eps = np.flatnonzero(n)
-            mean_us = tot[eps] / n[eps]
-            f_cur, s_cur = s[fast][eps], s[slow][eps]
-            f_new = np.where(
-                np.isnan(f_cur), mean_us, f_cur + cfg.delay_fast_alpha * (mean_us - f_cur)
-            )
-            s_new = np.where(
-                np.isnan(s_cur), mean_us, s_cur + cfg.delay_slow_alpha * (mean_us - s_cur)
-            )
+            eps, med_us = _median_by(who[ok], delay[ok] / 1e3)
+            s_cur = s[slow][eps]
+            with np.errstate(invalid="ignore"):
+                high = (med_us > cfg.delay_factor * s_cur) & (med_us - s_cur > cfg.delay_floor_us)
             # the baseline does not learn a rise it is meant to detect
-            rising = (f_new > cfg.delay_factor * s_cur) & (f_new - s_cur > cfg.delay_floor_us)
-            s[fast][eps] = f_new
-            s[slow][eps] = np.where(rising, s_cur, s_new)
+            s[slow][eps] = np.where(
+                np.isnan(s_cur),
+                med_us,
+                np.where(high, s_cur, s_cur + cfg.delay_slow_alpha * (med_us - s_cur)),
+            )
+            r = s[rise][eps]
+            s[rise][eps] = np.where(high, np.where(r == _NEVER, t_now, r), _NEVER)
 
     def evaluate(self, now_ns: int) -> np.ndarray:
         """``HealthReason`` bits per endpoint id (0: healthy or unknown)."""
@@ -225,12 +231,21 @@ class EndpointHealth:
             int(HealthReason.REFUSED),
             0,
         )
-        for fast, slow, bit in (
-            ("pd_fast", "pd_slow", HealthReason.PROBER_DELAY),
-            ("rd_fast", "rd_slow", HealthReason.RESPONDER_DELAY),
+        persist = int(cfg.delay_persist_s * 1e9)
+        for rise, bit in (
+            ("pd_rise_ns", HealthReason.PROBER_DELAY),
+            ("rd_rise_ns", HealthReason.RESPONDER_DELAY),
         ):
-            f, sl = s[fast], s[slow]
-            with np.errstate(invalid="ignore"):
-                rising = (f > cfg.delay_factor * sl) & (f - sl > cfg.delay_floor_us)
-            reasons |= np.where(live & rising, int(bit), 0)
+            r = s[rise]
+            lasted = (r != _NEVER) & (r <= now_ns - persist)
+            reasons |= np.where(live & lasted, int(bit), 0)
         return reasons
+
+
+def _median_by(key: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unique keys, the median of ``v`` per key; the lower one of an even count)."""
+    order = np.lexsort((v, key))
+    k, vs = key[order], v[order]
+    start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    cnt = np.diff(np.r_[start, k.size])
+    return k[start], vs[start + (cnt - 1) // 2]

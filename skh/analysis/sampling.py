@@ -21,11 +21,21 @@ import numpy as np
 
 from skh.records import ProbeStatus, pair_keys
 
-__all__ = ["LATENCY_PATHS", "LATENCY_SAMPLE_S", "NO_PHASE", "ResultThinner", "period_samples"]
+__all__ = [
+    "FLOW_SLOTS",
+    "LATENCY_PATHS",
+    "LATENCY_SAMPLE_S",
+    "NO_PHASE",
+    "ResultThinner",
+    "period_samples",
+]
 
 LATENCY_SAMPLE_S = 1.0
 #: flow labels a prober rotates through (the simulator's and the agents' path ids)
 LATENCY_PATHS = 4
+#: flow slots per pair the loss side tells apart (``path_id % FLOW_SLOTS``): the fast path's
+#: per-flow failure runs, and the OKs the agents forward to end them
+FLOW_SLOTS = 8
 #: ``phase_ns`` of a pair that has had no OK yet
 NO_PHASE = np.iinfo(np.int64).min
 
@@ -70,9 +80,10 @@ def period_samples(
 
 class ResultThinner:
     """What an agent forwards of its probes: every result but OK, the OK that ends a run of them
-    (so loss and outage stay told apart), each pair's latency sample (the analyzer would drop
-    the other OKs anyway) and each prober's newest result (its progress). At ten probes per
-    pair and second about 13 % are forwarded (``bench/analyzer.py``)."""
+    on the pair or on one of its flows (``path_id % FLOW_SLOTS``; so loss and outage, and an
+    outage of one ECMP path, stay told apart), each pair's latency sample (the analyzer would
+    drop the other OKs anyway) and each prober's newest result (its progress). At ten probes
+    per pair and second about 13 % are forwarded (``bench/analyzer.py``)."""
 
     def __init__(self, period_s: float = LATENCY_SAMPLE_S, paths: int = LATENCY_PATHS) -> None:
         self.period_ns = int(period_s * 1e9)
@@ -82,6 +93,7 @@ class ResultThinner:
         self._phase = np.zeros(0, np.int64)
         self._last_slot = np.zeros(0, np.int64)
         self._last_failed = np.zeros(0, bool)
+        self._flow_failed = np.zeros((0, FLOW_SLOTS), bool)
 
     def _pair_ids(self, keys: np.ndarray) -> np.ndarray:
         pos = np.searchsorted(self._keys, keys)
@@ -97,6 +109,7 @@ class ResultThinner:
             self._phase = np.r_[self._phase, np.full(new.size, NO_PHASE)]
             self._last_slot = np.r_[self._last_slot, np.full(new.size, NO_PHASE)]
             self._last_failed = np.r_[self._last_failed, np.zeros(new.size, bool)]
+            self._flow_failed = np.r_[self._flow_failed, np.zeros((new.size, FLOW_SLOTS), bool)]
             pos = np.searchsorted(self._keys, keys)
         return self._key_id[pos]
 
@@ -111,6 +124,16 @@ class ResultThinner:
         first = np.r_[True, pid[1:] != pid[:-1]]
         prev_failed = np.where(first, self._last_failed[pid], np.r_[False, failed[:-1]])
         keep = failed | prev_failed
+        # the same per flow: the OK after a flow's failures
+        slot = b["path_id"].astype(np.int64) % FLOW_SLOTS
+        fkey = pid * FLOW_SLOTS + slot
+        fo = np.lexsort((b["t_wall_ns"], fkey))
+        fk, ff = fkey[fo], failed[fo]
+        ffirst = np.r_[True, fk[1:] != fk[:-1]]
+        fprev = np.where(ffirst, self._flow_failed[pid[fo], slot[fo]], np.r_[False, ff[:-1]])
+        keep[fo[fprev & ~ff]] = True
+        fends = np.r_[np.flatnonzero(ffirst[1:]), fk.size - 1]
+        self._flow_failed[pid[fo][fends], slot[fo][fends]] = ff[fends]
         ok = np.flatnonzero(~failed)
         sampled = period_samples(
             pid[ok],

@@ -28,14 +28,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--profile", dest="profile", choices=("tiny", "quick", "full"), help=argparse.SUPPRESS
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--seed", type=int, default=1, help="simulation seed (default 1)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        help="simulation seed (repeat for several; default: the profile's number of seeds, "
+        "drawn at run time, never a training seed)",
+    )
+    p.add_argument(
+        "--noise",
+        default="field",
+        help="benign-noise regime: field (default), field-heavy (held out of calibration), lab",
+    )
     p.add_argument("--out", metavar="DIR", help="also write eval.json, eval.md and eval.html here")
     p.add_argument("--no-agent", action="store_true", help="skip the agent-cost measurement")
     p.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when precision, recall, localization or skeleton coverage is below the CI "
-        "thresholds",
+        help="exit 1 when a headline figure misses the CI gate (precision, recall, end-to-end "
+        "localization and type accuracy, skeleton coverage, false positives per 1k host-hours)",
     )
     p.set_defaults(func=run, profile="quick")
 
@@ -47,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from skh.eval import profile, run_eval
     from skh.eval.report import to_html, to_markdown
 
-    res = run_eval(profile(args.profile), args.seed, agent=not args.no_agent)
+    res = run_eval(
+        profile(args.profile), seeds=args.seed, noise=args.noise, agent=not args.no_agent
+    )
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ coverage, random sampling, agent cost) on the production-scale simulator, side b
 paper's figures. ``skh eval`` and ``bench/eval_paper.py`` run it; :mod:`skh.eval.report` renders
 the JSON as Markdown and HTML."""
 
-from skh.eval.harness import PAPER, THRESHOLDS, run_eval
+from skh.eval.harness import MAXIMA, PAPER, THRESHOLDS, run_eval
 from skh.eval.profiles import PROFILES, Profile, profile
 
-__all__ = ["run_eval", "PROFILES", "Profile", "profile", "THRESHOLDS", "PAPER"]
+__all__ = ["run_eval", "PROFILES", "Profile", "profile", "THRESHOLDS", "MAXIMA", "PAPER"]

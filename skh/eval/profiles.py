@@ -1,9 +1,9 @@
 """The evaluation's profiles: how big the simulated cluster is, how long it runs, how many faults.
 
 ``full`` is the paper's setting (the real Lingjun topology replicated to 4,096 hosts × 8 RNICs,
-2,000 jobs, hours of virtual time, every fault type several times); ``quick`` scales the cluster
-down so CI finishes in minutes on two cores (the output says so); ``tiny`` exists for the
-determinism test.
+2,000 jobs, an hour of virtual time per seed, five seeds of the field regime and one of the
+held-out ``field-heavy``); ``quick`` scales the cluster down so CI finishes in about ten minutes
+of CPU on two cores (the output says so); ``tiny`` exists for the determinism test.
 """
 
 from __future__ import annotations
@@ -24,13 +24,26 @@ class Profile:
     jobs: int
     #: job arrivals per minute of virtual time (container churn)
     arrivals_per_min: float
-    #: every fault type is injected this many times, one fault at a time
-    rounds: int
-    fault_s: float
-    gap_s: float
-    #: healthy virtual time before the first fault (detection needs its look-back)
+    #: virtual seconds of the field run per seed, and the healthy lead-in before faults arrive
+    duration_s: float
     warmup_s: float
-    #: faults per type in the localization suite (and whether to add both-layer pairs)
+    #: median fault length; faults (and gray faults) arrive as Poisson processes at these rates
+    fault_s: float
+    faults_per_h: float
+    gray_per_h: float
+    #: share of faults placed on jobs whose containers became ready within the last minute
+    new_job_share: float
+    #: evaluation seeds of the default regime (drawn at run time), and of the held-out regime
+    seeds: int
+    heldout_seeds: int
+    #: the slow-ramp scenario: ramps, its cluster's hosts, its length in 30-min blocks, the
+    #: ramp's length and final magnitude
+    ramps: int
+    ramp_hosts: int
+    ramp_blocks: int
+    ramp_s: float
+    ramp_extra_ns: float
+    #: faults per type in the oracle localization suite (and whether to add both-layer pairs)
     loc_trials: int
     loc_both_layers: bool
     #: seconds of 1 Hz throughput the skeleton is inferred from
@@ -59,19 +72,28 @@ PROFILES: dict[str, Profile] = {
         # one fault type per symptom class: a smoke and determinism profile, not an evaluation
         Profile(
             "tiny",
-            64,
-            10,
-            0.5,
-            1,
-            40.0,
-            30.0,
-            240.0,
-            1,
-            False,
-            240,
-            (512,),
-            0.0,
-            (
+            hosts=64,
+            jobs=10,
+            arrivals_per_min=0.5,
+            duration_s=900.0,
+            warmup_s=330.0,
+            fault_s=40.0,
+            faults_per_h=40.0,
+            gray_per_h=8.0,
+            new_job_share=0.0,
+            seeds=1,
+            heldout_seeds=0,
+            ramps=1,
+            ramp_hosts=16,
+            ramp_blocks=2,
+            ramp_s=1800.0,
+            ramp_extra_ns=8_000.0,
+            loc_trials=1,
+            loc_both_layers=False,
+            skeleton_s=240,
+            sweep_rnics=(512,),
+            agent_s=0.0,
+            types=(
                 FailureType.CRC_ERROR,
                 FailureType.RNIC_PORT_DOWN,
                 FailureType.PCIE_NIC_ERROR,
@@ -79,10 +101,52 @@ PROFILES: dict[str, Profile] = {
             ),
         ),
         Profile(
-            "quick", 512, 250, 2.0, 1, 45.0, 35.0, 330.0, 2, False, 240, (512, 1024, 2048), 3.0
+            "quick",
+            hosts=384,
+            jobs=190,
+            arrivals_per_min=1.5,
+            duration_s=3600.0,
+            warmup_s=360.0,
+            fault_s=60.0,
+            faults_per_h=60.0,
+            gray_per_h=16.0,
+            new_job_share=0.15,
+            seeds=2,
+            heldout_seeds=0,
+            ramps=6,
+            ramp_hosts=48,
+            ramp_blocks=3,
+            ramp_s=1800.0,
+            ramp_extra_ns=8_000.0,
+            loc_trials=1,
+            loc_both_layers=False,
+            skeleton_s=240,
+            sweep_rnics=(512, 1024, 2048),
+            agent_s=3.0,
         ),
         Profile(
-            "full", 4096, 2000, 4.0, 3, 60.0, 45.0, 330.0, 5, True, 240, (512, 1024, 2048), 10.0
+            "full",
+            hosts=4096,
+            jobs=2000,
+            arrivals_per_min=4.0,
+            duration_s=3600.0,
+            warmup_s=360.0,
+            fault_s=60.0,
+            faults_per_h=90.0,
+            gray_per_h=30.0,
+            new_job_share=0.15,
+            seeds=5,
+            heldout_seeds=1,
+            ramps=12,
+            ramp_hosts=96,
+            ramp_blocks=3,
+            ramp_s=2700.0,
+            ramp_extra_ns=8_000.0,
+            loc_trials=3,
+            loc_both_layers=True,
+            skeleton_s=240,
+            sweep_rnics=(512, 1024, 2048),
+            agent_s=10.0,
         ),
     )
 }

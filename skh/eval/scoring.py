@@ -28,7 +28,14 @@ import numpy as np
 
 from skh.sim.faults import FAULT_SPECS
 
-__all__ = ["accepted_kinds", "match_events", "summarize", "detection_scores", "DETECTION_KINDS"]
+__all__ = [
+    "accepted_kinds",
+    "match_events",
+    "summarize",
+    "detection_scores",
+    "wilson",
+    "DETECTION_KINDS",
+]
 
 DETECTION_KINDS: tuple[str, ...] = ("unreachable", "loss", "latency-short", "latency-long", "agent")
 
@@ -78,6 +85,17 @@ def match_events(
     return matched, detected
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]:
+    """The Wilson score interval (95 % by default) of a proportion ``k / n``."""
+    if n <= 0:
+        return None, None
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return round(float(max(0.0, c - h)), 4), round(float(min(1.0, c + h)), 4)
+
+
 def _ratio(num: int, den: int, empty: float | None = None) -> float | None:
     return round(num / den, 4) if den else empty
 
@@ -103,13 +121,26 @@ def detection_scores(
     eps_of: Mapping[int, Iterable[int]],
     *,
     paper_only: bool = True,
+    ignore: Iterable[int] = (),
+    invisible_are_misses: bool = False,
 ) -> dict[str, Any]:
     """Precision, recall and time to detect, overall and per fault type. With ``paper_only``
     the headline numbers count only the paper's 19 types (events matched to the simulator's
     extra types — agent crash, late agent, vswitch loop — are left out of precision too); the
-    per-type table always lists every type injected."""
+    per-type table always lists every type injected. Faults in ``ignore`` (gray faults, scored
+    apart) count nowhere: neither their detection nor their events. With
+    ``invisible_are_misses`` a fault no probed pair crosses is a miss (it sits on pairs the jobs
+    use, so a probe list that skips them failed), else it is left out of recall."""
+    ignore = set(ignore)
     matched, detected = match_events(records, events, window_ns, eps_of)
-    visible = [r for r in records if len(r.affected_pairs)]
+    keep = [
+        (m, ev)
+        for m, ev in zip(matched, events, strict=True)
+        if m is None or m.fault_id not in ignore
+    ]
+    matched, events = [m for m, _ in keep], [ev for _, ev in keep]
+    records = [r for r in records if r.fault_id not in ignore]
+    visible = [r for r in records if len(r.affected_pairs) or invisible_are_misses]
 
     def counts(rec: Any) -> bool:
         return not paper_only or FAULT_SPECS[rec.type].in_paper
@@ -155,6 +186,9 @@ def detection_scores(
     return {
         "faults": len(head),
         "events": len(ev_head),
+        "matched_events": n_match,
+        "detected_faults": len(found),
+        "invisible_faults": sum(not len(r.affected_pairs) for r in head),
         "precision": _ratio(n_match, len(ev_head), 1.0),
         "recall": _ratio(len(found), len(head)),
         "precision_kind": _ratio(n_kind, len(ev_head), 1.0),

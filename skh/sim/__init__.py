@@ -69,13 +69,22 @@ Faults (:mod:`skh.sim.faults`)
     ``FaultRecord`` (ground truth: fault_id, type, name, layer, target, component, start/end s
     and ns, affected_pairs, jobs, group). The module doc has the table of symptom models.
 
+Benign noise (:mod:`skh.sim.noise`)
+    ``NoiseRegime`` (every knob, with ``sources`` saying where each magnitude comes from),
+    ``REGIMES`` (``lab``, ``field``, ``field-heavy``), ``regime(name)``, ``TRAIN_SEEDS``;
+    ``Simulation(..., noise="field")`` applies one (default ``lab``: none) and
+    ``sim.noise_measured()`` reports what it produced; ``sim.noise`` is the regime, and
+    ``sim.noise.answers`` the noise in what agents answer localization
+    (:class:`skh.sim.answers.AnswerNoise`; ``answers_measured(sim)`` counts what it produced).
+
 Agents' answers (:mod:`skh.sim.state`)
     ``TraceHop(ttl, node|None, rtt_ns, loss)``, ``FlowEntry``, ``OverlayWalk(hops, outcome
     "ok"|"missing"|"loop", at)``, ``walk_overlay(dumps, src_ep, dst_ep)``.
 
 Scenario (:mod:`skh.sim.scenario`)
     ``Simulation.build(fabric, n_jobs, seed=, start_s=(-1800, 0), ping="skeleton"|"same_rail",
-    probe_interval_s=1.0, n_path_ids=4, transport="verbs"|"udp", arrivals_per_min=0)`` or
+    probe_interval_s=1.0, n_path_ids=4, transport="verbs"|"udp", arrivals_per_min=0,
+    noise=None|"field"|NoiseRegime)`` or
     ``Simulation(cluster, jobs, ...)``. Attributes: ``clock`` (``VirtualClock``: ``now_s``,
     ``now_ns``, ``wall_ns(t_s)``), ``cluster``, ``jobs``, ``index``, ``eps``, ``pairs`` (the
     ping pairs), ``ground_truth`` (list of FaultRecord), ``ep_ready_s``/``ep_start_s``/

@@ -37,6 +37,9 @@ A component is named as the model names it: a link ``"a|b"`` (sorted node names,
 name, an RNIC key ``host:rnicN``, a host name, a container name.
 
 Latency faults take ``profile="ramp"`` to grow linearly over ``ramp_s`` (the long-term drift).
+A flapping fault with ``aperiodic=True`` draws each cycle's length (0.5-1.5 x the period) and
+on-time (0.6-1.4 x, at most the cycle) from its fault id, as real ports flap. ``paths`` limits a
+fault to some flows (path ids) of the pairs it touches — a gray fault on one ECMP path.
 Randomness comes from the caller's generator, so a seeded simulation replays exactly.
 """
 
@@ -166,6 +169,9 @@ class Fault:
     flow_share: float | None = None
     profile: Literal["step", "ramp"] = "step"
     ramp_s: float = 3600.0
+    aperiodic: bool = False
+    #: only probes of these path ids suffer (None: all)
+    paths: tuple[int, ...] | None = None
     fault_id: int = -1  # set by the simulation on injection
     group: int = -1  # faults injected together (e.g. both layers at once) share a group
 
@@ -226,6 +232,22 @@ class RowSet:
     def __len__(self) -> int:
         return self.src_ep.size
 
+    @classmethod
+    def all_paths(
+        cls, index: FabricIndex, eps: EndpointTable, pairs: np.ndarray, n_path_ids: int
+    ) -> RowSet:
+        """One row per (path id, pair), path-major (row ``path_id * len(pairs) + pair``), at
+        time 0: what a fault touches on any of the pairs' paths."""
+        m = pairs.shape[0]
+        return cls(
+            index,
+            eps,
+            np.tile(pairs[:, 0], n_path_ids),
+            np.tile(pairs[:, 1], n_path_ids),
+            np.repeat(np.arange(n_path_ids), m),
+            np.zeros(m * n_path_ids),
+        )
+
     @property
     def src_rnic(self) -> np.ndarray:
         return self.eps.rnic[self.src_ep]
@@ -247,6 +269,7 @@ class FaultEngine:
     def __init__(self, index: FabricIndex, eps: EndpointTable) -> None:
         self.index = index
         self.eps = eps
+        self._cycle_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # -- components --------------------------------------------------------------------------------
     def check(self, fault: Fault) -> None:
@@ -328,8 +351,11 @@ class FaultEngine:
         return (cont[rows.dst_ep] == i) | (cont[rows.src_ep] == i)
 
     def affected(self, fault: Fault, rows: RowSet) -> np.ndarray:
-        """Rows whose probes suffer from the fault at some time (component and flow share)."""
+        """Rows whose probes suffer from the fault at some time (component, flow share and
+        path ids)."""
         m = self.touches(fault, rows)
+        if fault.paths is not None:
+            m &= np.isin(rows.path_id, np.asarray(fault.paths, np.int64))
         share = fault.eff("flow_share")
         if share < 1.0 and m.any():
             lo = np.minimum(rows.src_ep, rows.dst_ep)
@@ -345,8 +371,34 @@ class FaultEngine:
         on = (t_s >= fault.start_s) & (t_s < fault.end_s)
         period = fault.eff("flap_period_s")
         if period > 0:
-            on &= np.mod(t_s - fault.start_s, period) < fault.eff("flap_on_s")
+            if fault.aperiodic:
+                starts, ons = self._cycles(fault)
+                k = np.clip(np.searchsorted(starts, t_s, side="right") - 1, 0, starts.size - 1)
+                on &= (t_s - starts[k]) < ons[k]
+            else:
+                on &= np.mod(t_s - fault.start_s, period) < fault.eff("flap_on_s")
         return on
+
+    def _cycles(self, fault: Fault) -> tuple[np.ndarray, np.ndarray]:
+        """Cycle start times and on-times of an aperiodic flap (cached per fault)."""
+        key = (fault.fault_id, fault.component, fault.start_s)
+        got = self._cycle_cache.get(key)
+        if got is None:
+            period, on = fault.eff("flap_period_s"), fault.eff("flap_on_s")
+            span = min(fault.end_s, fault.start_s + 86400.0) - fault.start_s
+            n = int(span / (0.5 * period)) + 2
+            h = mix_hash(
+                np.arange(n),
+                np.uint64(zlib.crc32(fault.component.encode())),
+                np.uint64(int(fault.start_s * 1000) % 2**63),
+            )
+            u1 = (h >> np.uint64(11)).astype(np.float64) / 2**53
+            u2 = (mix_hash(h, np.uint64(3)) >> np.uint64(11)).astype(np.float64) / 2**53
+            length = period * (0.5 + u1)
+            ons = np.minimum(on * (0.6 + 0.8 * u2), length)
+            starts = fault.start_s + np.r_[0.0, np.cumsum(length)[:-1]]
+            got = self._cycle_cache[key] = (starts, ons)
+        return got
 
     def scale(self, fault: Fault, t_s: np.ndarray) -> np.ndarray:
         """Magnitude factor over time: 1, or a linear ramp over ``ramp_s`` for drift."""
@@ -378,8 +430,10 @@ class FaultEngine:
             if sym in ("unreachable", "flapping"):
                 eff.status[idx] = spec.status
             elif sym == "loss":
-                p = f.eff("loss_rate")
-                eff.loss_p[idx] = 1.0 - (1.0 - eff.loss_p[idx]) * (1.0 - p)
+                # corruption drops packets both ways: the request or, past the link, the reply
+                p = 1.0 - math.sqrt(1.0 - f.eff("loss_rate"))
+                eff.req_loss_p[idx] = 1.0 - (1.0 - eff.req_loss_p[idx]) * (1.0 - p)
+                eff.rep_loss_p[idx] = 1.0 - (1.0 - eff.rep_loss_p[idx]) * (1.0 - p)
             elif sym == "latency":
                 extra = f.eff("extra_ns") * self.scale(f, rows.t_s[idx])
                 eff.extra_ns[idx] += extra * rng.lognormal(0.0, 0.15, idx.size)
@@ -394,6 +448,6 @@ class FaultEngine:
                     k = f.eff("extra_ns")
                     eff.prober_extra_ns[src] += k * self.scale(f, rows.t_s[src])
                     eff.responder_extra_ns[dst] += k * self.scale(f, rows.t_s[dst])
-                    p = f.eff("loss_rate")
-                    eff.loss_p[dst] = 1.0 - (1.0 - eff.loss_p[dst]) * (1.0 - p)
+                    p = f.eff("loss_rate")  # the request arrived; the answer came too late
+                    eff.rep_loss_p[dst] = 1.0 - (1.0 - eff.rep_loss_p[dst]) * (1.0 - p)
         return eff

@@ -6,8 +6,9 @@ path (2 links under one ToR, 4 via a spine, 6 via a core), plus a fixed per-pair
 queues) drawn from a hash of the pair. The defaults give 12–16 µs with nearly all samples under
 20 µs, the paper's anchor. Healthy loss is zero unless ``loss_rate`` says otherwise.
 
-Faults change rows through an :class:`Effects` (see :mod:`skh.sim.faults`): added latency,
-loss probability, a forced status, rows a dead prober never sends, and slower agents.
+Faults and benign noise (:mod:`skh.sim.faults`, :mod:`skh.sim.noise`) change rows through an
+:class:`Effects`: added latency, loss probability (direction unknown, or of the request or the
+reply alone), a forced status, rows a dead or stalled prober never sends, and slower agents.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ class Effects:
     """Per-row changes that active faults make to a probe batch (arrays of its length)."""
 
     extra_ns: np.ndarray  # float64, added to the network RTT
-    loss_p: np.ndarray  # float64, probability the probe is lost
+    loss_p: np.ndarray  # float64, probability the probe is lost (direction unknown: LOST)
     status: np.ndarray  # uint8, forced ProbeStatus or NO_STATUS
     emit: np.ndarray  # bool, False where the prober is dead (no record at all)
     prober_extra_ns: np.ndarray  # float64, added prober delay (a slow agent)
     responder_extra_ns: np.ndarray  # float64, added responder delay
+    req_loss_p: np.ndarray  # float64, probability the request is lost (REQUEST_LOST)
+    rep_loss_p: np.ndarray  # float64, probability the reply is lost (REPLY_LOST)
 
     @classmethod
     def none(cls, n: int) -> Effects:
@@ -44,6 +47,8 @@ class Effects:
             np.zeros(n),
             np.full(n, NO_STATUS, np.uint8),
             np.ones(n, bool),
+            np.zeros(n),
+            np.zeros(n),
             np.zeros(n),
             np.zeros(n),
         )
@@ -130,10 +135,15 @@ class ProbeModel:
             rtt = rtt + effects.extra_ns
             resp = resp + effects.responder_extra_ns
             prob = prob + effects.prober_extra_ns
-            lossy = effects.loss_p > 0
-            if lossy.any():
-                lost = lossy & (rng.random(n, dtype=np.float32) < effects.loss_p)
-                status[lost] = ProbeStatus.LOST
+            for p, code in (
+                (effects.req_loss_p, ProbeStatus.REQUEST_LOST),
+                (effects.rep_loss_p, ProbeStatus.REPLY_LOST),
+                (effects.loss_p, ProbeStatus.LOST),
+            ):
+                lossy = np.flatnonzero(p > 0)
+                if lossy.size:
+                    lost = lossy[rng.random(lossy.size, dtype=np.float32) < p[lossy]]
+                    status[lost[status[lost] == ProbeStatus.OK]] = code
             forced = effects.status != NO_STATUS
             status[forced] = effects.status[forced]
         out = empty_probes(n)

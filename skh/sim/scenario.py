@@ -3,10 +3,16 @@ would ship (probe and counter batches, heartbeats) plus ground-truth fault event
 localization queries as agents would.
 
 Probing: every ping pair whose two endpoints are ready (and whose job is alive) probes every
-``probe_interval_s`` at a fixed per-pair phase; probe *k* of a pair has ``seq = k`` and
-``path_id = k % n_path_ids``, so a pair's probes cycle over its ECMP paths. The ping pairs are
-the jobs' ground-truth skeletons (``ping="skeleton"``), the same-rail preload lists
-(``ping="same_rail"``) or any ``(m, 2)`` array set with :meth:`Simulation.set_ping_pairs`.
+``probe_interval_s`` at a fixed per-pair phase; probe *k* of a pair has ``seq = k`` (less the
+probe number at its prober's last restart) and ``path_id = k % n_path_ids``, so a pair's probes
+cycle over its ECMP paths. The ping pairs are the jobs' ground-truth skeletons
+(``ping="skeleton"``), the same-rail preload lists (``ping="same_rail"``), what a callable makes
+of each job (e.g. the skeleton inferred from its traffic) or any ``(m, 2)`` array set with
+:meth:`Simulation.set_ping_pairs`.
+
+Benign noise comes from a named regime (``noise=``, :mod:`skh.sim.noise`; default ``lab``: none):
+per-link loss, heavy-tailed jitter, CPU stalls, clock steps, congestion episodes and agent
+restarts change the probes; :meth:`Simulation.noise_measured` says what they produced.
 
 Virtual time ``t_s`` is seconds since the simulation epoch; ``t_wall_ns = t0_ns + t_s·1e9``.
 Every draw is keyed by (seed, second), so a seed replays exactly, whatever the stepping.
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,7 +42,8 @@ from skh.sim.faults import (
     link_component,
 )
 from skh.sim.jobs import HostPool, SimJob, generate_jobs
-from skh.sim.probes import ProbeModel
+from skh.sim.noise import NoiseModel, NoiseRegime, regime
+from skh.sim.probes import NO_STATUS, Effects, ProbeModel
 from skh.sim.state import AgentView, FlowEntry, OverlayWalk, TraceHop
 from skh.sim.topology import EndpointTable, FabricIndex, rng_for
 from skh.sim.traffic import TrafficModel, counter_batch
@@ -110,7 +117,9 @@ class Simulation:
         jobs: Sequence[SimJob],
         *,
         seed: int = 0,
-        ping: Literal["skeleton", "same_rail"] | np.ndarray = "skeleton",
+        ping: Literal["skeleton", "same_rail"]
+        | np.ndarray
+        | Callable[[SimJob], np.ndarray] = "skeleton",
         probe_interval_s: float = 1.0,
         n_path_ids: int = 4,
         transport: Literal["verbs", "udp"] = "verbs",
@@ -119,6 +128,7 @@ class Simulation:
         arrivals_per_min: float = 0.0,
         probe_kw: dict | None = None,
         traffic_kw: dict | None = None,
+        noise: str | NoiseRegime | None = None,
     ) -> None:
         if not probe_interval_s > 0:
             raise ConfigError(
@@ -150,12 +160,23 @@ class Simulation:
         self.transport = transport
         self.arrivals_per_min = float(arrivals_per_min)
         self._traffic_kw = dict(traffic_kw or {})
-        self.probe_model = ProbeModel(self.index, self.eps, seed=self.seed, **(probe_kw or {}))
+        self.noise = regime(noise)
+        self.noise_model = NoiseModel(self.noise, self.index, self.eps, self.seed)
+        self.probe_model = ProbeModel(
+            self.index,
+            self.eps,
+            seed=self.seed,
+            **({"sigma": self.noise.rtt_sigma} | (probe_kw or {})),
+        )
         self.engine = FaultEngine(self.index, self.eps)
         self.jobs: list[SimJob] = []
         self._traffic: list[TrafficModel] = []
-        self._ping_mode = ping if isinstance(ping, str) else "explicit"
-        if self._ping_mode not in ("skeleton", "same_rail", "explicit"):
+        self._pairs_of: Callable[[SimJob], np.ndarray] | None = None
+        if callable(ping):
+            self._ping_mode, self._pairs_of = "per_job", ping
+        else:
+            self._ping_mode = ping if isinstance(ping, str) else "explicit"
+        if self._ping_mode not in ("skeleton", "same_rail", "explicit", "per_job"):
             raise ConfigError(
                 f"The 'ping' parameter of Simulation must be skeleton, same_rail or an array. "
                 f"Got {ping!r} instead."
@@ -163,6 +184,12 @@ class Simulation:
         self.pairs = np.zeros((0, 2), np.uint32)
         self._pair_base = np.zeros(0)
         self._pair_off = np.zeros(0)
+        #: per pair: probe number its prober restarted numbering at (agent restarts)
+        self._seq_base = np.zeros(0, np.int64)
+        #: per flow (pair-major: pair * n_path_ids + path id): route switch ids and one-way
+        #: benign loss, grown with the pairs (the noise model's inputs)
+        self._flow_nodes = np.zeros((0, 5), np.int32)
+        self._flow_loss = np.zeros(0)
         self._fmask: dict[int, np.ndarray] = {}
         self._fany: dict[int, bool] = {}
         self._cands: dict[tuple[str, bool], list[str]] = {}
@@ -179,7 +206,7 @@ class Simulation:
         self._by_id: dict[int, FaultRecord] = {}
         self._arrivals = 0
         self.add_jobs(jobs)
-        if not isinstance(ping, str):
+        if self._ping_mode == "explicit":
             self.set_ping_pairs(ping)
         self.view = AgentView(
             self.index, cluster, self.eps, self.engine, self.active_faults, self._peers, self._alive
@@ -230,6 +257,9 @@ class Simulation:
             self._append_pairs(np.concatenate([j.skeleton_pairs for j in jobs]))
         elif self._ping_mode == "same_rail":
             self._append_pairs(np.concatenate([_same_rail(j) for j in jobs]))
+        elif self._ping_mode == "per_job":
+            got = [np.asarray(self._pairs_of(j), np.uint32).reshape(-1, 2) for j in jobs]
+            self._append_pairs(np.concatenate(got))
 
     def set_ping_pairs(self, pairs: np.ndarray) -> None:
         """Probe exactly these ordered (src, dst) endpoint pairs from now on (e.g. a controller's
@@ -248,6 +278,9 @@ class Simulation:
         self.pairs = np.zeros((0, 2), np.uint32)
         self._pair_base = np.zeros(0)
         self._pair_off = np.zeros(0)
+        self._seq_base = np.zeros(0, np.int64)
+        self._flow_nodes = np.zeros((0, 5), np.int32)
+        self._flow_loss = np.zeros(0)
         self._append_pairs(pairs.astype(np.uint32))
 
     def _append_pairs(self, pairs: np.ndarray) -> None:
@@ -260,6 +293,17 @@ class Simulation:
         self._pair_off = np.concatenate(
             [self._pair_off, h.random(pairs.shape[0]) * self.probe_interval_s]
         )
+        self._seq_base = np.concatenate([self._seq_base, np.zeros(pairs.shape[0], np.int64)])
+        if not self.noise.quiet:
+            n = self.n_path_ids
+            sr = np.repeat(self.eps.rnic[pairs[:, 0]].astype(np.int64), n)
+            dr = np.repeat(self.eps.rnic[pairs[:, 1]].astype(np.int64), n)
+            nodes = self.index.route(sr, dr, np.tile(np.arange(n), pairs.shape[0])).nodes
+            self._flow_nodes = np.concatenate([self._flow_nodes, nodes])
+            self._flow_loss = np.concatenate(
+                [self._flow_loss, self.noise_model.flow_loss(sr, dr, nodes)]
+            )
+            self.noise_model.forget_flows()
         self._peer_order = None
         self._fmask.clear()
         self._fany.clear()
@@ -366,11 +410,7 @@ class Simulation:
         return a
 
     def _all_paths_rows(self) -> RowSet:
-        m = self.pairs.shape[0]
-        src = np.tile(self.pairs[:, 0], self.n_path_ids)
-        dst = np.tile(self.pairs[:, 1], self.n_path_ids)
-        pid = np.repeat(np.arange(self.n_path_ids), m)
-        return RowSet(self.index, self.eps, src, dst, pid, np.zeros(src.size))
+        return RowSet.all_paths(self.index, self.eps, self.pairs, self.n_path_ids)
 
     def candidates(self, ftype: FailureType, *, used_only: bool = True) -> list[str]:
         """Components a fault of ``ftype`` could sit on; ``used_only`` keeps those on some ping
@@ -545,6 +585,15 @@ class Simulation:
     def _one_second(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = rng_for(self.seed, 0x5EC, int(round(t * 1000)))
         active = [f for f in self.faults if f.start_s < t + 1.0 and f.end_s > t]
+        live = np.flatnonzero((self._ep_start <= t) & (self._ep_end > t))
+        down_eps = self._down_endpoints(active, t)
+        traffic = []
+        for tm in self._traffic:
+            tx, rx = tm.sample(t, 1.0)
+            if down_eps.size:
+                off = np.isin(tm.ep_ids, down_eps)  # a VF whose link is down moves nothing
+                tx[off] = rx[off] = 0.0
+            traffic.append((tm, tx, rx))
         rows, k = self._probe_rows(t)
         t_row = self._pair_off[rows] + k * self.probe_interval_s
         if self.probe_interval_s != 1.0:
@@ -569,24 +618,31 @@ class Simulation:
                             (self.eps.container[dst] == c) & self.engine.on_now(f, t_row) & eff.emit
                         )
                         eff.status[hit] = ProbeStatus.REFUSED
+        seq = k - self._seq_base[rows]
+        wall = self.clock.wall_ns(t_row)
+        quiet_beats = np.zeros(0, np.int64)
+        if not self.noise.quiet:
+            bursting = np.concatenate(
+                [tm.ep_ids[tx > 0.5 * tm.burst] for tm, tx, _ in traffic]
+                or [np.zeros(0, np.uint32)]
+            )
+            eff, seq, wall, quiet_beats, faulted = self._noise(
+                t, rows, seq, src, dst, path, t_row, eff, live, bursting
+            )
         probes = self.probe_model.sample(
             src,
             dst,
-            k.astype(np.uint32),
+            seq.astype(np.uint32),
             path,
-            self.clock.wall_ns(t_row),
+            wall,
             rng,
             base_ns=self._pair_base[rows],
             effects=eff,
         )
+        if not self.noise.quiet:
+            self._ledger_probes(probes, faulted if eff is None else faulted[eff.emit], rows, eff)
         # counters: every endpoint of a live container
-        live = np.flatnonzero((self._ep_start <= t) & (self._ep_end > t))
-        down_eps = self._down_endpoints(active, t)
-        for tm in self._traffic:
-            tx, rx = tm.sample(t, 1.0)
-            if down_eps.size:
-                off = np.isin(tm.ep_ids, down_eps)  # a VF whose link is down moves nothing
-                tx[off] = rx[off] = 0.0
+        for tm, tx, rx in traffic:
             self._tx[tm.ep_ids] += tx
             self._rx[tm.ep_ids] += rx
         up = np.ones(live.size, np.uint8)
@@ -599,8 +655,140 @@ class Simulation:
             self._rx[live].astype(np.uint64),
             oper_up=up,
         )
-        beats = live[~np.isin(live, self._silent_endpoints(active, t))].astype(np.uint32)
+        silent = self._silent_endpoints(active, t)
+        if quiet_beats.size:
+            silent = np.concatenate([silent, quiet_beats])
+        beats = live[~np.isin(live, silent)].astype(np.uint32)
         return probes, counters, beats
+
+    def _noise(
+        self,
+        t: float,
+        rows: np.ndarray,
+        seq: np.ndarray,
+        src: np.ndarray,
+        dst: np.ndarray,
+        path: np.ndarray,
+        t_row: np.ndarray,
+        eff: Effects | None,
+        live: np.ndarray,
+        bursting: np.ndarray,
+    ) -> tuple[Effects, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The regime's benign noise on one second's probes (see :mod:`skh.sim.noise`): returns
+        the effects, sequence numbers and send times to stamp, the endpoints whose heartbeat
+        this second does not arrive, and which rows a fault touched (for the noise ledger)."""
+        nz, nm = self.noise, self.noise_model
+        g = rng_for(self.seed, 0x401E, int(round(t * 1000)))
+        n = rows.size
+        if eff is None:
+            eff = Effects.none(n)
+            faulted = np.zeros(n, bool)
+        else:
+            faulted = (
+                (eff.status != NO_STATUS)
+                | (eff.loss_p > 0)
+                | (eff.req_loss_p > 0)
+                | (eff.rep_loss_p > 0)
+                | (eff.extra_ns != 0)
+                | ~eff.emit
+                | (eff.prober_extra_ns != 0)
+                | (eff.responder_extra_ns != 0)
+            )
+        nm.advance(t, np.unique(self.eps.container[live]))
+        flow = rows * self.n_path_ids + path
+        p = self._flow_loss[flow]
+        eff.req_loss_p = 1.0 - (1.0 - eff.req_loss_p) * (1.0 - p)
+        eff.rep_loss_p = 1.0 - (1.0 - eff.rep_loss_p) * (1.0 - p)
+        eff.extra_ns = eff.extra_ns + nm.tail_ns(n, g)
+        # congestion episodes start on a switch a bursting job's probed flow crosses
+        if bursting.size and nz.congestion_per_switch_h > 0:
+            busy = np.flatnonzero(np.isin(self.pairs[:, 0], bursting))
+            if busy.size:
+                flows = busy * self.n_path_ids + g.integers(0, self.n_path_ids, busy.size)
+                nm.start_congestion(t, flows, self._flow_nodes)
+        for sw, s0, s1, x in nm.congestion:
+            if s1 <= t or s0 >= t + 1.0:
+                continue
+            m = nm.switch_flows(sw, self._flow_nodes)[flow] & (t_row >= s0) & (t_row < s1)
+            eff.extra_ns[m] += x
+            nm.ledger.congestion_rows += int(m.sum())
+        quiet: list[np.ndarray] = []
+        restart_lost = np.zeros(n, bool)
+        beat_t = t + 0.5  # an agent's heartbeat leaves mid-second
+        if nm.stalls:
+            hs, hd = self.eps.host[src], self.eps.host[dst]
+            timeout_ns = nz.probe_timeout_s * 1e9
+            for h, s0, s1 in nm.stalls:
+                if s1 <= t or s0 >= t + 1.0 + nz.probe_timeout_s:
+                    continue
+                # a stalled prober sends nothing; its schedule moves on
+                ms = (hs == h) & (t_row >= s0) & (t_row < s1) & eff.emit
+                eff.emit[ms] = False
+                nm.ledger.stall_skipped += int(ms.sum())
+                if s1 - s0 > 0.1:  # the backlog overflows the send queue now and then
+                    le = (hs == h) & (t_row >= s1) & (t_row < s1 + 0.05)
+                    le &= (g.random(n) < nz.local_error_share) & (eff.status == NO_STATUS)
+                    eff.status[le] = ProbeStatus.LOCAL_ERROR
+                # a stalled responder answers when it wakes: late, or after the prober gave up
+                md = (hd == h) & (t_row >= s0) & (t_row < s1)
+                if md.any():
+                    late = (s1 - t_row[md]) * 1e9
+                    eff.responder_extra_ns[md] += late
+                    idx = np.flatnonzero(md)
+                    to = idx[late >= timeout_ns]
+                    eff.status[to[eff.status[to] == NO_STATUS]] = ProbeStatus.REPLY_LOST
+                    nm.ledger.stall_late_replies += int(md.sum())
+                    nm.ledger.stall_timeouts += int(to.size)
+                if s0 <= beat_t < s1 and s1 >= t + 1.0:
+                    quiet.append(np.flatnonzero(self.eps.host == h))
+        if nm.restarts:
+            cs, cd = self.eps.container[src], self.eps.container[dst]
+            for c, s0, s1 in nm.restarts:
+                if s1 <= t or s0 >= t + 1.0:
+                    continue
+                ms = (cs == c) & (t_row >= s0) & (t_row < s1)
+                eff.emit[ms] = False
+                md = (cd == c) & (t_row >= s0) & (t_row < s1) & (eff.status == NO_STATUS)
+                eff.status[md] = ProbeStatus.LOST  # nobody answers, nobody acknowledges
+                restart_lost |= md
+                if s0 <= beat_t < s1:
+                    quiet.append(np.flatnonzero(self.eps.container == c))
+                if s1 < t + 1.0:
+                    # the restarted prober numbers its probes from 0 again
+                    mine = np.flatnonzero(self.eps.container[self.pairs[:, 0]] == c)
+                    if mine.size:
+                        old = self._seq_base.copy()
+                        kb = np.ceil((s1 - self._pair_off[mine]) / self.probe_interval_s - 1e-9)
+                        self._seq_base[mine] = kb.astype(np.int64)
+                        after = (cs == c) & (t_row >= s1)
+                        r_a = rows[after]
+                        seq = seq.copy()
+                        seq[after] += old[r_a] - self._seq_base[r_a]
+        nm.ledger.local_errors += int(((eff.status == ProbeStatus.LOCAL_ERROR) & eff.emit).sum())
+        nm.ledger.restart_lost += int((restart_lost & eff.emit).sum())
+        wall = self.clock.wall_ns(t_row + nm.clock_offset_s[self.eps.host[src]])
+        q = np.concatenate(quiet) if quiet else np.zeros(0, np.int64)
+        return eff, seq, wall, q, faulted
+
+    def _ledger_probes(
+        self, probes: np.ndarray, faulted: np.ndarray, rows: np.ndarray, eff: Effects | None
+    ) -> None:
+        """Count the benign noise in what was emitted (rows no fault touched)."""
+        L = self.noise_model.ledger
+        clean = probes[~faulted]
+        L.probes += int(clean.size)
+        st = clean["status"]
+        L.req_lost += int((st == ProbeStatus.REQUEST_LOST).sum())
+        L.rep_lost += int((st == ProbeStatus.REPLY_LOST).sum())
+        ok = np.flatnonzero((st == ProbeStatus.OK)[:64])
+        if ok.size:
+            emitted_rows = rows if eff is None else rows[eff.emit]
+            base = self._pair_base[emitted_rows[~faulted][ok]]
+            L.rtt_ratio.extend((clean["rtt_ns"][ok] / base).tolist())
+
+    def noise_measured(self) -> dict:
+        """The benign noise this simulation produced so far (:meth:`NoiseModel.measured`)."""
+        return self.noise_model.measured()
 
     def _down_endpoints(self, active: list[Fault], t: float) -> np.ndarray:
         """Endpoints whose VF link is down now: their RNIC's port/hardware/bond is down, or their

@@ -371,6 +371,8 @@ class TrafficModel:
         self.replica_sigma = float(replica_sigma)
         self.op_jitter = float(op_jitter)
         self.nic = float(nic_bytes_per_s)
+        #: an endpoint's rate during a burst (the noise model starts congestion where jobs burst)
+        self.burst = float(burst_bytes_per_s)
         self.noise_sigma = float(noise_sigma)
         self.background = float(background_bytes_per_s)
         self.contention = float(contention_bytes_per_s)

@@ -79,7 +79,8 @@ def _run_until_suspects(sim, det, seconds, after_s):
 )
 def test_end_to_end_from_the_detector(ftype, pick, want_type):
     fabric = Fabric.from_params(hosts=48, rnics_per_host=8, hosts_per_segment=4, spines=4, cores=1)
-    sim = Simulation.build(fabric, n_jobs=16, seed=3, start_s=(-60.0, 0.0))
+    # the agents probe ten times a second: a dead ECMP path fails every probe of its flow
+    sim = Simulation.build(fabric, n_jobs=16, seed=3, start_s=(-60.0, 0.0), probe_interval_s=0.1)
     comp = pick(sim.candidates(ftype))
     sim.inject(Fault(ftype, comp, 20.0, 300.0))
     suspects = _run_until_suspects(sim, Detector(), 40, 20.0)

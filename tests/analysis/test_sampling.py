@@ -67,8 +67,9 @@ def test_failures_the_ok_after_them_one_ok_per_pair_and_second_and_progress_are_
             assert np.isin(rows["seq"][after], out["seq"][mine]).all()
     assert lost_kept == lost_sent > 0
     pairs_s = 12 * 30
-    # one sample a pair and second, the OK after each failure, each prober's newest per batch
-    assert pairs_s <= kept <= pairs_s + 2 * lost_sent + 4 * 30 + 12
+    # one sample a pair and second, the OK after each failure on the pair and on its flow,
+    # each prober's newest per batch
+    assert pairs_s <= kept <= pairs_s + 3 * lost_sent + 4 * 30 + 12
     assert sent == PER_S * pairs_s
 
 

@@ -129,10 +129,14 @@ def test_detector_hook_turns_suspect_events_into_alerts(tmp_path):
         b["status"] = ProbeStatus.LOST
         hook.on_heartbeat(np.array([0, 1]), now)
         alerts += hook.on_round(b, None, now + 100_000_000)
-    assert [a["failure_type"] for a in alerts] == ["unreachable"]
+    # a pair waits for its responder's own agent to report past its first failure (a silent
+    # responder may be a stalled or restarting agent): here 0's rows all precede 1 -> 0's, so
+    # that pair may come one round later, as a second alert
+    assert 1 <= len(alerts) <= 2
+    assert {x["failure_type"] for x in alerts} == {"unreachable"}
     a = alerts[0]
     assert a["job"] == "train" and a["severity"] == "critical" and a["layer"] == "network"
-    assert sorted(map(tuple, a["pairs"])) == [(0, 1), (1, 0)]
+    assert sorted({tuple(p) for x in alerts for p in x["pairs"]}) == [(0, 1), (1, 0)]
     assert a["first_seen_ns"] <= a["detected_at_ns"]
     assert a["kind"] == "suspect" and a["state"] == "event"
     # the bus contract: docs/alerts.md, skh/orchestrator/alert.schema.json

@@ -1,0 +1,122 @@
+"""The fast path on its own: probes in at ten a second over four flows, flags out each 100 ms."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from skh.analysis.fastpath import FastPathConfig, FastPathState
+
+T0 = 1_700_000_000 * 10**9
+MS = 10**6
+
+
+class Pairs:
+    """Pairs ``(src, dst)`` each probed every 100 ms at its own phase, path ids in turn."""
+
+    def __init__(self, src, dst, groups=None) -> None:
+        self.src = np.asarray(src, np.int64)
+        self.dst = np.asarray(dst, np.int64)
+        self.n = self.src.size
+        self.fp = FastPathState(FastPathConfig(), self.n)
+        self.groups = groups
+        self.k = 0  # probes sent per pair so far
+
+    def step(self, failed: np.ndarray | None = None):
+        """One probe of every pair (``failed``: a mask of pairs whose probe fails), then the
+        flags 100 ms later."""
+        t = T0 + self.k * 100 * MS + np.arange(self.n) * (100 * MS // max(self.n, 1))
+        f = np.zeros(self.n, bool) if failed is None else np.asarray(failed, bool)
+        self.fp.update(np.arange(self.n), t, f, np.full(self.n, self.k % 4), np.full(self.n, 2000))
+        self.k += 1
+        now = T0 + self.k * 100 * MS
+        eps = int(max(self.src.max(), self.dst.max())) + 1
+        groups = [self.groups] if self.groups is not None else None
+        flags = self.fp.evaluate(now, self.src, self.dst, eps, groups=groups)
+        self.fp.learn(now, np.zeros(self.n, bool))
+        return flags
+
+
+def test_an_outage_that_ends_is_not_a_flap_but_one_that_comes_back_is():
+    """A port down for 3 s: when it comes back, the first OK arrives on one flow while the other
+    flows' last probes (sent before it) still failed; that is the outage ending, not a new one.
+    An outage coming back 10 s later is a flap."""
+    pr = Pairs([0], [1])
+    for _ in range(600):
+        assert not pr.step().unreachable.size
+    down = np.ones(1, bool)
+    flagged = [pr.step(down) for _ in range(30)]
+    assert any(f.unreachable.size for f in flagged)
+    assert not any(f.unreachable_flapping.any() for f in flagged)
+    after = [pr.step() for _ in range(100)]  # back up: flows recover one by one
+    assert not any(f.unreachable_flapping.any() for f in after)
+    again = [pr.step(down) for _ in range(30)]
+    assert any(f.unreachable_flapping.any() for f in again)
+
+
+def _two_tors(n: int = 6):
+    """Endpoints 0..n-1 under ToR 0, n..2n-1 under ToR 1; every endpoint of ToR 0 probes every
+    endpoint of ToR 1 and back."""
+    a, b = np.meshgrid(np.arange(n), np.arange(n, 2 * n), indexing="ij")
+    src = np.r_[a.ravel(), b.ravel()]
+    dst = np.r_[b.ravel(), a.ravel()]
+    return src, dst, np.r_[np.zeros(n), np.ones(n)].astype(np.int64)
+
+
+def test_a_lossy_access_link_does_not_corroborate_its_tors_other_pairs():
+    """Endpoint 0's access link loses 10 % (its pairs are lossy, the endpoint test sees it); a
+    pair of another endpoint under the same ToR loses one probe by chance at that time. The
+    ToR's count is up only because of endpoint 0: that pair is not flagged."""
+    src, dst, groups = _two_tors()
+    pr = Pairs(src, dst, groups)
+    rng = np.random.default_rng(1)
+    for _ in range(900):
+        assert not pr.step().loss.size
+    x0 = (src == 0) | (dst == 0)
+    bystander = int(np.flatnonzero((src == 1) & (dst == 7))[0])
+    seen: set[int] = set()
+    for i in range(100):
+        f = x0 & (rng.random(src.size) < 0.1)
+        f[bystander] = i == 50
+        fl = pr.step(f)
+        seen |= set(fl.loss.tolist())
+    assert seen and seen <= set(np.flatnonzero(x0).tolist())
+    assert bystander not in seen
+
+
+def test_loss_spread_over_a_tors_pairs_is_corroborated_by_the_tor():
+    """An uplink of ToR 0 losing: one probe of one pair of each of its endpoints in the same
+    second, too few for any pair or endpoint alone, many for the ToR: those pairs are flagged."""
+    src, dst, groups = _two_tors(12)
+    pr = Pairs(src, dst, groups)
+    for _ in range(900):
+        assert not pr.step().loss.size
+    # endpoint e of ToR 0 -> endpoint 12 + e of ToR 1
+    hit = np.flatnonzero((src < 12) & (dst == src + 12))
+    seen: set[int] = set()
+    for i in range(30):
+        f = np.zeros(src.size, bool)
+        f[hit[i % 10 :: 10]] = i < 10
+        seen |= set(pr.step(f).loss.tolist())
+    assert seen == set(hit.tolist())
+
+
+def test_a_dead_ecmp_path_is_an_outage_and_its_failures_are_not_loss_after():
+    """One flow of four dead for 20 s (a switch on its path offline), ten probes a second
+    shipped once a second: an outage of that flow; once the switch is back, its failures,
+    still in the loss look-back, are not loss."""
+    fp = FastPathState(FastPathConfig(), 1)
+    src, dst = np.array([0]), np.array([1])
+    k = 0
+    flags = []
+    for sec in range(120):
+        t = T0 + (k + np.arange(10)) * 100 * MS
+        path = (k + np.arange(10)) % 4
+        failed = (path == 2) & (60 <= sec < 80)
+        fp.update(np.zeros(10, np.int64), t, failed, path, np.full(10, 2000))
+        k += 10
+        now = T0 + k * 100 * MS
+        flags.append(fp.evaluate(now, src, dst, 2))
+        fp.learn(now, np.zeros(1, bool))
+    assert any(f.unreachable.size for f in flags[60:80])
+    assert not any(f.unreachable.size for f in flags[81:])
+    assert not any(f.loss.size for f in flags)
