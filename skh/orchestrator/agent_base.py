@@ -33,6 +33,8 @@ _DONE_CACHE = 256
 
 class AgentBase:
     role = ""
+    #: commands run side by side (a handler may wait on the network for a second)
+    command_workers = 2
 
     def __init__(
         self, cfg: AgentConfig, security: SecurityConfig, *, ctx: zmq.Context | None = None
@@ -54,7 +56,7 @@ class AgentBase:
         self._next_heartbeat = 0.0
         self.handlers: dict[str, CommandHandler] = {"stats": lambda _args: self.stats()}
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="skh-cmd"
+            max_workers=self.command_workers, thread_name_prefix="skh-cmd"
         )
         self._running: dict[str, concurrent.futures.Future[Any]] = {}
         self._done: OrderedDict[str, bytes] = OrderedDict()

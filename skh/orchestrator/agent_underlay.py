@@ -162,6 +162,9 @@ def next_sample_delay_s(wall_s: float, phase_s: float, interval_s: float) -> flo
 
 class UnderlayAgent(AgentBase):
     role = "underlay"
+    #: a localization round asks a host for a trace per failing RNIC pair at once; each mostly
+    #: waits for silent hops
+    command_workers = 8
 
     def __init__(
         self,

@@ -3,6 +3,7 @@ detection on probe records, localizes what detection suspects and tracks the ale
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -19,11 +20,18 @@ from skh.model import Cluster, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
-from skh.records import PROBE_DTYPE, pair_keys, split_pair_keys
+from skh.records import LOSS_STATUSES, PROBE_DTYPE, ProbeStatus, pair_keys, split_pair_keys
 
 __all__ = ["Pipeline"]
 
 log = logging.getLogger(__name__)
+
+_Key = tuple[str, str, int]
+#: statuses of a probe that failed on the network (its request or its reply)
+_FAILED = np.array([*LOSS_STATUSES, ProbeStatus.UNREACHABLE], np.uint8)
+#: a pair's reverse failing this long before the pair's own first failure is the same fault (the
+#: two probers ship their results at different moments)
+_REVERSE_SLACK_NS = 2_000_000_000
 
 
 @dataclass(slots=True)
@@ -74,8 +82,13 @@ class Pipeline:
         self._recent: list[tuple[int, np.ndarray]] = []
         self._next_skeleton_ns = 0
         #: alert id -> (pairs, endpoints) detection must still hold for the alert to stay open
-        self._watch: dict[tuple[str, str, int], tuple[set[tuple[int, int]], set[int]]] = {}
-        self._events: dict[tuple[str, str, int], SuspectEvent] = {}
+        self._watch: dict[_Key, tuple[set[tuple[int, int]], set[int]]] = {}
+        self._events: dict[_Key, SuspectEvent | None] = {}
+        #: what the last localization read and how long it took (told with its new alerts)
+        self._localization: dict[str, Any] = {}
+        #: what the last localization could not explain and is not published yet: (verdict, its
+        #: event, when it was first found unexplained)
+        self._pending: tuple[Verdict, SuspectEvent | None, int] | None = None
         self.stats: dict[str, int] = {
             "rounds": 0,
             "events": 0,
@@ -165,12 +178,17 @@ class Pipeline:
         if now_ns >= self._next_skeleton_ns:
             self._next_skeleton_ns = now_ns + int(self.cfg.skeleton_every_s * 1e9)
             alerts += self._skeletons(now_ns)
-        events = self._unexplained(self.detector.tick(now_ns))
+        events = self._unheld(self.detector.tick(now_ns))
         verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
-        if events and self.localizer is not None:
+        due = self._pending is not None and now_ns - self._pending[2] >= self._grace_ns
+        if (events or due) and self.localizer is not None:
             verdicts = self._localize(events, now_ns)
         alerts += self._track(verdicts, now_ns)
         return alerts
+
+    @property
+    def _grace_ns(self) -> int:
+        return int(self.cfg.unexplained_after_s * 1e9)
 
     def _skeletons(self, now_ns: int) -> list[dict[str, Any]]:
         out = []
@@ -220,15 +238,18 @@ class Pipeline:
             out.append(skeleton_alert(job, sk, version))
         return out
 
-    def _unexplained(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
+    def _unheld(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
         """The events no open alert explains yet. One fault, one alert: loss seen around an
         outage's start and end, or a dead agent's pairs turning late, concern pairs (endpoints)
         an open alert already holds; they confirm it rather than open another. (A second fault
-        on exactly those pairs surfaces once the first alert resolves.)"""
+        on exactly those pairs surfaces once the first alert resolves.) An "unexplained" alert
+        explains nothing: what detection finds on its pairs is new evidence, localized again."""
         self.stats["events"] += len(events)
         held_pairs: set[tuple[int, int]] = set()
         held_eps: set[int] = set()
-        for pairs, eps in self._watch.values():
+        for key, (pairs, eps) in self._watch.items():
+            if key[0] == "unexplained":
+                continue
             held_pairs |= pairs
             held_eps |= eps
         # a probe and its reply cross both directions: a pair and its reverse fail together
@@ -256,46 +277,113 @@ class Pipeline:
         good = np.setdiff1d(np.unique(key[p["status"] == 0]), bad)
         return split_pair_keys(good).astype(np.int64)
 
+    def _failing_reverses(self, s: Suspect) -> tuple[tuple[int, int], ...]:
+        """The reverses of ``s``'s pairs that failed a probe since ``s`` began. A probe and its
+        reply cross both directions, so one fault fails a pair and its reverse; each prober
+        reports its own side, and the side detection saw first may be the one whose forward
+        path is intact (a missing FDB entry at the responder's host breaks only replies)."""
+        if s.symptom == "latency" or not self._recent:
+            return ()
+        p = np.concatenate([r for _t, r in self._recent])
+        p = p[
+            np.isin(p["status"], _FAILED) & (p["t_wall_ns"] >= s.first_seen_ns - _REVERSE_SLACK_NS)
+        ]
+        if not p.size:
+            return ()
+        mine = set(s.pairs)
+        rev = np.array(sorted({(b, a) for a, b in s.pairs} - mine), np.int64).reshape(-1, 2)
+        hit = np.isin(pair_keys(rev[:, 0], rev[:, 1]), pair_keys(p["src_ep"], p["dst_ep"]))
+        return tuple((int(a), int(b)) for a, b in rev[hit].tolist())
+
+    def _unexplained_again(
+        self, events: bool, now_ns: int
+    ) -> list[tuple[Suspect, SuspectEvent | None]]:
+        """What nothing explained so far and detection still holds: the pending verdict, and
+        with new events the open "unexplained" alerts. Localized again with the new evidence."""
+        open_pairs, _eps = self.detector.open_incidents(now_ns)
+        out = []
+        if self._pending is not None:
+            v, ev, _since = self._pending
+            pairs = tuple(p for p in v.pairs if p in open_pairs)
+            if pairs:
+                out.append((Suspect(pairs, v.symptom, v.first_seen_ns), ev))
+        if events:
+            for v in self.tracker.open:
+                watched = self._watch.get(v.key)
+                if v.layer != "unexplained" or watched is None:
+                    continue
+                pairs = tuple(sorted(watched[0] & open_pairs))
+                if pairs:
+                    out.append(
+                        (Suspect(pairs, v.symptom, v.first_seen_ns), self._events.get(v.key))
+                    )
+        return out
+
     def _localize(
         self, events: list[SuspectEvent], now_ns: int
     ) -> list[tuple[Verdict, SuspectEvent | None]]:
         assert self.localizer is not None and self.cluster is not None
-        suspects = []
+        suspects: list[tuple[Suspect, SuspectEvent | None]] = []
         for ev in events:
             try:
                 suspects.append((Suspect.from_event(ev), ev))
             except ConfigError as exc:
                 log.warning("cannot localize %s: %s", ev.kind, exc)
+        suspects += self._unexplained_again(bool(suspects), now_ns)
+        pending, self._pending = self._pending, None
         if not suspects:
             return []
+        suspects = [
+            (dataclasses.replace(s, pairs=s.pairs + extra), ev) if extra else (s, ev)
+            for s, ev in suspects
+            for extra in (self._failing_reverses(s),)
+        ]
         t0 = time.monotonic()
         source = self.source_factory(self.cluster)
         failing = {p for s, _ev in suspects for p in s.pairs}
         eps = {e for p in failing for e in p} | {e for s, _ev in suspects for e in s.agents}
+        healthy = self._healthy_pairs(failing)
+        # cheap, decisive reads first (every host's overlay state and report, in one go); the
+        # traces the underlay vote will want (the failing pairs' and the healthy ones it clears
+        # links with) are all fetched at once when it asks for its first
         prefetch_hosts = getattr(source, "prefetch_hosts", None)
         if prefetch_hosts is not None:
             prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        prefetch_traces = getattr(source, "prefetch_traces", None)
-        if prefetch_traces is not None:
-            prefetch_traces([(p, 0) for p in sorted(failing)])
+        plan_traces = getattr(source, "plan_traces", None)
+        if plan_traces is not None:
+            loc = self.localizer
+            clear = loc._exoneration(sorted(failing), healthy) if failing else []
+            plan_traces(
+                [(p, 0) for p in sorted(failing)]
+                + [(p, pid) for p in clear for pid in loc.exoneration_path_ids]
+            )
         verdicts = self.localizer.localize(
-            [s for s, _ev in suspects],
-            source,
-            healthy_pairs=self._healthy_pairs(failing),
-            now_ns=now_ns,
+            [s for s, _ev in suspects], source, healthy_pairs=healthy, now_ns=now_ns
         )
+        took_s = time.monotonic() - t0
+        reads = dict(getattr(source, "calls", {}))
+        self._localization = {"took_s": round(took_s, 3), "reads": reads}
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
             len(events),
             len(verdicts),
-            time.monotonic() - t0,
-            getattr(source, "calls", {}),
+            took_s,
+            reads,
         )
-        self.stats["verdicts"] += len(verdicts)
         out = []
         for v in verdicts:
             ev = next((e for s, e in suspects if set(v.pairs) & set(s.pairs)), suspects[0][1])
+            if v.layer == "unexplained":
+                # the first round often holds part of a fault: keep looking a moment before
+                # telling anyone nothing explains it
+                since = now_ns
+                if pending is not None and set(pending[0].pairs) & set(v.pairs):
+                    since = pending[2]
+                if now_ns - since < self._grace_ns:
+                    self._pending = (v, ev, since)
+                    continue
             out.append((v, ev))
+        self.stats["verdicts"] += len(out)
         return out
 
     def _track(
@@ -307,6 +395,14 @@ class Pipeline:
         pairs, eps = self.detector.open_incidents(now_ns)
         confirm = [v for v, _e in verdicts]
         fresh = {v.key for v in confirm}
+        # an "unexplained" alert whose pairs a fresh verdict explains is no longer confirmed by
+        # them (it resolves like any alert no round confirms)
+        covered = {p for v in confirm if v.layer != "unexplained" for p in v.pairs}
+        covered |= {(b, a) for a, b in covered}
+        for v in self.tracker.open:
+            watched = self._watch.get(v.key)
+            if v.layer == "unexplained" and watched is not None and covered & watched[0]:
+                self._watch[v.key] = (watched[0] - covered, watched[1])
         for v in self.tracker.open:
             if v.key in fresh:
                 continue
@@ -320,7 +416,7 @@ class Pipeline:
             ev = by_key.get(v.key)
             self._events[v.key] = ev
             self._watch[v.key] = (set(v.pairs), set(ev.endpoints) if ev is not None else set())
-            out.append(verdict_alert(v, "open", ev))
+            out.append(verdict_alert(v, "open", ev, localization=self._localization))
         for v in upd.ongoing:
             if v.key in fresh:
                 old_p, old_e = self._watch.get(v.key, (set(), set()))
