@@ -26,12 +26,16 @@ from skh.model import JobShape
 from skh.orchestrator.admin import ControllerClient, unpack_skeleton
 from skh.orchestrator.alerts import AlertFollower
 from skh.orchestrator.security import SecurityConfig
+from skh.testbed.faults import KINDS
 
-__all__ = ["DemoSpec", "FaultOutcome", "LiveDemo", "truth_pairs", "matches"]
+__all__ = ["ALL_FAULTS", "DemoSpec", "FaultOutcome", "LiveDemo", "truth_pairs", "matches"]
 
 log = logging.getLogger(__name__)
 
-_INSECURE = SecurityConfig(insecure=True)
+#: ``skh demo --all-faults``: every kind the testbed injects, in its order
+ALL_FAULTS: tuple[str, ...] = KINDS
+#: the files of a keys directory (``skh config keygen DIR server`` and ``... DIR client``)
+KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +60,24 @@ class DemoSpec:
     settle_s: float = 4.0
     slow_path_delay_ms: float = 5.0
     faults: tuple[str, ...] = ("link_down", "fdb_blackhole", "slow_path", "agent_crash")
+    #: CURVE keys for every link (:data:`KEY_FILES`); empty: plain text (``--insecure``)
+    keys_dir: str = ""
 
     def __post_init__(self) -> None:
+        unknown = [k for k in self.faults if k not in KINDS]
+        if unknown or not self.faults:
+            raise ConfigError(
+                f"The 'faults' parameter of DemoSpec must name kinds of {KINDS}."
+                f" Got {self.faults!r} instead."
+            )
+        if self.keys_dir:
+            missing = [f for f in KEY_FILES if not (Path(self.keys_dir) / f).is_file()]
+            if missing:
+                raise ConfigError(
+                    f"the keys directory {self.keys_dir} lacks {', '.join(missing)}"
+                    f" (write them with: skh config keygen {self.keys_dir} server;"
+                    f" skh config keygen {self.keys_dir} client)"
+                )
         if not isinstance(self.hosts, int) or self.hosts < 4 or self.hosts % 2:
             raise ConfigError(
                 "The 'hosts' parameter of DemoSpec must be an even int >= 4."
@@ -89,6 +109,30 @@ class DemoSpec:
                 JobSpec("job1", JobShape(tp=r, pp=1, dp=self.hosts)),
             ),
         )
+
+    def security(self) -> SecurityConfig:
+        """The demo's own links (its controller client and alert follower)."""
+        if not self.keys_dir:
+            return SecurityConfig(insecure=True)
+        d = Path(self.keys_dir).resolve()
+        return SecurityConfig(
+            server_public_key=str(d / "server.key"), client_secret_key=str(d / "client.key_secret")
+        )
+
+    def security_args(self, *, server: bool, client: bool) -> list[str]:
+        """The daemons' security options: CURVE with the keys directory, else ``--insecure``.
+        The servers (controller, analyzer) accept the clients whose public keys lie in it."""
+        if not self.keys_dir:
+            return ["--insecure"]
+        d = Path(self.keys_dir).resolve()
+        out = []
+        if server:
+            out += [f"security.server_secret_key={d / 'server.key_secret'}"]
+            out += [f"security.authorized_keys_dir={d}"]
+        if client:
+            out += [f"security.server_public_key={d / 'server.key'}"]
+            out += [f"security.client_secret_key={d / 'client.key_secret'}"]
+        return [a for kv in out for a in ("--set", kv)]
 
     def pipeline_settings(self) -> dict[str, Any]:
         """Detection and skeleton timing scaled to a demo of minutes (the defaults are the
@@ -156,10 +200,28 @@ class FaultOutcome:
         return self.detected is not None and self.resolved is not None
 
     @property
-    def detect_s(self) -> float | None:
+    def alert_s(self) -> float | None:
+        """Fault → the alert that places it (on the bus)."""
         if self.detected is None:
             return None
         return (self.detected["ts_ns"] - self.injected_ns) / 1e9
+
+    @property
+    def detect_s(self) -> float | None:
+        """Fault → the first detection event: the one the placing alert answers, else the
+        first other alert's (the system saw something, but placed it elsewhere)."""
+        for a in ([self.detected] if self.detected else []) + self.others:
+            ns = (a.get("detection") or {}).get("detected_ns")
+            if ns:
+                return (int(ns) - self.injected_ns) / 1e9
+        return None
+
+    @property
+    def resolve_s(self) -> float | None:
+        """Repair → the alert resolved."""
+        if self.resolved is None or not self.cleared_ns:
+            return None
+        return (self.resolved["ts_ns"] - self.cleared_ns) / 1e9
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +234,8 @@ class FaultOutcome:
             "caught": self.caught,
             "ok": self.ok,
             "detect_s": self.detect_s,
+            "alert_s": self.alert_s,
+            "resolve_s": self.resolve_s,
         }
 
 
@@ -189,12 +253,19 @@ def matches(truth: dict[str, Any], alert: dict[str, Any]) -> bool:
         return alert["layer"] == "underlay" and alert["component"] == "|".join(sorted(comp))
     if layer == "rnic":
         return alert["layer"] == "rnic" and alert["component"] == comp
-    if truth["kind"] in ("fdb_blackhole", "overlay_loop"):
+    if truth["kind"] == "fdb_blackhole":
         host, _, dev = comp[0].partition(":")
         return alert["layer"] == "overlay" and alert["component"] in (
             f"{host}/vtep:{dev}",
             f"{host}/route",
         )
+    if truth["kind"] == "overlay_loop":
+        # a loop has no first hop: the walk names where it re-enters, on either looping host
+        names = set()
+        for vtep in comp:
+            host, _, dev = vtep.partition(":")
+            names |= {f"{host}/vtep:{dev}", f"{host}/route", f"{host}/decap:{dev}"}
+        return alert["layer"] == "overlay" and alert["component"] in names
     if truth["kind"] in ("agent_crash", "agent_hang"):
         return alert["layer"] == "agent" and alert["component"] == comp
     if truth["kind"] == "container_crash":
@@ -216,12 +287,12 @@ def truth_pairs(cluster: Any, job: str) -> set[tuple[int, int]]:
 class _Bus:
     """Follows the alert bus on a thread; keeps every record."""
 
-    def __init__(self, replay: str, alerts: str) -> None:
+    def __init__(self, replay: str, alerts: str, security: SecurityConfig) -> None:
         self.records: list[dict[str, Any]] = []
         self.cond = threading.Condition()
         self._stop = threading.Event()
         self._follower = AlertFollower(
-            zmq.Context.instance(), replay=replay, alerts=alerts, security=_INSECURE
+            zmq.Context.instance(), replay=replay, alerts=alerts, security=security
         )
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._thread = threading.Thread(target=self._run, name="skh-demo-bus", daemon=True)
@@ -308,9 +379,10 @@ class LiveDemo:
         self.say(what)
 
     def tail_command(self) -> str:
+        """How to follow this run's alerts from another terminal (with its keys, if any)."""
+        sec = " ".join(self.spec.security_args(server=False, client=True))
         return (
-            f"skh alerts tail --insecure --replay {self.addr['replay']}"
-            f" --alerts {self.addr['alerts']}"
+            f"skh alerts tail {sec} --replay {self.addr['replay']} --alerts {self.addr['alerts']}"
         )
 
     def _wait_log(self, rec: Any, needle: bytes, timeout_s: float = 20.0) -> None:
@@ -357,14 +429,13 @@ class LiveDemo:
         spool.mkdir(exist_ok=True)
         for f in spool.glob("*.npy"):
             f.unlink()
-        common = ["--insecure"]
         ctl = tb.spawn(
             [
                 "python",
                 "-m",
                 "skh",
                 "controller",
-                *common,
+                *spec.security_args(server=True, client=False),
                 "--bind",
                 self.addr["router"],
                 "--pub-bind",
@@ -380,7 +451,7 @@ class LiveDemo:
         )
         self._wait_log(ctl, b'"router"')
         self.procs["controller"] = ctl
-        self.client = ControllerClient(self.addr["router"])
+        self.client = ControllerClient(self.addr["router"], spec.security())
         for job in self.tb.spec.effective_jobs():
             # submitted in the model's order, so the controller numbers endpoints as the model does
             got = self.client.submit_job(self.cluster.jobs[job.name])
@@ -396,7 +467,7 @@ class LiveDemo:
                 "skh",
                 "-v",
                 "analyzer",
-                *common,
+                *spec.security_args(server=True, client=True),
                 "--pipeline",
                 str(self._pipeline_config()),
                 "--controller",
@@ -418,7 +489,7 @@ class LiveDemo:
         )
         self._wait_log(an, b'"pull"')
         self.procs["analyzer"] = an
-        self.bus = _Bus(self.addr["replay"], self.addr["alerts"])
+        self.bus = _Bus(self.addr["replay"], self.addr["alerts"], spec.security())
         self.mark(
             "controller and analyzer up; follow the alerts from another terminal: "
             f"{self.tail_command()}"
@@ -437,7 +508,7 @@ class LiveDemo:
                 "python",
                 "-m",
                 "skh.demo.agent",
-                *common,
+                *spec.security_args(server=False, client=True),
                 "--name",
                 f"ul-{host}",
                 "--host",
@@ -450,6 +521,9 @@ class LiveDemo:
                         "--source",
                         f"endpoint={e.name},kind=netdev,netdev={tb.representor(e)[1]}",
                     ]
+            for c in L.placements:
+                if c.host == g:
+                    argv += ["--host-container", f"{c.name}={L.container_ns(c.host, c.slot)}"]
             self.procs[f"ul-{host}"] = tb.spawn(argv, ns=L.host_ns(g), role=f"ul-{host}")
         for c in L.placements:
             argv = [
@@ -457,7 +531,7 @@ class LiveDemo:
                 "-m",
                 "skh",
                 "agent",
-                *common,
+                *spec.security_args(server=False, client=True),
                 "--role",
                 "overlay",
                 "--name",
@@ -496,7 +570,7 @@ class LiveDemo:
         assert self.client is not None
         want = len(self.cluster.endpoints)
         deadline = time.monotonic() + timeout_s
-        ready = 0
+        ready = ul = 0
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 st = self.client.status()
@@ -510,7 +584,10 @@ class LiveDemo:
                     )
                     return
             time.sleep(0.5)
-        raise TestbedError(f"only {ready} of {want} endpoints became ready")
+        raise TestbedError(
+            f"{ready} of {want} endpoints became ready and {ul} of {self.spec.hosts} host agents"
+            f" registered within {timeout_s:g} s"
+        )
 
     def _wait_skeletons(self) -> None:
         assert self.bus is not None and self.client is not None
@@ -557,22 +634,38 @@ class LiveDemo:
     # -- faults -------------------------------------------------------------------------------
     def default_params(self, kind: str) -> dict[str, Any]:
         L, r_last = self.tb.layout, self.spec.rnics_per_host - 1
+        last = self.spec.hosts - 1
         if kind == "link_down":
             return {"link": (L.rnic_key(1, 0), L.tor_name(L.segment(1), 0))}
-        if kind == "loss":
-            return {"link": (L.rnic_key(3, 1), L.tor_name(L.segment(3), 1)), "percent": 60.0}
-        if kind == "fdb_blackhole":
+        if kind == "link_flap":
             return {
-                "host": L.host_name(0),
-                "peer": L.host_name(self.spec.hosts - 1),
-                "rail": r_last,
+                "link": (L.rnic_key(2, r_last), L.tor_name(L.segment(2), r_last)),
+                "down_s": 1.0,
+                "up_s": 1.0,
+            }
+        if kind == "loss":
+            r = min(1, r_last)
+            return {"link": (L.rnic_key(last, r), L.tor_name(L.segment(last), r)), "percent": 60.0}
+        if kind == "switch_down":
+            return {"switch": L.tor_name(L.segment(last), r_last)}
+        if kind == "fdb_blackhole":
+            return {"host": L.host_name(0), "peer": L.host_name(last), "rail": r_last}
+        if kind == "overlay_loop":
+            return {
+                "hosts": (L.host_name(0), L.host_name(1)),
+                "dst_host": L.host_name(2),
+                "rail": min(2, r_last),
             }
         if kind == "slow_path":
             return {"host": L.host_name(2), "rail": 0, "delay_ms": self.spec.slow_path_delay_ms}
         if kind in ("agent_crash", "agent_hang"):
-            c = next(c for c in L.placements if c.job == "job1" and c.host == 1)
+            host = 1 if kind == "agent_crash" else 3
+            c = next(c for c in L.placements if c.job == "job1" and c.host == host)
             rec = self.tb.find_process(self.procs[f"ov-{c.name}"].pid) or self.procs[f"ov-{c.name}"]
             return {"pid": rec.pid, "name": f"{c.job}/{c.name}"}
+        if kind == "container_crash":
+            c = next(c for c in L.placements if c.job == "job0" and c.host == 2)
+            return {"container": c.name}
         raise TestbedError(f"the demo has no script for fault kind {kind!r}")
 
     def fault(self, kind: str, **params: Any) -> FaultOutcome:
@@ -600,10 +693,11 @@ class LiveDemo:
             self.mark(f"  NOT localized within {self.spec.detect_timeout_s:g} s")
         cleared = faults.clear(truth.id)
         out.cleared_ns = time.time_ns()
-        if cleared.detail.get("respawned_pid"):
-            self.procs["ov-" + str(t["component"]).rsplit("/", 1)[-1]] = self.tb.find_process(
-                cleared.detail["respawned_pid"]
-            )
+        respawned = [cleared.detail.get("respawned_pid"), *cleared.detail.get("respawned_pids", ())]
+        for pid in filter(None, respawned):
+            rec = self.tb.find_process(pid)
+            if rec is not None and rec.role:
+                self.procs[rec.role] = rec
         if det is not None:
             res = self.bus.wait(
                 lambda r: r.get("state") == "resolved" and r.get("alert_id") == det["alert_id"],

@@ -173,7 +173,7 @@ def run_sim(out: Path, *, console: Any, seed: int = 1) -> int:
         seed=seed, say=lambda m: console.print(f"[dim]{time.monotonic() - t:5.1f}s[/] {m}")
     )
     table = Table(title="Faults vs verdicts (simulated)")
-    for col in ("fault", "truth", "verdict", "detected", "resolved"):
+    for col in ("fault", "truth", "verdict", "detect", "alert", "resolved"):
         table.add_column(col)
     for o in res["outcomes"]:
         d = o.detected
@@ -182,6 +182,7 @@ def run_sim(out: Path, *, console: Any, seed: int = 1) -> int:
             f"{o.truth['layer']} {o.truth['component']}",
             f"{d['layer']} {d['component']}" if d else "[red]—[/]",
             f"{o.detect_s:.0f} s" if o.detect_s is not None else "—",
+            f"{o.alert_s:.0f} s" if o.alert_s is not None else "—",
             "yes" if o.resolved else "[red]no[/]",
         )
     console.print(table)
