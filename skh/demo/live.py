@@ -67,8 +67,8 @@ class DemoSpec:
         unknown = [k for k in self.faults if k not in KINDS]
         if unknown or not self.faults:
             raise ConfigError(
-                f"The 'faults' parameter of DemoSpec must name kinds of {KINDS}."
-                f" Got {self.faults!r} instead."
+                f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}:"
+                f" the testbed injects {', '.join(KINDS)}"
             )
         if self.keys_dir:
             missing = [f for f in KEY_FILES if not (Path(self.keys_dir) / f).is_file()]

@@ -16,9 +16,9 @@ def test_all_faults_is_every_kind_the_testbed_injects():
 
 
 def test_an_unknown_fault_kind_is_refused_before_anything_is_built():
-    with pytest.raises(ConfigError, match="faults"):
+    with pytest.raises(ConfigError, match="fault kind"):
         DemoSpec(faults=("link_down", "meteor_strike"))
-    with pytest.raises(ConfigError, match="faults"):
+    with pytest.raises(ConfigError, match="fault kind"):
         DemoSpec(faults=())
 
 
