@@ -225,8 +225,9 @@ def fault_suite(
     seed: int,
     probe_interval_s: float,
 ) -> dict:
+    from skh.failures import FailureType
     from skh.model import Fabric
-    from skh.sim.faults import Fault, FaultType
+    from skh.sim.faults import SIMULATED_TYPES, Fault
     from skh.sim.scenario import Simulation
 
     sim = Simulation.build(
@@ -238,9 +239,9 @@ def fault_suite(
     )
     det = Detector()
     rng = np.random.default_rng(seed)
-    types = list(FaultType) * rounds
+    types = list(SIMULATED_TYPES) * rounds
     rng.shuffle(types)
-    plan: list[tuple[float, FaultType]] = [
+    plan: list[tuple[float, FailureType]] = [
         (warmup_s + i * (fault_s + gap_s), ft) for i, ft in enumerate(types)
     ]
     duration = int(plan[-1][0] + fault_s + gap_s)

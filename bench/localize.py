@@ -3,9 +3,10 @@
 Builds a simulated cluster (default 4,096 hosts × 8 RNICs, 2,000 jobs, skeleton ping lists),
 injects every fault type of the simulator (the paper's 19, agent crash, late agent, a vswitch
 loop) ``--trials`` times, one at a time, plus every pair of an endpoint-side and a fabric fault at
-once, and localizes each from the suspect detection would raise (``skh.collect.sim``). A fault
-is right when the verdicts name exactly its component(s), with certainty. Faults whose pairs all
-fail harder because of the other fault of a pair are "masked" (undetectable) and not scored.
+once, and localizes each from the suspect detection would raise, built from the fault's ground
+truth (``skh.sim.oracle``: an ORACLE diagnostic, not the pipeline's view). A fault is right when
+the verdicts name exactly its component(s), with certainty. Faults whose pairs all fail harder
+because of the other fault of a pair are "masked" (undetectable) and not scored.
 
 ``e2e_*``: the same fault types on a smaller running simulation, detected by the real detector
 (``skh.analysis.detect``) and localized from its events; accuracy over the detected ones.
@@ -28,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from skh.collect.sim import end_to_end_suite, localization_suite  # noqa: E402
+from skh.eval.localization import end_to_end_suite, localization_suite  # noqa: E402
 from skh.model import Fabric  # noqa: E402
 from skh.sim.scenario import Simulation  # noqa: E402
 

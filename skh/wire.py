@@ -188,9 +188,19 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool]]] = {
         "eps": (list, False),
     },
     MsgType.COUNTER_BATCH: {"agent": (str, True), "n": (int, True), "cols": (dict, True)},
-    MsgType.ALERT: {"seq": (int, True), "ts_ns": (int, False), "alert": (dict, True)},
+    # the alert bus (docs/alerts.md); "schema": the alert schema's version
+    MsgType.ALERT: {
+        "seq": (int, True),
+        "ts_ns": (int, False),
+        "schema": (str, False),
+        "alert": (dict, True),
+    },
     MsgType.REPLAY: {"since": (int, True), "limit": (int, False)},
-    MsgType.REPLAY_REPLY: {"alerts": (list, True), "last_seq": (int, True)},
+    MsgType.REPLAY_REPLY: {
+        "alerts": (list, True),
+        "last_seq": (int, True),
+        "first_seq": (int, False),  # the oldest record retention kept
+    },
 }
 
 _TYPES = {t.value: t for t in MsgType}

@@ -1,5 +1,6 @@
 """The three layers import only downward (DESIGN §10): csrc/ knows nothing of Python,
-skh/analysis/ knows neither the engine nor the orchestrator."""
+skh/analysis/ knows neither the engine nor the orchestrator, nor the simulator; the simulator's
+own pieces live in skh/sim/, not among the real collectors."""
 
 import ast
 import re
@@ -23,12 +24,28 @@ def _imports(path: Path) -> set[str]:
 def test_analysis_imports_neither_engine_nor_orchestrator():
     files = sorted((ROOT / "skh" / "analysis").rglob("*.py"))
     assert files, "skh/analysis is empty"
-    forbidden = ("skh.probe", "skh._fastprobe", "skh.orchestrator", "skh.cli", "skh.testbed", "zmq")
+    forbidden = (
+        "skh.probe",
+        "skh._fastprobe",
+        "skh.orchestrator",
+        "skh.cli",
+        "skh.testbed",
+        "skh.sim",
+        "skh.eval",
+        "skh.demo",
+        "zmq",
+    )
     offenders = {
         str(f.relative_to(ROOT)): sorted(n for n in _imports(f) if n.startswith(forbidden))
         for f in files
     }
     assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_collectors_are_real_not_the_simulator():
+    for f in sorted((ROOT / "skh" / "collect").glob("*.py")):
+        bad = [n for n in _imports(f) if n.startswith(("skh.sim", "skh.eval"))]
+        assert not bad, (f.name, bad)
 
 
 def test_csrc_is_plain_c():
@@ -39,10 +56,11 @@ def test_csrc_is_plain_c():
 
 
 def test_shared_modules_stay_neutral():
-    for name in ("model.py", "records.py", "errors.py"):
+    for name in ("model.py", "records.py", "errors.py", "failures.py"):
         bad = [
             n
             for n in _imports(ROOT / "skh" / name)
-            if n.startswith(("skh.orchestrator", "skh.probe", "skh._fastprobe"))
+            if n.startswith(("skh.orchestrator", "skh.probe", "skh._fastprobe", "skh.sim"))
+            or n.startswith(("skh.analysis", "skh.collect", "skh.eval"))
         ]
         assert not bad, (name, bad)

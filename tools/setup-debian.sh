@@ -10,6 +10,7 @@ APT_PKGS=(
   libibverbs-dev ibverbs-providers rdma-core ibverbs-utils linuxptp
   qemu-system-x86 busybox-static cpio kmod xz-utils
   openvswitch-switch chromium
+  libzmq3-dev libmsgpack-dev prometheus-alertmanager
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -21,7 +22,8 @@ if ((${#missing[@]})); then
     echo "skh setup: run as root, or: sudo apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
-  # Services from these packages (openvswitch) must not start on install; the testbed runs its own.
+  # Services from these packages (openvswitch, alertmanager) must not start on install: the
+  # testbed and the tests run their own.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT

@@ -2,7 +2,8 @@
 an HTML report in ``./skh-report/``. As root it runs on the namespace testbed with the real
 daemons; ``--sim`` runs the same pipeline over the simulator (no root needed). The exit code
 says whether every fault was detected, localized on the right component and resolved (and, live,
-whether every skeleton equals the traffic's truth)."""
+whether every skeleton equals the traffic's truth). ``--sim --serve`` plays the simulated
+scenario behind a real analyzer instead, for alert subscribers to try (docs/alerts.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
+
+from skh.cli._daemon_args import add_common, config_from
 
 _NEEDS_ROOT = (
     "skh demo builds an emulated cluster out of network namespaces, veth pairs, bridges, VXLAN and "
@@ -69,6 +72,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--seed", type=int, default=1, help="--sim: simulator seed")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="--sim: play the scenario behind a real analyzer (alert bus, replay, metrics from "
+        "--config/--set) for subscribers to try; no report",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=10.0,
+        help="--serve: virtual seconds per second (default 10: the 6 min scenario in 36 s)",
+    )
+    p.add_argument(
+        "--linger-s",
+        type=float,
+        help="--serve: exit this long after the scenario ended (default: at SIGTERM)",
+    )
+    add_common(p)
     p.set_defaults(func=run)
 
 
@@ -76,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(highlight=False)
+    if getattr(args, "serve", False):
+        return run_serve(args)
     if args.sim:
         from skh.demo.simmode import run_sim
 
@@ -90,6 +113,31 @@ def run(args: argparse.Namespace) -> int:
             return run_sim(Path(args.out), console=console, seed=args.seed)
         return 2
     return run_live(args, console)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from skh.demo.simbus import serve
+    from skh.errors import ConfigError
+    from skh.orchestrator.daemon import install_stop_signals
+
+    if not args.sim:
+        raise ConfigError("--serve plays the simulator: use it with --sim")
+    if args.speed <= 0:
+        raise ConfigError(f"--speed must be > 0. Got {args.speed!r} instead.")
+    cfg = config_from(args, {"analyzer.detector": "none"})
+    cfg.security.check(server=True, client=False)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    return serve(
+        cfg,
+        seed=args.seed,
+        speed=args.speed,
+        linger_s=args.linger_s,
+        stop=stop,
+        say=lambda line: print(line, flush=True),
+    )
 
 
 def run_live(args: argparse.Namespace, console) -> int:

@@ -7,8 +7,6 @@
   ``-j``), a pyroute2 reader of a namespace's overlay state, and the overlay forwarding graph
 - :mod:`skh.collect.traceroute`: ``traceroute -n`` output and trace results → underlay traces
 - :mod:`skh.collect.trace`: a flow-pinned (Paris-style) UDP traceroute, no raw sockets
-- :mod:`skh.collect.sim`: the simulator's agents as a localization state source, and the
-  localization suites run on it
 
 Parsers never raise on odd or truncated output: what they cannot read they skip.
 """

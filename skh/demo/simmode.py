@@ -1,13 +1,14 @@
 """``skh demo --sim``: the same :class:`~skh.orchestrator.pipeline.Pipeline` over the simulator,
 in virtual time (no root, no daemons): the simulator's counters feed skeleton inference, whose
 skeletons become the simulator's ping lists; its probe results feed detection; its agents'
-answers (:class:`skh.collect.sim.SimSource`) feed localization; the alerts are scored against
+answers (:class:`skh.sim.answers.SimSource`) feed localization; the alerts are scored against
 its ground truth and written to the same HTML report as the live demo.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from skh.demo.live import FaultOutcome
 from skh.model import Fabric, same_rail_pairs
 
-__all__ = ["SCRIPT", "run_sim", "simulate"]
+__all__ = ["SCRIPT", "SimRun", "run_sim", "simulate"]
 
 #: (fault type name, start s, end s) in virtual time; skeletons are in place after ~95 s
 SCRIPT: tuple[tuple[str, float, float], ...] = (
@@ -27,66 +28,94 @@ SCRIPT: tuple[tuple[str, float, float], ...] = (
 
 
 def _same(component: str, truth: str) -> bool:
-    from skh.collect.sim import _same as same
+    from skh.eval.localization import same_component as same
 
     return same(component, truth)
 
 
+class SimRun:
+    """The simulated cluster with the scripted faults and the pipeline over it, a virtual second
+    at a time. ``t0_ns``: the wall-clock time of virtual t = 0 (default: the simulator's fixed
+    epoch, so runs are reproducible)."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 1,
+        script: tuple[tuple[str, float, float], ...] = SCRIPT,
+        t0_ns: int | None = None,
+    ) -> None:
+        from skh.analysis.skeleton import Skeleton
+        from skh.failures import FailureType
+        from skh.orchestrator.pipeline import Pipeline, PipelineConfig
+        from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint
+        from skh.sim.faults import Fault
+        from skh.sim.scenario import Simulation, VirtualClock
+
+        fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2)
+        clock = {} if t0_ns is None else {"clock": VirtualClock(t0_ns)}
+        sim = Simulation.build(
+            fabric, 4, seed=seed, ping="same_rail", start_s=(-900.0, -600.0), **clock
+        )
+        self.sim = sim
+        preload = {j.name: same_rail_pairs(j.ep_ids, j.rail, j.host) for j in sim.jobs}
+        applied: dict[str, np.ndarray] = {}
+        self.preload, self.applied = preload, applied
+
+        def apply(job: str, sk: Skeleton, version: int) -> bool:
+            applied[job] = sk.pairs
+            sim.set_ping_pairs(np.concatenate([applied.get(j, p) for j, p in preload.items()]))
+            return True
+
+        cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=20.0)
+        self.pipe = Pipeline(
+            cfg,
+            source_factory=lambda _cl: SimSource(sim),
+            apply_skeleton=apply,
+            overlay_endpoint=sim_overlay_endpoint,
+            overlay_component=sim_overlay_component,
+        )
+        self.pipe.set_endpoints(
+            {
+                "ep": e.ep_id,
+                "job": e.job,
+                "container": e.container,
+                "host": e.host,
+                "rail": e.rail,
+                "ip": e.ip,
+            }
+            for e in sim.cluster.endpoints
+        )
+        self.truths = []
+        for i, (name, start, end) in enumerate(script):
+            ftype = FailureType[name]
+            cands = sim.candidates(ftype)
+            if cands:
+                # spread over the cluster: faults on one RNIC would share their pairs
+                pick = cands[(i * len(cands)) // len(script)]
+                self.truths.append(sim.inject(Fault(ftype, pick, start_s=start, end_s=end)))
+
+    def steps(self, duration_s: int) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+        """Each virtual second's simulator step and the alerts the pipeline made of it."""
+        for step in self.sim.run(duration_s):
+            now_ns = self.sim.clock.now_ns
+            yield step, self.pipe.process(step.probes, step.counters, now_ns, step.heartbeats)
+
+
 def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, Any]:
     """Run the scripted scenario; returns what the report needs."""
-    from skh.analysis.skeleton import Skeleton
-    from skh.collect.sim import SimSource, sim_overlay_component, sim_overlay_endpoint
-    from skh.orchestrator.pipeline import Pipeline, PipelineConfig
-    from skh.sim.faults import Fault, FaultType
-    from skh.sim.scenario import Simulation
-
-    fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2)
-    sim = Simulation.build(fabric, 4, seed=seed, ping="same_rail", start_s=(-900.0, -600.0))
-    cluster = sim.cluster
-    preload = {j.name: same_rail_pairs(j.ep_ids, j.rail, j.host) for j in sim.jobs}
-    applied: dict[str, np.ndarray] = {}
-
-    def apply(job: str, sk: Skeleton, version: int) -> bool:
-        applied[job] = sk.pairs
-        sim.set_ping_pairs(np.concatenate([applied.get(j, p) for j, p in preload.items()]))
-        return True
-
-    cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=20.0)
-    pipe = Pipeline(
-        cfg,
-        source_factory=lambda _cl: SimSource(sim),
-        apply_skeleton=apply,
-        overlay_endpoint=sim_overlay_endpoint,
-        overlay_component=sim_overlay_component,
-    )
-    pipe.set_endpoints(
-        {
-            "ep": e.ep_id,
-            "job": e.job,
-            "container": e.container,
-            "host": e.host,
-            "rail": e.rail,
-            "ip": e.ip,
-        }
-        for e in cluster.endpoints
-    )
-    truths = []
-    for i, (name, start, end) in enumerate(SCRIPT):
-        ftype = FaultType[name]
-        cands = sim.candidates(ftype)
-        if cands:
-            # spread over the cluster: faults on one RNIC would share their pairs
-            pick = cands[(i * len(cands)) // len(SCRIPT)]
-            truths.append(sim.inject(Fault(ftype, pick, start_s=start, end_s=end)))
+    run = SimRun(seed=seed)
+    sim, pipe, truths = run.sim, run.pipe, run.truths
+    cluster, preload, applied = sim.cluster, run.preload, run.applied
     alerts: list[dict[str, Any]] = []
     probes: list[np.ndarray] = []
     timeline: list[tuple[int, str]] = []
     seq = 0
     t0_ns = sim.clock.now_ns
-    for step in sim.run(duration_s):
+    for step, found in run.steps(duration_s):
         now_ns = sim.clock.now_ns
         probes.append(step.probes)
-        for a in pipe.process(step.probes, step.counters, now_ns, step.heartbeats):
+        for a in found:
             seq += 1
             rec = {**a, "seq": seq, "ts_ns": now_ns}
             alerts.append(rec)

@@ -11,8 +11,9 @@ One run (:func:`run_eval`) builds the real Lingjun topology scaled to the profil
    crosses; scored by :mod:`skh.eval.scoring`; plus **end-to-end localization** of each
    detected fault: every suspect detection raised within ``E2E_ROUND_S`` of the fault's first
    detection, localized together from the simulated agents' answers (false suspects included);
-3. **localization** — :func:`skh.collect.sim.localization_suite` (the localizer fed the suspect
-   detection would raise for one fault, or one fault in each layer at once), per type and layer;
+3. **localization** — :func:`skh.eval.localization.localization_suite` (oracle: the localizer
+   fed the suspect detection would raise for one fault, or one fault in each layer at once),
+   per type and layer;
 4. **random sampling** — which of the detection run's faults a Pingmesh-style random pinglist
    with the skeleton's per-endpoint budget would have probed across at all;
 5. **probing cost** — :func:`skh.eval.probing.sweep_table`;
@@ -39,14 +40,16 @@ from skh.analysis.detect import Detector, DetectorConfig
 from skh.analysis.localize import Suspect, failing_path_ids
 from skh.analysis.sampling import ResultThinner
 from skh.analysis.skeleton import infer_skeleton, pairs_coverage
-from skh.collect.sim import SimSource, live_pairs, localization_suite, score, sim_localizer
 from skh.eval.agent_cost import agent_cost
+from skh.eval.localization import localization_suite, score
 from skh.eval.probing import random_sample_pairs, sweep_table
 from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events
+from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.sim import LINGJUN_TOPO
-from skh.sim.faults import FAULT_SPECS, Fault, FaultType, RowSet, link_component
+from skh.sim.answers import SimSource, live_pairs, sim_localizer
+from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault, RowSet, link_component
 from skh.sim.scenario import Simulation
 from skh.sim.topology import rng_for
 from skh.sim.traffic import throughput
@@ -128,7 +131,7 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
 # ----------------------------------------------------------------------------------- detection
 
 
-def _place(sim: Simulation, ft: FaultType, start: float, length: float, rng) -> str | None:
+def _place(sim: Simulation, ft: FailureType, start: float, length: float, rng) -> str | None:
     """A component for ``ft`` that touches a probed pair of a job that is up well before the
     fault and outlives it, so the fault is visible on live probes. Faults that hit only a share
     of a component's flows are redrawn until the share holds a pair of that job."""
@@ -181,7 +184,7 @@ def detection_run(sim: Simulation, profile: Profile, seed: int) -> dict[str, Any
     det = Detector()
     thinner = ResultThinner()
     rng = rng_for(seed, 0xE7A1)
-    types = list(profile.types or FaultType) * profile.rounds
+    types = list(profile.types or SIMULATED_TYPES) * profile.rounds
     rng.shuffle(types)
     period = profile.fault_s + profile.gap_s
     plan = [(profile.warmup_s + i * period, ft) for i, ft in enumerate(types)]
@@ -279,7 +282,10 @@ def e2e_localization(sim: Simulation, run: dict, detected: dict[int, list]) -> d
                 }
             )
     paper = [
-        ok for name, oks in per_type.items() if FAULT_SPECS[FaultType[name]].in_paper for ok in oks
+        ok
+        for name, oks in per_type.items()
+        if FAULT_SPECS[FailureType[name]].in_paper
+        for ok in oks
     ]
     return {
         "round_s": E2E_ROUND_S,
@@ -355,7 +361,7 @@ def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[st
     scored = [r for r in res if not r["masked"]]
 
     def in_paper(label: str) -> bool:
-        return all(FAULT_SPECS[FaultType[x]].in_paper for x in label.split("+"))
+        return all(FAULT_SPECS[FailureType[x]].in_paper for x in label.split("+"))
 
     per_type: dict[str, list[bool]] = {}
     per_layer: dict[str, list[bool]] = {}
@@ -363,7 +369,7 @@ def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[st
         if "+" in r["label"]:
             continue
         per_type.setdefault(r["label"], []).append(r["ok"])
-        per_layer.setdefault(FAULT_SPECS[FaultType[r["label"]]].layer, []).append(r["ok"])
+        per_layer.setdefault(FAULT_SPECS[FailureType[r["label"]]].layer, []).append(r["ok"])
     head = [r["ok"] for r in scored if in_paper(r["label"])]
     single = [r["ok"] for r in scored if "+" not in r["label"] and in_paper(r["label"])]
     both = [r["ok"] for r in scored if "+" in r["label"] and in_paper(r["label"])]
@@ -381,7 +387,7 @@ def localization_section(fabric: Fabric, profile: Profile, seed: int) -> dict[st
         "both_layer_cases": len(both),
         "per_type": {
             k: {"n": len(v), "accuracy": acc(v)}
-            for k, v in sorted(per_type.items(), key=lambda kv: FaultType[kv[0]])
+            for k, v in sorted(per_type.items(), key=lambda kv: FailureType[kv[0]])
         },
         "per_layer": {k: {"n": len(v), "accuracy": acc(v)} for k, v in sorted(per_layer.items())},
         "misses": [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from skh.errors import ConfigError
-from skh.sim.faults import FaultType
+from skh.failures import FailureType
 
 __all__ = ["Profile", "PROFILES", "profile"]
 
@@ -40,7 +40,7 @@ class Profile:
     #: seconds the real agent process probes at the skeleton's rate (0: skip)
     agent_s: float
     #: the fault types injected (None: every type the simulator models)
-    types: tuple[FaultType, ...] | None = None
+    types: tuple[FailureType, ...] | None = None
     #: seconds between two probes of one skeleton pair (the agent's default)
     probe_interval_s: float = 0.1
 
@@ -72,10 +72,10 @@ PROFILES: dict[str, Profile] = {
             (512,),
             0.0,
             (
-                FaultType.CRC_ERROR,
-                FaultType.RNIC_PORT_DOWN,
-                FaultType.PCIE_NIC_ERROR,
-                FaultType.CONTAINER_CRASH,
+                FailureType.CRC_ERROR,
+                FailureType.RNIC_PORT_DOWN,
+                FailureType.PCIE_NIC_ERROR,
+                FailureType.CONTAINER_CRASH,
             ),
         ),
         Profile(

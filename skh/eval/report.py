@@ -279,9 +279,10 @@ def _layer(type_name: str, detection: dict[str, Any]) -> str:
     v = detection["per_type"].get(type_name)
     if v:
         return v["layer"]
-    from skh.sim.faults import FAULT_SPECS, FaultType
+    from skh.failures import FailureType
+    from skh.sim.faults import FAULT_SPECS
 
-    return FAULT_SPECS[FaultType[type_name]].layer
+    return FAULT_SPECS[FailureType[type_name]].layer
 
 
 def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -290,13 +291,14 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
     d, loc, pr, sk = t["detection"], t["localization"], t["probing"], t["skeleton"]
     rs, e2e = t["random_sampling"], loc["end_to_end"]
     sc = meta["scale"]
-    from skh.sim.faults import FAULT_SPECS, FaultType
+    from skh.failures import FailureType
+    from skh.sim.faults import FAULT_SPECS
 
     fast = [
         (v["name"], v["ttd_s"]["mean"])
         for k, v in d["per_type"].items()
         if v["ttd_s"]["mean"]
-        and FAULT_SPECS[FaultType[k]].symptom in ("unreachable", "loss", "flapping")
+        and FAULT_SPECS[FailureType[k]].symptom in ("unreachable", "loss", "flapping")
     ]
     slow = max(fast, key=lambda kv: kv[1]) if fast else ("—", None)
     interval = t["agent_rate"]["probe_interval_s"]

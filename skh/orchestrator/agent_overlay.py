@@ -31,10 +31,15 @@ from skh.errors import ConfigError, ProtocolError
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig, EndpointSpec
 from skh.orchestrator.daemon import make_socket
-from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
+from skh.orchestrator.metrics import (
+    RTT_BUCKETS,
+    CallbackCollector,
+    CollectorRegistry,
+    Histograms,
+)
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
 from skh.orchestrator.security import SecurityConfig
-from skh.records import PROBE_DTYPE, empty_probes
+from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
 from skh.wire import Envelope, MsgType, job_topic, probe_batch_body
 
 __all__ = ["OverlayAgent", "EngineLike", "ResultBuffer"]
@@ -160,8 +165,18 @@ class OverlayAgent(AgentBase):
         self.thinner = ResultThinner(cfg.ok_sample_s) if cfg.ok_sample_s > 0 else None
         self._next_flush = time.monotonic() + cfg.batch_interval_s
         self.handlers["pinglist"] = lambda _args: self.ping_lists()
+        self.latency = Histograms(
+            {
+                "skh_agent_probe_rtt_seconds": (
+                    "Network RTT of successful probes",
+                    ("transport",),
+                    RTT_BUCKETS,
+                )
+            }
+        )
         if metrics is not None:
             metrics.register(self._collector())
+            metrics.register(self.latency)
 
     # -- session -------------------------------------------------------------------------------
     def register_body(self) -> dict[str, Any]:
@@ -334,6 +349,9 @@ class OverlayAgent(AgentBase):
         if parts:
             batch = np.concatenate(parts)
             self.counters["records"] += batch.size
+            ok = batch["status"] == ProbeStatus.OK
+            rtt_s = batch["rtt_ns"][ok] / 1e9
+            self.latency.observe("skh_agent_probe_rtt_seconds", (self.cfg.transport,), rtt_s)
             if self.thinner is not None:
                 kept = self.thinner.thin(batch)
                 self.counters["records_thinned"] += batch.size - kept.size

@@ -38,11 +38,16 @@ import numpy as np
 import zmq
 
 from skh.errors import ProtocolError, Unauthorized
-from skh.orchestrator.alerts import MAX_REPLAY, AlertLog
+from skh.orchestrator.alerts import MAX_REPLAY, AlertLog, Retention
 from skh.orchestrator.authz import AllowAll, Policy, Principal, transport_user_id
 from skh.orchestrator.config import AnalyzerConfig
 from skh.orchestrator.daemon import bind, make_socket
-from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
+from skh.orchestrator.metrics import (
+    SECONDS_BUCKETS,
+    CallbackCollector,
+    CollectorRegistry,
+    Histograms,
+)
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import SecurityConfig, ServerSecurity
 from skh.records import empty_counters, empty_probes
@@ -60,8 +65,10 @@ class RoundHook(Protocol):
     at least job, layer, component, failure type, evidence, severity — DESIGN §7).
 
     A hook may also define ``on_heartbeat(eps, t_ns)`` (every batch an agent ships, empty ones
-    included, is the heartbeat of its endpoints) and ``on_retire(eps)`` (endpoints of containers
-    stopped on purpose, heard on the controller's topics)."""
+    included, is the heartbeat of its endpoints), ``on_retire(eps)`` (endpoints of containers
+    stopped on purpose, heard on the controller's topics), ``drain_round_s()`` (the durations of
+    the rounds it ran elsewhere since the last call, for the round-time histogram) and
+    ``virtual_time = True`` (its alerts' times are not wall-clock: no time-to-localize then)."""
 
     def on_round(
         self, probes: np.ndarray, counters: np.ndarray, now_ns: int
@@ -98,11 +105,15 @@ class DetectorHook:
         return [self._alert(ev) for ev in self.detector.tick(now_ns)]
 
     def _alert(self, ev: Any) -> dict[str, Any]:
+        """A ``suspect`` alert (docs/alerts.md): detection alone, a one-off event."""
         eps = list(ev.endpoints) or [e for pair in ev.pairs for e in pair]
         jobs = sorted({self.ep_job[e] for e in eps if e in self.ep_job})
         agent = ev.kind == "agent"
         return {
-            "job": jobs[0] if len(jobs) == 1 else ",".join(jobs),
+            "kind": "suspect",
+            "state": "event",
+            "alert_id": f"suspect|{ev.kind}|{ev.first_seen_ns}",
+            "job": ",".join(jobs),
             "pairs": [list(p) for p in ev.pairs],
             "layer": "endpoint" if agent else "network",
             # localization (traceroutes, dumps) names the component; detection alone cannot
@@ -110,7 +121,7 @@ class DetectorHook:
             "failure_type": ev.kind,
             "evidence": {"scores": list(ev.scores), "explanation": ev.explanation},
             "first_seen_ns": ev.first_seen_ns,
-            "detected_ns": ev.detected_ns,
+            "detected_at_ns": ev.detected_ns,
             "severity": _SEVERITY.get(ev.kind, "minor"),
         }
 
@@ -140,7 +151,33 @@ class Analyzer:
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
         self.counters: Counter[str] = Counter()
         self.hook = hook if hook is not None or cfg.detector == "none" else load_detector_hook()
-        self.alerts = AlertLog(cfg.alert_log)
+        self.alerts = AlertLog(
+            cfg.alert_log,
+            Retention(
+                cfg.alert_log_segment_bytes,
+                cfg.alert_log_retention_s,
+                cfg.alert_log_retention_bytes,
+            ),
+        )
+        self.latency = Histograms(
+            {
+                "skh_time_to_detect_seconds": (
+                    "First failed probe to the localizing round, per opened fault",
+                    ("layer",),
+                    SECONDS_BUCKETS,
+                ),
+                "skh_time_to_localize_seconds": (
+                    "Localizing round to the alert on the bus, per opened fault",
+                    ("layer",),
+                    SECONDS_BUCKETS,
+                ),
+                "skh_analyzer_round_seconds": (
+                    "Time one analysis round took (the pipeline's own rounds when it runs apart)",
+                    (),
+                    SECONDS_BUCKETS,
+                ),
+            }
+        )
         self._ctx = ctx or zmq.Context.instance()
         self._security = ServerSecurity(security, self._ctx)
         self.pull = make_socket(self._ctx, zmq.PULL, hwm=cfg.hwm)
@@ -166,6 +203,7 @@ class Analyzer:
         self.endpoint = self.alerts_endpoint = self.replay_endpoint = ""
         if metrics is not None:
             metrics.register(self._collector())
+            metrics.register(self.latency)
 
     def bind(self) -> tuple[str, str, str]:
         self.endpoint = bind(self.pull, self.cfg.bind)
@@ -309,14 +347,22 @@ class Analyzer:
             self._write_spool(now_ns, probes, counters)
         published = []
         if self.hook is not None:
+            t0 = time.monotonic()
             try:
                 found = list(self.hook.on_round(probes, counters, now_ns))
             except Exception:  # a detector bug must not stop ingest; it is logged and counted
                 self.counters["hook_errors"] += 1
                 log.exception("detection hook failed")
                 found = []
+            drain = getattr(self.hook, "drain_round_s", None)
+            took = drain() if drain is not None else [time.monotonic() - t0]
+            self.latency.observe("skh_analyzer_round_seconds", (), np.asarray(took))
             for alert in found:
-                published.append(self.publish(alert))
+                try:
+                    published.append(self.publish(alert))
+                except ProtocolError as exc:  # an alert no record can hold: counted, not fatal
+                    self.counters["alerts_refused"] += 1
+                    log.error("alert not published: %s", exc)
         return published
 
     def _write_spool(self, now_ns: int, probes: np.ndarray, counters: np.ndarray) -> None:
@@ -331,12 +377,29 @@ class Analyzer:
 
     def publish(self, alert: Mapping[str, Any]) -> dict[str, Any]:
         rec = self.alerts.append(alert)
-        body = {"seq": rec["seq"], "ts_ns": rec["ts_ns"], "alert": rec["alert"]}
         self.pub.send_multipart(
-            (ALERTS_TOPIC, self.codec.encode(MsgType.ALERT, "analyzer", rec["seq"], body))
+            (ALERTS_TOPIC, self.codec.encode(MsgType.ALERT, "analyzer", rec["seq"], rec))
         )
         self.counters["alerts"] += 1
+        self._observe_latency(rec)
         return rec
+
+    def _observe_latency(self, rec: Mapping[str, Any]) -> None:
+        """Time to detect and to localize of each fault as it opens, from the alert's own times:
+        first failed probe -> localizing round -> logged on the bus."""
+        a = rec["alert"]
+        if a.get("kind") != "fault" or a.get("state") != "open":
+            return
+        try:
+            layer = str(a["layer"])
+            seen, found = int(a["first_seen_ns"]), int(a["detected_at_ns"])
+        except (KeyError, TypeError, ValueError):
+            return
+        self.latency.observe("skh_time_to_detect_seconds", (layer,), (found - seen) / 1e9)
+        if not getattr(self.hook, "virtual_time", False):
+            self.latency.observe(
+                "skh_time_to_localize_seconds", (layer,), (rec["ts_ns"] - found) / 1e9
+            )
 
     # -- REP -----------------------------------------------------------------------------------
     def serve_rep(self) -> None:
@@ -371,9 +434,9 @@ class Analyzer:
             return MsgType.ACK, {"ok": False, "error": str(exc)}
 
     def _on_replay(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
-        limit = min(int(env.body.get("limit", MAX_REPLAY)), MAX_REPLAY)
-        recs = self.alerts.since(int(env.body["since"]), max(1, limit))
-        return MsgType.REPLAY_REPLY, {"alerts": recs, "last_seq": self.alerts.last_seq}
+        return MsgType.REPLAY_REPLY, self.alerts.replay(
+            int(env.body["since"]), int(env.body.get("limit", MAX_REPLAY))
+        )
 
     def _on_status(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
         return MsgType.ACK, {"ok": True, "data": self.status()}

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from skh.errors import ConfigError
+from skh.orchestrator.alerts import Retention
 from skh.orchestrator.security import SecurityConfig
 from skh.wire import DEFAULT_MAX_FRAME_BYTES
 
@@ -95,6 +96,12 @@ class AnalyzerConfig:
     alerts_bind: str = "tcp://127.0.0.1:5561"  # PUB: alerts
     replay_bind: str = "tcp://127.0.0.1:5562"  # REP: replay since seq N
     alert_log: str = "/var/lib/skh/alerts.log"
+    #: the alert log rotates at this size; rotated segments are deleted once their newest alert
+    #: is older than the retention or all segments together exceed its size (0 = no such limit);
+    #: sequence numbers continue across rotation (docs/alerts.md)
+    alert_log_segment_bytes: int = 16 * 1024 * 1024
+    alert_log_retention_s: float = 30 * 86400.0
+    alert_log_retention_bytes: int = 1024 * 1024 * 1024
     round_s: float = 1.0
     spool_dir: str = ""  # write each round's raw batches as .npy ("" = off)
     #: pipeline: skeleton inference, detection, localization and alerts (needs ``controller``
@@ -308,6 +315,7 @@ def _validate(cfg: Config) -> None:
             "The 'analyzer.detector' setting must be 'pipeline', 'detect' or 'none'. "
             f"Got {a.detector!r} instead."
         )
+    Retention(a.alert_log_segment_bytes, a.alert_log_retention_s, a.alert_log_retention_bytes)
     rails = [e.rail for e in g.endpoints]
     if len(set(rails)) != len(rails):
         raise ConfigError(f"agent.endpoints: two endpoints on one rail ({rails})")

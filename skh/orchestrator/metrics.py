@@ -1,17 +1,36 @@
 """Prometheus metrics on an explicit :class:`prometheus_client.CollectorRegistry` per daemon (never
 the global default, so tests and several daemons in one process stay apart). Labels are bounded:
-reasons, roles, states and message types — never endpoint or pair ids."""
+reasons, roles, states, layers, transports and message types — never endpoint or pair ids.
+
+Latency histograms (:class:`Histograms`) take whole numpy arrays per observation, so an agent
+can count a batch of probe RTTs without a Python call per probe. ``deploy/grafana/`` builds its
+dashboard on these names."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
 
+import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["CollectorRegistry", "serve", "stop_servers", "CallbackCollector"]
+__all__ = [
+    "CollectorRegistry",
+    "serve",
+    "stop_servers",
+    "CallbackCollector",
+    "Histograms",
+    "SECONDS_BUCKETS",
+    "RTT_BUCKETS",
+]
+
+#: time to detect / localize, round time: 10 ms .. 10 min
+SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+#: probe RTT in seconds: 2 us .. 1 s (soft-RoCE and UDP in namespaces sit in the 10-100 us range)
+RTT_BUCKETS = (2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 0.1, 1.0)
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +88,47 @@ class CallbackCollector(Collector):
             for key, value in read().items():
                 gfam.add_metric(list(key), value)
             yield gfam
+
+
+class Histograms(Collector):
+    """Histogram families with bounded label sets, fed whole arrays at a time.
+
+    ``families`` maps a metric name (seconds, by Prometheus convention ``*_seconds``) to
+    ``(help, label_names, buckets)``. :meth:`observe` adds every value of an array under one
+    label tuple; values that are not finite or are negative are dropped (counted nowhere: they
+    are not latencies).
+    """
+
+    def __init__(
+        self, families: Mapping[str, tuple[str, tuple[str, ...], tuple[float, ...]]]
+    ) -> None:
+        self._spec = dict(families)
+        self._data: dict[str, dict[tuple[str, ...], list]] = {n: {} for n in self._spec}
+
+    def observe(self, name: str, labels: tuple[str, ...], values: np.ndarray | float) -> None:
+        doc, names, bounds = self._spec[name]
+        if len(labels) != len(names):
+            raise ValueError(f"{name}: labels {names} expected, got {labels!r}")
+        v = np.asarray(values, np.float64).ravel()
+        v = v[np.isfinite(v) & (v >= 0)]
+        if v.size == 0:
+            return
+        slot = self._data[name].get(labels)
+        if slot is None:
+            slot = self._data[name][labels] = [np.zeros(len(bounds) + 1, np.int64), 0.0]
+        # bucket i counts values <= bounds[i]; the last one is +Inf
+        slot[0] += np.bincount(np.searchsorted(bounds, v, side="left"), minlength=len(bounds) + 1)
+        slot[1] += float(v.sum())
+
+    def count(self, name: str, labels: tuple[str, ...]) -> int:
+        slot = self._data[name].get(labels)
+        return 0 if slot is None else int(slot[0].sum())
+
+    def collect(self):  # type: ignore[override]
+        for name, (doc, names, bounds) in self._spec.items():
+            fam = HistogramMetricFamily(name, doc, labels=list(names))
+            for labels, (counts, total) in list(self._data[name].items()):
+                cum = np.cumsum(counts).tolist()
+                edges = [floatToGoString(b) for b in bounds] + ["+Inf"]
+                fam.add_metric(list(labels), list(zip(edges, cum, strict=True)), total)
+            yield fam

@@ -10,11 +10,12 @@ Typical use::
 
     from skh.model import Fabric
     from skh.sim import LINGJUN_TOPO
-    from skh.sim.faults import Fault, FaultType
+    from skh.failures import FailureType
+    from skh.sim.faults import Fault
     from skh.sim.scenario import Simulation
 
     sim = Simulation.build(Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=4096), 2000, seed=1)
-    sim.inject(Fault(FaultType.RNIC_PORT_DOWN, "p0-0c9d9de1b19e:rnic3", start_s=60, end_s=120))
+    sim.inject(Fault(FailureType.RNIC_PORT_DOWN, "p0-0c9d9de1b19e:rnic3", start_s=60, end_s=120))
     for step in sim.run(600):           # 10 min of virtual time, 1 s per step
         analyze(step.probes, step.counters, step.heartbeats)
     truth = sim.ground_truth            # what the evaluation scores against
@@ -54,12 +55,13 @@ Probe results (:mod:`skh.sim.probes`)
     ``rail``, ``container`` columns.
 
 Faults (:mod:`skh.sim.faults`)
-    ``FaultType`` (the paper's 19, numbered as Table 1, + ``AGENT_CRASH`` 20, ``LATE_AGENT`` 21,
-    ``VSWITCH_LOOP`` 22), ``FAULT_SPECS[type] -> FaultSpec`` (name, paper component, target kind,
-    layer, symptom, default magnitudes), ``Fault(type, component, start_s, end_s, ...,
-    profile="step"|"ramp")``, ``link_component(a, b) -> "a|b"``, ``FaultRecord`` (ground truth:
-    fault_id, type, name, layer, target, component, start/end s and ns, affected_pairs, jobs,
-    group). The module doc has the table of symptom models.
+    ``FAULT_SPECS[type] -> FaultSpec`` (symptom, default magnitudes; name, paper component,
+    target kind and layer from :data:`skh.failures.FAILURES`) for every type of
+    ``SIMULATED_TYPES`` (:class:`skh.failures.FailureType`: the paper's 19, numbered as Table 1,
+    + ``AGENT_CRASH`` 20, ``LATE_AGENT`` 21, ``OVERLAY_LOOP`` 22), ``Fault(type, component,
+    start_s, end_s, ..., profile="step"|"ramp")``, ``link_component(a, b) -> "a|b"``,
+    ``FaultRecord`` (ground truth: fault_id, type, name, layer, target, component, start/end s
+    and ns, affected_pairs, jobs, group). The module doc has the table of symptom models.
 
 Agents' answers (:mod:`skh.sim.state`)
     ``TraceHop(ttl, node|None, rtt_ns, loss)``, ``FlowEntry``, ``OverlayWalk(hops, outcome

@@ -1,8 +1,9 @@
-"""The paper's 19 failure types (Table 1, ``shared/notes/paper.md`` §7), plus agent crash, late
-(slow) agent and a vswitch forwarding loop, as symptom models over probe batches.
+"""The failure types of :mod:`skh.failures` the simulator injects — the paper's 19 (Table 1,
+``shared/notes/paper.md`` §7), agent crash, late (slow) agent and an overlay (vswitch) forwarding
+loop — as symptom models over probe batches.
 
-Each :class:`FaultSpec` names the component kind a fault sits on, its layer, its symptom and
-default magnitudes:
+Each :class:`FaultSpec` gives a type's symptom and default magnitudes; the component kind it sits
+on (*target*) and its *layer* are the type's (:data:`skh.failures.FAILURES`):
 
 ==  ============================  =========  ========  ==========================================
 #   type                          target     layer     symptom (defaults)
@@ -28,7 +29,7 @@ default magnitudes:
 19  congestion-control issue      switch     config    +30 µs on paths through the switch
 20  agent crash                   container  agent     no probes from it; probes to it lost
 21  late agent                    container  agent     +2 ms prober delay, 10% of probes to it lost
-22  vswitch forwarding loop       rnic       overlay   UNREACHABLE (TTL exceeded)
+22  overlay (vswitch) loop        rnic       overlay   UNREACHABLE (TTL exceeded)
 ==  ============================  =========  ========  ==========================================
 
 A component is named as the model names it: a link ``"a|b"`` (sorted node names, see
@@ -44,67 +45,37 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field, replace
-from enum import IntEnum
 from typing import Literal
 
 import numpy as np
 
 from skh.errors import ConfigError, TopologyError
+from skh.failures import FAILURES, ComponentKind, FailureLayer, FailureType
 from skh.records import ProbeStatus
 from skh.sim.probes import Effects
 from skh.sim.topology import EndpointTable, FabricIndex, Route, mix_hash
 
 __all__ = [
-    "FaultType",
     "FaultSpec",
     "FAULT_SPECS",
+    "SIMULATED_TYPES",
     "Fault",
     "FaultRecord",
     "FaultEngine",
     "RowSet",
     "link_component",
-    "Layer",
-    "TargetKind",
     "Symptom",
 ]
 
-Layer = Literal["underlay", "rnic", "host", "overlay", "config", "agent"]
-TargetKind = Literal["link", "switch", "rnic", "host", "container"]
 Symptom = Literal["unreachable", "loss", "flapping", "latency", "agent_down", "agent_slow"]
-
-
-class FaultType(IntEnum):
-    CRC_ERROR = 1
-    SWITCH_PORT_DOWN = 2
-    SWITCH_PORT_FLAPPING = 3
-    SWITCH_OFFLINE = 4
-    RNIC_HW_FAILURE = 5
-    RNIC_FIRMWARE_NOT_RESPONDING = 6
-    RNIC_PORT_DOWN = 7
-    RNIC_PORT_FLAPPING = 8
-    OFFLOADING_FAILURE = 9
-    BOND_ERROR = 10
-    RNIC_GID_CHANGE = 11
-    PCIE_NIC_ERROR = 12
-    GPUDIRECT_RDMA_ERROR = 13
-    NOT_USING_RDMA = 14
-    REPETITIVE_FLOW_OFFLOADING = 15
-    SUBOPTIMAL_FLOW_OFFLOADING = 16
-    CONTAINER_CRASH = 17
-    HUGEPAGE_MISCONFIG = 18
-    CC_ISSUE = 19
-    AGENT_CRASH = 20
-    LATE_AGENT = 21
-    VSWITCH_LOOP = 22
 
 
 @dataclass(frozen=True, slots=True)
 class FaultSpec:
-    type: FaultType
-    name: str
-    paper_component: str  # Table 1's component column
-    target: TargetKind
-    layer: Layer
+    """How the simulator models one failure type; what the type is (its name, Table 1
+    component, layer, the component kind it sits on) is :data:`skh.failures.FAILURES`'."""
+
+    type: FailureType
     symptom: Symptom
     loss_rate: float = 0.0
     extra_ns: float = 0.0
@@ -113,200 +84,65 @@ class FaultSpec:
     flow_share: float = 1.0  # share of the component's flows (pairs) that suffer
     to_only: bool = False  # only probes towards the component suffer
     status: int = ProbeStatus.LOST  # status of an unreachable probe
-    in_paper: bool = True
+
+    @property
+    def name(self) -> str:
+        return FAILURES[self.type].title
+
+    @property
+    def paper_component(self) -> str:
+        return FAILURES[self.type].paper_component
+
+    @property
+    def target(self) -> ComponentKind:
+        return FAILURES[self.type].component
+
+    @property
+    def layer(self) -> FailureLayer:
+        return FAILURES[self.type].layer
+
+    @property
+    def in_paper(self) -> bool:
+        return self.type.in_paper
 
 
-def _s(t, name, comp, target, layer, symptom, **kw) -> FaultSpec:
-    return FaultSpec(t, name, comp, target, layer, symptom, **kw)
-
-
-_T = FaultType
-#: every fault type's model (see the module table)
-FAULT_SPECS: dict[FaultType, FaultSpec] = {
+_T = FailureType
+#: every simulated fault type's model (see the module table)
+FAULT_SPECS: dict[FailureType, FaultSpec] = {
     s.type: s
     for s in (
-        _s(
-            _T.CRC_ERROR,
-            "CRC error",
-            "inter-host network",
-            "link",
-            "underlay",
-            "loss",
-            loss_rate=0.02,
-        ),
-        _s(
-            _T.SWITCH_PORT_DOWN,
-            "switch port down",
-            "inter-host network",
-            "link",
-            "underlay",
-            "unreachable",
-        ),
-        _s(
-            _T.SWITCH_PORT_FLAPPING,
-            "switch port flapping",
-            "inter-host network",
-            "link",
-            "underlay",
-            "flapping",
-            flap_period_s=20.0,
-            flap_on_s=4.0,
-        ),
-        _s(
-            _T.SWITCH_OFFLINE,
-            "switch offline",
-            "inter-host network",
-            "switch",
-            "underlay",
-            "unreachable",
-        ),
-        _s(_T.RNIC_HW_FAILURE, "RNIC hardware failure", "RNIC", "rnic", "rnic", "unreachable"),
-        _s(
-            _T.RNIC_FIRMWARE_NOT_RESPONDING,
-            "RNIC firmware not responding",
-            "RNIC",
-            "rnic",
-            "rnic",
-            "latency",
-            extra_ns=40_000.0,
-            flow_share=0.3,
-        ),
-        _s(_T.RNIC_PORT_DOWN, "RNIC port down", "RNIC", "rnic", "rnic", "unreachable"),
-        _s(
-            _T.RNIC_PORT_FLAPPING,
-            "RNIC port flapping",
-            "RNIC",
-            "rnic",
-            "rnic",
-            "flapping",
-            flap_period_s=30.0,
-            flap_on_s=5.0,
-        ),
-        _s(
-            _T.OFFLOADING_FAILURE,
-            "offloading failure",
-            "RNIC",
-            "rnic",
-            "rnic",
-            "latency",
-            extra_ns=104_000.0,
-        ),
-        _s(_T.BOND_ERROR, "bond error", "kernel / RNIC", "rnic", "rnic", "unreachable"),
-        _s(
-            _T.RNIC_GID_CHANGE,
-            "RNIC GID change",
-            "kernel",
-            "rnic",
-            "rnic",
-            "unreachable",
-            to_only=True,
-        ),
-        _s(
-            _T.PCIE_NIC_ERROR,
-            "PCIe-NIC error",
-            "host board",
-            "host",
-            "host",
-            "latency",
-            extra_ns=30_000.0,
-        ),
-        _s(
-            _T.GPUDIRECT_RDMA_ERROR,
-            "GPUDirect RDMA error",
-            "host board",
-            "host",
-            "host",
-            "latency",
-            extra_ns=10_000.0,
-        ),
-        _s(
-            _T.NOT_USING_RDMA,
-            "not using RDMA",
-            "virtual switch",
-            "container",
-            "overlay",
-            "latency",
-            extra_ns=60_000.0,
-        ),
-        _s(
+        FaultSpec(_T.CRC_ERROR, "loss", loss_rate=0.02),
+        FaultSpec(_T.SWITCH_PORT_DOWN, "unreachable"),
+        FaultSpec(_T.SWITCH_PORT_FLAPPING, "flapping", flap_period_s=20.0, flap_on_s=4.0),
+        FaultSpec(_T.SWITCH_OFFLINE, "unreachable"),
+        FaultSpec(_T.RNIC_HW_FAILURE, "unreachable"),
+        FaultSpec(_T.RNIC_FIRMWARE_NOT_RESPONDING, "latency", extra_ns=40_000.0, flow_share=0.3),
+        FaultSpec(_T.RNIC_PORT_DOWN, "unreachable"),
+        FaultSpec(_T.RNIC_PORT_FLAPPING, "flapping", flap_period_s=30.0, flap_on_s=5.0),
+        FaultSpec(_T.OFFLOADING_FAILURE, "latency", extra_ns=104_000.0),
+        FaultSpec(_T.BOND_ERROR, "unreachable"),
+        FaultSpec(_T.RNIC_GID_CHANGE, "unreachable", to_only=True),
+        FaultSpec(_T.PCIE_NIC_ERROR, "latency", extra_ns=30_000.0),
+        FaultSpec(_T.GPUDIRECT_RDMA_ERROR, "latency", extra_ns=10_000.0),
+        FaultSpec(_T.NOT_USING_RDMA, "latency", extra_ns=60_000.0),
+        FaultSpec(
             _T.REPETITIVE_FLOW_OFFLOADING,
-            "repetitive flow offloading",
-            "virtual switch",
-            "rnic",
-            "overlay",
             "latency",
             extra_ns=104_000.0,
             flap_period_s=20.0,
             flap_on_s=8.0,
         ),
-        _s(
-            _T.SUBOPTIMAL_FLOW_OFFLOADING,
-            "suboptimal flow offloading",
-            "virtual switch",
-            "rnic",
-            "overlay",
-            "latency",
-            extra_ns=25_000.0,
-            flow_share=0.4,
-        ),
-        _s(
-            _T.CONTAINER_CRASH,
-            "container crash",
-            "container runtime",
-            "container",
-            "overlay",
-            "unreachable",
-        ),
-        _s(
-            _T.HUGEPAGE_MISCONFIG,
-            "hugepage misconfiguration",
-            "configuration",
-            "host",
-            "config",
-            "latency",
-            extra_ns=20_000.0,
-        ),
-        _s(
-            _T.CC_ISSUE,
-            "congestion-control issue",
-            "configuration",
-            "switch",
-            "config",
-            "latency",
-            extra_ns=30_000.0,
-        ),
-        _s(
-            _T.AGENT_CRASH,
-            "agent crash",
-            "skh agent",
-            "container",
-            "agent",
-            "agent_down",
-            in_paper=False,
-        ),
-        _s(
-            _T.LATE_AGENT,
-            "late agent",
-            "skh agent",
-            "container",
-            "agent",
-            "agent_slow",
-            loss_rate=0.1,
-            extra_ns=2_000_000.0,
-            in_paper=False,
-        ),
-        _s(
-            _T.VSWITCH_LOOP,
-            "vswitch forwarding loop",
-            "virtual switch",
-            "rnic",
-            "overlay",
-            "unreachable",
-            status=ProbeStatus.UNREACHABLE,
-            in_paper=False,
-        ),
+        FaultSpec(_T.SUBOPTIMAL_FLOW_OFFLOADING, "latency", extra_ns=25_000.0, flow_share=0.4),
+        FaultSpec(_T.CONTAINER_CRASH, "unreachable"),
+        FaultSpec(_T.HUGEPAGE_MISCONFIG, "latency", extra_ns=20_000.0),
+        FaultSpec(_T.CC_ISSUE, "latency", extra_ns=30_000.0),
+        FaultSpec(_T.AGENT_CRASH, "agent_down"),
+        FaultSpec(_T.LATE_AGENT, "agent_slow", loss_rate=0.1, extra_ns=2_000_000.0),
+        FaultSpec(_T.OVERLAY_LOOP, "unreachable", status=ProbeStatus.UNREACHABLE),
     )
 }
+#: the types the simulator can inject, in type order (not UNKNOWN, not OVERLAY_BLACKHOLE yet)
+SIMULATED_TYPES: tuple[FailureType, ...] = tuple(FAULT_SPECS)
 
 
 def link_component(a: str, b: str) -> str:
@@ -319,7 +155,7 @@ def link_component(a: str, b: str) -> str:
 class Fault:
     """One injected fault. ``None`` magnitudes take the type's :data:`FAULT_SPECS` defaults."""
 
-    type: FaultType
+    type: FailureType
     component: str
     start_s: float
     end_s: float = math.inf
@@ -353,10 +189,10 @@ class FaultRecord:
     """Ground truth of one fault, as the evaluation harness scores against it."""
 
     fault_id: int
-    type: FaultType
+    type: FailureType
     name: str
-    layer: Layer
-    target: TargetKind
+    layer: FailureLayer
+    target: ComponentKind
     component: str
     start_s: float
     end_s: float
@@ -415,9 +251,10 @@ class FaultEngine:
     # -- components --------------------------------------------------------------------------------
     def check(self, fault: Fault) -> None:
         """Raise ConfigError/TopologyError unless ``fault`` names a component of its kind."""
-        if not isinstance(fault.type, FaultType):
+        if fault.type not in FAULT_SPECS:
             raise ConfigError(
-                f"The 'type' of Fault must be a FaultType. Got {fault.type!r} instead."
+                f"The 'type' of Fault must be a simulated FailureType "
+                f"({', '.join(t.name for t in SIMULATED_TYPES)}). Got {fault.type!r} instead."
             )
         if not fault.end_s > fault.start_s:
             raise ConfigError(f"Fault {fault.type.name}: end_s must be after start_s.")

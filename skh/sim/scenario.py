@@ -23,14 +23,15 @@ from typing import Literal
 import numpy as np
 
 from skh.errors import ConfigError
+from skh.failures import FailureType
 from skh.model import Cluster, Fabric
 from skh.records import ProbeStatus
 from skh.sim.faults import (
     FAULT_SPECS,
+    SIMULATED_TYPES,
     Fault,
     FaultEngine,
     FaultRecord,
-    FaultType,
     RowSet,
     link_component,
 )
@@ -47,13 +48,13 @@ log = logging.getLogger(__name__)
 #: default arrival rates per server-year. NIC and link-down from InfiniteHBD (0.078 NIC faults —
 #: split over RNIC hardware, port and GID — and 0.105 cable link-downs per server-year); the paper
 #: gives no per-type counts, so the other types take 0.05 each. Raise them with ``rate_scale``.
-FAULT_RATES_PER_SERVER_YEAR: dict[FaultType, float] = {
-    t: 0.05 for t in FaultType if FAULT_SPECS[t].in_paper
+FAULT_RATES_PER_SERVER_YEAR: dict[FailureType, float] = {
+    t: 0.05 for t in SIMULATED_TYPES if t.in_paper
 } | {
-    FaultType.SWITCH_PORT_DOWN: 0.105,
-    FaultType.RNIC_HW_FAILURE: 0.078 * 8 / 29,
-    FaultType.RNIC_PORT_DOWN: 0.078 * 10 / 29,
-    FaultType.RNIC_GID_CHANGE: 0.078 * 11 / 29,
+    FailureType.SWITCH_PORT_DOWN: 0.105,
+    FailureType.RNIC_HW_FAILURE: 0.078 * 8 / 29,
+    FailureType.RNIC_PORT_DOWN: 0.078 * 10 / 29,
+    FailureType.RNIC_GID_CHANGE: 0.078 * 11 / 29,
 }
 
 _YEAR_S = 365.25 * 86400
@@ -371,7 +372,7 @@ class Simulation:
         pid = np.repeat(np.arange(self.n_path_ids), m)
         return RowSet(self.index, self.eps, src, dst, pid, np.zeros(src.size))
 
-    def candidates(self, ftype: FaultType, *, used_only: bool = True) -> list[str]:
+    def candidates(self, ftype: FailureType, *, used_only: bool = True) -> list[str]:
         """Components a fault of ``ftype`` could sit on; ``used_only`` keeps those on some ping
         pair's path (a fault nobody probes across is invisible by construction)."""
         t = FAULT_SPECS[ftype].target
@@ -417,8 +418,8 @@ class Simulation:
         duration_s: float,
         *,
         rate_scale: float = 1.0,
-        types: Sequence[FaultType] | None = None,
-        rates: dict[FaultType, float] | None = None,
+        types: Sequence[FailureType] | None = None,
+        rates: dict[FailureType, float] | None = None,
         median_length_s: float = 600.0,
         seed: int | None = None,
     ) -> list[FaultRecord]:
@@ -448,8 +449,8 @@ class Simulation:
 
     def inject_both_layers(
         self,
-        overlay: FaultType,
-        underlay: FaultType,
+        overlay: FailureType,
+        underlay: FailureType,
         start_s: float,
         end_s: float = math.inf,
         *,
@@ -562,7 +563,7 @@ class Simulation:
             if eff is not None and self.transport == "udp":
                 # a dead agent's port answers ICMP port unreachable over UDP; verbs just time out
                 for f in active:
-                    if f.type == FaultType.AGENT_CRASH:
+                    if f.type == FailureType.AGENT_CRASH:
                         c = self.eps.container_id(f.component)
                         hit = (
                             (self.eps.container[dst] == c) & self.engine.on_now(f, t_row) & eff.emit
@@ -610,18 +611,18 @@ class Simulation:
                 continue
             ft = f.type
             if ft in (
-                FaultType.RNIC_HW_FAILURE,
-                FaultType.RNIC_PORT_DOWN,
-                FaultType.RNIC_PORT_FLAPPING,
-                FaultType.BOND_ERROR,
+                FailureType.RNIC_HW_FAILURE,
+                FailureType.RNIC_PORT_DOWN,
+                FailureType.RNIC_PORT_FLAPPING,
+                FailureType.BOND_ERROR,
             ):
                 r = self.engine._resolve(f)[1]
                 out.append(np.flatnonzero(self.eps.rnic == r))
-            elif ft in (FaultType.SWITCH_PORT_DOWN, FaultType.SWITCH_PORT_FLAPPING):
+            elif ft in (FailureType.SWITCH_PORT_DOWN, FailureType.SWITCH_PORT_FLAPPING):
                 kind, r, _ = self.engine._resolve(f)
                 if kind == "access":
                     out.append(np.flatnonzero(self.eps.rnic == r))
-            elif ft == FaultType.CONTAINER_CRASH:
+            elif ft == FailureType.CONTAINER_CRASH:
                 out.append(np.flatnonzero(self.eps.container == self.eps.container_id(f.component)))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
@@ -630,8 +631,8 @@ class Simulation:
         and late agents outside every fifth second."""
         out = []
         for f in active:
-            if f.type in (FaultType.AGENT_CRASH, FaultType.CONTAINER_CRASH) or (
-                f.type == FaultType.LATE_AGENT and int(t) % 5
+            if f.type in (FailureType.AGENT_CRASH, FailureType.CONTAINER_CRASH) or (
+                f.type == FailureType.LATE_AGENT and int(t) % 5
             ):
                 out.append(np.flatnonzero(self.eps.container == self.eps.container_id(f.component)))
         return np.concatenate(out) if out else np.zeros(0, np.int64)

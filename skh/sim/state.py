@@ -30,13 +30,14 @@ from typing import Any, Literal
 import numpy as np
 
 from skh.errors import TopologyError
+from skh.failures import FailureType
 from skh.model import Cluster
-from skh.sim.faults import Fault, FaultEngine, FaultType
+from skh.sim.faults import Fault, FaultEngine
 from skh.sim.topology import EndpointTable, FabricIndex
 
 __all__ = ["TraceHop", "FlowEntry", "OverlayWalk", "AgentView", "walk_overlay"]
 
-_T = FaultType
+_T = FailureType
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ class AgentView:
         self._peers = peers  # ping peers (dst ep ids) of an endpoint
         self._alive = alive  # which endpoint ids have a live container at a time
 
-    def _active(self, t_s: float, types: Iterable[FaultType] | None = None) -> list[Fault]:
+    def _active(self, t_s: float, types: Iterable[FailureType] | None = None) -> list[Fault]:
         fs = [f for f in self._faults(t_s) if bool(self.engine.on_now(f, np.array([t_s]))[0])]
         if types is not None:
             ts = set(types)
@@ -187,7 +188,7 @@ class AgentView:
                 p = int(p)
                 dst = self.cluster.endpoints[p]
                 rid += 1
-                out = rep if _T.VSWITCH_LOOP in on_rnic else vtep
+                out = rep if _T.OVERLAY_LOOP in on_rnic else vtep
                 ovs.append(
                     FlowEntry(
                         rid,

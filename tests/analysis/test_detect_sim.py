@@ -9,14 +9,15 @@ import pytest
 sim_mod = pytest.importorskip("skh.sim.scenario")
 
 from skh.analysis.detect import Detector  # noqa: E402
+from skh.failures import FailureType  # noqa: E402
 from skh.model import Fabric  # noqa: E402
-from skh.sim.faults import Fault, FaultType  # noqa: E402
+from skh.sim.faults import Fault  # noqa: E402
 
 FAULTS = [
-    (FaultType.RNIC_PORT_DOWN, "unreachable"),
-    (FaultType.OFFLOADING_FAILURE, "latency-short"),
-    (FaultType.AGENT_CRASH, "agent"),
-    (FaultType.CRC_ERROR, "loss"),
+    (FailureType.RNIC_PORT_DOWN, "unreachable"),
+    (FailureType.OFFLOADING_FAILURE, "latency-short"),
+    (FailureType.AGENT_CRASH, "agent"),
+    (FailureType.CRC_ERROR, "loss"),
 ]
 
 
@@ -30,10 +31,10 @@ def test_faults_on_a_churning_simulated_cluster():
     e = sim.cluster.endpoints[src]
     path = sim.index.path_names(int(sim.eps.rnic[src]), int(sim.eps.rnic[dst]), 0)
     comps = {
-        FaultType.RNIC_PORT_DOWN: f"{e.host}:rnic{e.rail}",
-        FaultType.OFFLOADING_FAILURE: f"{e.host}:rnic{e.rail}",
-        FaultType.AGENT_CRASH: e.container,
-        FaultType.CRC_ERROR: "|".join(sorted(path[:2])),
+        FailureType.RNIC_PORT_DOWN: f"{e.host}:rnic{e.rail}",
+        FailureType.OFFLOADING_FAILURE: f"{e.host}:rnic{e.rail}",
+        FailureType.AGENT_CRASH: e.container,
+        FailureType.CRC_ERROR: "|".join(sorted(path[:2])),
     }
     starts = {ft: 330.0 + i * 90.0 for i, (ft, _) in enumerate(FAULTS)}
     records, events, retired = [], [], set()
@@ -41,7 +42,7 @@ def test_faults_on_a_churning_simulated_cluster():
         t = step.t_s
         for ft, start in starts.items():
             if t + 1 <= start < t + 2:  # inject before the step that contains the onset
-                kw = {"loss_rate": 0.05} if ft == FaultType.CRC_ERROR else {}
+                kw = {"loss_rate": 0.05} if ft == FailureType.CRC_ERROR else {}
                 records.append(sim.inject(Fault(ft, comps[ft], start, start + 50.0, **kw)))
         for j in sim.jobs:
             if j.name not in retired and j.end_s <= t + 1:
@@ -53,7 +54,7 @@ def test_faults_on_a_churning_simulated_cluster():
     assert retired, "the scenario should include churn"
     crash_eps = set(
         np.flatnonzero(
-            sim.eps.container == sim.eps.container_id(comps[FaultType.AGENT_CRASH])
+            sim.eps.container == sim.eps.container_id(comps[FailureType.AGENT_CRASH])
         ).tolist()
     )
     for rec, (ft, kind) in zip(records, FAULTS, strict=True):

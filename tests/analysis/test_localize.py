@@ -185,7 +185,7 @@ def test_crc_and_flapping_and_congestion_on_a_link():
     for symptom, flapping, ftype in (
         ("loss", False, F.CRC_ERROR),
         ("loss", True, F.SWITCH_PORT_FLAPPING),
-        ("latency", False, F.CONGESTION_CONTROL),
+        ("latency", False, F.CC_ISSUE),
     ):
         w = World()
         w.lossy.add("spine1|tor1r1")
@@ -200,7 +200,7 @@ def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
     assert named(v) == ("underlay", "host2:rnic0|tor0r0", F.SWITCH_PORT_DOWN)
     for state, ftype in (
         ("down", F.RNIC_PORT_DOWN),
-        ("hw_error", F.RNIC_HARDWARE),
+        ("hw_error", F.RNIC_HW_FAILURE),
         ("flapping", F.RNIC_PORT_FLAPPING),
     ):
         w.reports["host2"] = HostReport("host2", rnic_state={0: state})
@@ -211,13 +211,13 @@ def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
 @pytest.mark.parametrize(
     "field,value,layer,comp,ftype",
     [
-        ("gid_changed", frozenset({1}), "rnic", "host5:rnic1", F.GID_CHANGE),
+        ("gid_changed", frozenset({1}), "rnic", "host5:rnic1", F.RNIC_GID_CHANGE),
         ("bond_degraded", frozenset({1}), "rnic", "host5:rnic1", F.BOND_ERROR),
         ("pcie_errors", frozenset({1}), "host", "host5", F.PCIE_NIC_ERROR),
-        ("gpudirect_broken", frozenset({1}), "host", "host5", F.GPUDIRECT_ERROR),
+        ("gpudirect_broken", frozenset({1}), "host", "host5", F.GPUDIRECT_RDMA_ERROR),
         ("rdma_fallback", frozenset({"c5"}), "overlay", "j/c5", F.NOT_USING_RDMA),
         ("hugepage_mismatch", True, "host", "host5", F.HUGEPAGE_MISCONFIG),
-        ("offload_churn", frozenset({1}), "rnic", "host5:rnic1", F.REPETITIVE_OFFLOAD),
+        ("offload_churn", frozenset({1}), "rnic", "host5:rnic1", F.REPETITIVE_FLOW_OFFLOADING),
     ],
 )
 def test_endpoint_side_faults_come_from_the_host_report(field, value, layer, comp, ftype):
@@ -298,7 +298,7 @@ def test_container_crash_vs_agent_crash():
     # a late agent, known from heartbeats, is kept apart too
     w.reports["host3"] = HostReport("host3", agents_late=frozenset({"c3"}))
     v = only(w.run("latency", extra=extra))
-    assert named(v) == ("agent", "j/c3", F.AGENT_LATE)
+    assert named(v) == ("agent", "j/c3", F.LATE_AGENT)
 
 
 def test_agent_events_from_detection():
@@ -311,7 +311,7 @@ def test_agent_events_from_detection():
     assert named(v) == ("agent", "j/c3", F.AGENT_CRASH)
     assert v.evidence["endpoints"] == c3 and v.first_seen_ns == 5
     s = Suspect((), "latency", 5, agents={c3[0]: 8})
-    assert only(loc.localize([s], w, now_ns=9)).failure_type == F.AGENT_LATE
+    assert only(loc.localize([s], w, now_ns=9)).failure_type == F.LATE_AGENT
     # missed heartbeats and the VF is gone: the container crashed
     w.overlay_down |= {"host3/vf:c3.0", "host3/vf:c3.1"}
     s = Suspect((), "unreachable", 5, agents={c3[0]: 1})
@@ -368,16 +368,22 @@ def _rules():
 def test_rnic_check_when_both_layers_are_clear():
     enc, dec, drop = _rules()
     for offloaded, ftype in (
-        ((dec, drop), F.OFFLOAD_FAILURE),  # the encap rule never made it: encap/decap not offloaded
-        ((enc, drop), F.REPETITIVE_OFFLOAD),  # a plain rule evicted: the Fig. 18 slow path
-        ((drop, enc, dec), F.SUBOPTIMAL_OFFLOAD),  # the broad drop rule ahead of the specific ones
+        (
+            (dec, drop),
+            F.OFFLOADING_FAILURE,
+        ),  # the encap rule never made it: encap/decap not offloaded
+        ((enc, drop), F.REPETITIVE_FLOW_OFFLOADING),  # a plain rule evicted: the Fig. 18 slow path
+        (
+            (drop, enc, dec),
+            F.SUBOPTIMAL_FLOW_OFFLOADING,
+        ),  # the broad drop rule ahead of the specific ones
     ):
         w = World()
         exp = (enc, dec, drop)
-        if ftype == F.REPETITIVE_OFFLOAD:
+        if ftype == F.REPETITIVE_FLOW_OFFLOADING:
             exp = (enc, dataclasses.replace(dec, actions=("output:rep0",)), drop)
             offloaded = (enc, drop)
-        if ftype == F.SUBOPTIMAL_OFFLOAD:
+        if ftype == F.SUBOPTIMAL_FLOW_OFFLOADING:
             offloaded = tuple(dataclasses.replace(r, priority=0) for r in offloaded)
         w.tables[("host4", 1)] = FlowTables(exp, offloaded)
         ep = w.cluster.endpoint("j/c4/1")

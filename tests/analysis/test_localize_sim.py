@@ -10,9 +10,11 @@ import pytest
 
 from skh.analysis.detect import Detector
 from skh.analysis.localize import FailureType, Suspect, failing_path_ids
-from skh.collect.sim import SimSource, live_pairs, localization_suite, score, sim_localizer
+from skh.eval.localization import localization_suite, score
+from skh.failures import FAILURES
 from skh.model import Fabric
-from skh.sim.faults import Fault, FaultType
+from skh.sim.answers import SimSource, live_pairs, sim_localizer
+from skh.sim.faults import SIMULATED_TYPES, Fault
 from skh.sim.scenario import Simulation
 
 
@@ -30,9 +32,12 @@ def test_every_fault_type_on_the_right_component(suite):
         per_type[r["label"]].append(r["ok"])
     # every simulated type was detectable and localized (19 of the paper + agent crash, late
     # agent, vswitch loop)
-    assert set(per_type) == {t.name for t in FaultType}
+    assert set(per_type) == {t.name for t in SIMULATED_TYPES}
     wrong = {k: v for k, v in per_type.items() if sum(v) / len(v) < 0.98}
     assert not wrong, [r for r in single if not r["ok"]]
+    # a right verdict is in the layer the type table says
+    layers = {(r["label"], r["verdicts"][0][0]) for r in single if r["ok"]}
+    assert {(k, FAILURES[FailureType[k]].verdict_layer) for k, _ in layers} == layers
 
 
 def test_both_layers_at_once(suite):
@@ -64,12 +69,12 @@ def _run_until_suspects(sim, det, seconds, after_s):
     "ftype,pick,want_type",
     [
         (
-            FaultType.SWITCH_PORT_DOWN,
+            FailureType.SWITCH_PORT_DOWN,
             lambda c: [x for x in c if "spine" in x][0],
             FailureType.SWITCH_PORT_DOWN,
         ),
-        (FaultType.AGENT_CRASH, lambda c: c[0], FailureType.AGENT_CRASH),
-        (FaultType.CONTAINER_CRASH, lambda c: c[1], FailureType.CONTAINER_CRASH),
+        (FailureType.AGENT_CRASH, lambda c: c[0], FailureType.AGENT_CRASH),
+        (FailureType.CONTAINER_CRASH, lambda c: c[1], FailureType.CONTAINER_CRASH),
     ],
 )
 def test_end_to_end_from_the_detector(ftype, pick, want_type):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from skh.analysis._localize_classify import classify_flow_diff
 from skh.analysis.localize import FailureType, FlowRule, FlowTables, diff_megaflows, walk_overlay
+from skh.analysis.localize.classify import classify_flow_diff
 from skh.collect.linux import (
     LinuxState,
     LocalEndpoint,
@@ -163,7 +163,7 @@ def test_recorded_linux_state_gives_the_overlay_chain():
 
 def test_real_evicted_flows_classify_as_the_fig18_case():
     d = ovs_tables("ovs-ofctl-dump-flows-evicted.txt", "ovs-dpctl-dump-flows-evicted.txt").diff()
-    assert classify_flow_diff(d) == FailureType.REPETITIVE_OFFLOAD
+    assert classify_flow_diff(d) == FailureType.REPETITIVE_FLOW_OFFLOADING
 
 
 # -- tc ------------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def test_tc_filters_text_and_json_agree_and_say_not_in_hw():
     want = tuple(FlowRule(r.match, r.actions, r.priority) for r in js)
     d = FlowTables(want, tuple(js)).diff()
     assert len(d.not_in_hw) == 2 and not d.missing and not d.stale
-    assert classify_flow_diff(d) == FailureType.OFFLOAD_FAILURE
+    assert classify_flow_diff(d) == FailureType.OFFLOADING_FAILURE
 
 
 # -- traceroute -----------------------------------------------------------------------------------

@@ -177,6 +177,17 @@ def test_alerts_tail_replays_the_run_from_another_process(run):
     assert {r["alert"]["kind"] for r in run["tail"]} >= {"skeleton", "fault"}
 
 
+def test_every_alert_on_the_bus_follows_the_alert_schema(run):
+    import jsonschema
+
+    from skh.orchestrator.alerts import alert_schema
+
+    validator = jsonschema.Draft202012Validator(alert_schema())
+    assert run["tail"]
+    for rec in run["tail"]:
+        assert not list(validator.iter_errors(rec)), rec
+
+
 def test_teardown_leaves_nothing_behind(run):
     assert run["counts"]["namespaces"] > 0
     assert run["left"] == {"links": [], "netns": [], "processes": []}

@@ -15,8 +15,8 @@ from skh.eval import THRESHOLDS, profile, run_eval
 from skh.eval.probing import greedy_probe_matrix, path_links, random_sample_pairs
 from skh.eval.report import to_html, to_markdown
 from skh.eval.scoring import detection_scores
+from skh.failures import FailureType
 from skh.model import Fabric
-from skh.sim.faults import FaultType
 from skh.sim.topology import FabricIndex
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_one_seed_gives_one_table():
 @dataclass
 class _Rec:
     fault_id: int
-    type: FaultType
+    type: FailureType
     start_ns: int
     end_ns: int
     affected_pairs: np.ndarray
@@ -103,9 +103,9 @@ class _Ev:
 def test_scoring_counts_matches_misses_and_false_events():
     s = 10**9
     recs = [
-        _Rec(0, FaultType.RNIC_PORT_DOWN, 100 * s, 160 * s, np.array([[1, 2], [2, 1]])),
-        _Rec(1, FaultType.PCIE_NIC_ERROR, 300 * s, 360 * s, np.array([[5, 6]])),
-        _Rec(2, FaultType.CRC_ERROR, 500 * s, 560 * s, np.array([[7, 8]])),
+        _Rec(0, FailureType.RNIC_PORT_DOWN, 100 * s, 160 * s, np.array([[1, 2], [2, 1]])),
+        _Rec(1, FailureType.PCIE_NIC_ERROR, 300 * s, 360 * s, np.array([[5, 6]])),
+        _Rec(2, FailureType.CRC_ERROR, 500 * s, 560 * s, np.array([[7, 8]])),
     ]
     evs = [
         _Ev("unreachable", ((1, 2),), 102 * s),

@@ -8,10 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import zmq
 
-from skh.orchestrator.alerts import AlertLog
+from skh.orchestrator.alerts import AlertLog, alert_schema
 from skh.orchestrator.analyzer import Analyzer
 from skh.records import empty_probes
 from skh.wire import Codec, MsgType, probe_batch_body
@@ -108,7 +109,7 @@ def test_hook_alerts_reach_alerts_tail(cfg, ctx, run_daemon, wait, tmp_path):
     assert AlertLog(tmp_path / "alerts.log").last_seq == 5
 
 
-def test_detector_hook_turns_suspect_events_into_alerts():
+def test_detector_hook_turns_suspect_events_into_alerts(tmp_path):
     """The real streaming detector behind the analyzer's hook: a pair whose probes all fail is
     reported unreachable, with the job learned from the controller's announcements."""
     from skh.orchestrator.analyzer import DetectorHook, load_detector_hook
@@ -132,4 +133,7 @@ def test_detector_hook_turns_suspect_events_into_alerts():
     a = alerts[0]
     assert a["job"] == "train" and a["severity"] == "critical" and a["layer"] == "network"
     assert sorted(map(tuple, a["pairs"])) == [(0, 1), (1, 0)]
-    assert a["first_seen_ns"] <= a["detected_ns"]
+    assert a["first_seen_ns"] <= a["detected_at_ns"]
+    assert a["kind"] == "suspect" and a["state"] == "event"
+    # the bus contract: docs/alerts.md, skh/orchestrator/alert.schema.json
+    jsonschema.validate(AlertLog(tmp_path / "a.log").append(a), alert_schema())

@@ -2,9 +2,10 @@ import numpy as np
 import pytest
 
 from skh.errors import ConfigError
+from skh.failures import FailureType
 from skh.model import Cluster, Fabric, JobShape
 from skh.records import COUNTER_DTYPE, PROBE_DTYPE, ProbeStatus, TsSource
-from skh.sim.faults import Fault, FaultType
+from skh.sim.faults import Fault
 from skh.sim.jobs import HostPool, make_job
 from skh.sim.scenario import Simulation
 
@@ -91,7 +92,7 @@ def test_counters_are_cumulative_and_show_port_down():
     job = make_job(cluster, "j", JobShape(8, 2, 4), ready_delay_s=np.zeros(8), iteration_s=10.0)
     sim = Simulation(cluster, [job], seed=0)
     e = cluster.endpoints[0]
-    sim.inject(Fault(FaultType.RNIC_PORT_DOWN, f"{e.host}:rnic0", 5.0, 10.0))
+    sim.inject(Fault(FailureType.RNIC_PORT_DOWN, f"{e.host}:rnic0", 5.0, 10.0))
     steps = list(sim.run(30))
     tx = np.stack([s.counters["tx_bytes"] for s in steps])
     assert (np.diff(tx.astype(np.int64), axis=0) >= 0).all()
@@ -106,7 +107,7 @@ def test_counters_are_cumulative_and_show_port_down():
 def test_agent_crash_over_udp_is_refused(small_sim):
     sim = Simulation(small_sim.cluster, small_sim.jobs, seed=1, transport="udp")
     c = sim.cluster.endpoints[0].container
-    sim.inject(Fault(FaultType.AGENT_CRASH, c, 0.0))
+    sim.inject(Fault(FailureType.AGENT_CRASH, c, 0.0))
     p = sim.step().probes
     to = sim.eps.container[p["dst_ep"]] == sim.eps.container_id(c)
     assert to.any() and (p["status"][to] == ProbeStatus.REFUSED).all()

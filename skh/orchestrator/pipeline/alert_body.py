@@ -65,6 +65,8 @@ def skeleton_alert(job: str, sk: Skeleton, version: int) -> dict[str, Any]:
     """The alert body announcing skeleton ``version`` of ``job`` (JSON-friendly)."""
     return {
         "kind": "skeleton",
+        "state": "event",
+        "alert_id": f"skeleton|{job}|{version}",
         "severity": "info",
         "job": job,
         "layer": "skeleton",

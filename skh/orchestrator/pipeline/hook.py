@@ -36,6 +36,7 @@ class PipelineHook:
         self._security = security
         self._in: queue.Queue[tuple[str, Any, Any, int] | None] = queue.Queue()
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._round_s: queue.SimpleQueue[float] = queue.SimpleQueue()  # for the histogram
         self._thread = threading.Thread(target=self._work, name="skh-pipeline", daemon=True)
         self._thread.start()
 
@@ -52,6 +53,13 @@ class PipelineHook:
 
     def on_heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
         self._in.put(("heartbeat", np.asarray(eps), None, int(t_ns)))
+
+    def drain_round_s(self) -> list[float]:
+        """How long the worker's rounds took since the last call (the analyzer's histogram)."""
+        out = []
+        while not self._round_s.empty():
+            out.append(self._round_s.get_nowait())
+        return out
 
     def on_retire(self, eps: list[int]) -> None:
         self._in.put(("retire", list(eps), None, 0))
@@ -113,6 +121,7 @@ class PipelineHook:
                         TypeError,
                     ) as exc:
                         log.warning("controller status: %s", exc)
+                t0 = time.monotonic()
                 try:
                     alerts = pipe.process(
                         np.concatenate([r[0] for r in rounds]),
@@ -122,6 +131,7 @@ class PipelineHook:
                 except Exception:  # a pipeline bug must not kill the worker: logged, round dropped
                     log.exception("pipeline round failed")
                     continue
+                self._round_s.put(time.monotonic() - t0)
                 for alert in alerts:
                     self._out.put(alert)
         finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from skh.analysis._localize_types import OverlayTables, OverlayWalk, Pair
+from skh.analysis.localize.data import OverlayTables, OverlayWalk, Pair
 
 __all__ = ["host_of", "walk_overlay"]
 

@@ -7,8 +7,8 @@ A table of rules, first match wins. The evidence a localization step found decid
 
 from __future__ import annotations
 
-from skh.analysis._localize_types import FailureType as F
-from skh.analysis._localize_types import FlowDiff, HostReport, Symptom
+from skh.analysis.localize.data import FlowDiff, HostReport, Symptom
+from skh.failures import FailureType as F
 
 __all__ = [
     "classify_underlay",
@@ -21,8 +21,8 @@ __all__ = [
 _RNIC_STATE = {
     "down": F.RNIC_PORT_DOWN,
     "flapping": F.RNIC_PORT_FLAPPING,
-    "hw_error": F.RNIC_HARDWARE,
-    "fw_unresponsive": F.RNIC_FIRMWARE,
+    "hw_error": F.RNIC_HW_FAILURE,
+    "fw_unresponsive": F.RNIC_FIRMWARE_NOT_RESPONDING,
 }
 
 
@@ -32,7 +32,7 @@ def classify_underlay(
     """A link or switch of the fabric: ``kind`` is "link" or "node" (a switch)."""
     if symptom == "latency":
         # a queue without congestion control (ECN/PFC) on some switch port: only latency grows
-        return F.CONGESTION_CONTROL
+        return F.CC_ISSUE
     if kind == "node":
         return (
             F.SWITCH_OFFLINE
@@ -59,10 +59,10 @@ def classify_host_report(report: HostReport | None, rail: int) -> F | None:
     if report is None:
         return None
     for rails, ftype in (
-        (report.gid_changed, F.GID_CHANGE),
+        (report.gid_changed, F.RNIC_GID_CHANGE),
         (report.bond_degraded, F.BOND_ERROR),
         (report.pcie_errors, F.PCIE_NIC_ERROR),
-        (report.gpudirect_broken, F.GPUDIRECT_ERROR),
+        (report.gpudirect_broken, F.GPUDIRECT_RDMA_ERROR),
     ):
         if rail in rails:
             return ftype
@@ -77,11 +77,11 @@ _TUNNEL_ACTIONS = ("tnl_push", "tnl_pop", "set_tunnel", "vxlan", "encap", "decap
 def classify_flow_diff(diff: FlowDiff, *, churn: bool = False) -> F:
     """A diff of offloaded vs OVS flow tables (empty only when ``churn`` is seen)."""
     if diff.misordered or (diff.duplicated and not (diff.missing or diff.stale)):
-        return F.SUBOPTIMAL_OFFLOAD
+        return F.SUBOPTIMAL_FLOW_OFFLOADING
     if churn:
         # the same rules evicted and re-installed over and over: between two evictions the
         # tables may even agree
-        return F.REPETITIVE_OFFLOAD
+        return F.REPETITIVE_FLOW_OFFLOADING
     tunnel = [
         r
         for r in (*diff.missing, *diff.not_in_hw)
@@ -89,6 +89,6 @@ def classify_flow_diff(diff: FlowDiff, *, churn: bool = False) -> F:
     ]
     if diff.not_in_hw or (tunnel and len(tunnel) == len(diff.missing)):
         # encap/decap rules that never made it into the eswitch
-        return F.OFFLOAD_FAILURE
+        return F.OFFLOADING_FAILURE
     # offloaded flows invalidated (counters not refreshed, judged idle, evicted): the Fig. 18 case
-    return F.REPETITIVE_OFFLOAD
+    return F.REPETITIVE_FLOW_OFFLOADING

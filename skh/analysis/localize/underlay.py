@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from skh.analysis._localize_types import Trace
+from skh.analysis.localize.data import Trace
 
 __all__ = ["UnderlayCulprit", "UnderlayResult", "link_name", "vote"]
 

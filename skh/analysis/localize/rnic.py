@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
-from skh.analysis._localize_types import FlowDiff, FlowRule
+from skh.analysis.localize.data import FlowDiff, FlowRule
 
 __all__ = ["diff_flow_tables", "diff_megaflows", "covers"]
 

@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
+from skh.failures import FailureType
+
 __all__ = [
     "Pair",
     "Symptom",
     "Layer",
     "Severity",
-    "FailureType",
+    "SYMPTOM_RANK",
+    "SEVERITY_OF",
     "Trace",
     "OverlayTables",
     "OverlayWalk",
@@ -40,34 +43,13 @@ class Severity(IntEnum):
     CRITICAL = 3  # unreachable: a collective times out after ~4 s and the job fails
 
 
-class FailureType(IntEnum):
-    """The paper's Table 1 (numbers 1-19 as there), plus what the paper leaves out."""
-
-    UNKNOWN = 0
-    CRC_ERROR = 1
-    SWITCH_PORT_DOWN = 2
-    SWITCH_PORT_FLAPPING = 3
-    SWITCH_OFFLINE = 4
-    RNIC_HARDWARE = 5
-    RNIC_FIRMWARE = 6
-    RNIC_PORT_DOWN = 7
-    RNIC_PORT_FLAPPING = 8
-    OFFLOAD_FAILURE = 9
-    BOND_ERROR = 10
-    GID_CHANGE = 11
-    PCIE_NIC_ERROR = 12
-    GPUDIRECT_ERROR = 13
-    NOT_USING_RDMA = 14
-    REPETITIVE_OFFLOAD = 15
-    SUBOPTIMAL_OFFLOAD = 16
-    CONTAINER_CRASH = 17
-    HUGEPAGE_MISCONFIG = 18
-    CONGESTION_CONTROL = 19
-    # beyond Table 1: overlay forwarding-state faults and the monitor's own endpoints
-    OVERLAY_BLACKHOLE = 20
-    OVERLAY_LOOP = 21
-    AGENT_CRASH = 22
-    AGENT_LATE = 23
+#: how bad a symptom is: a pair's worst symptom wins, a verdict takes its pairs' worst
+SYMPTOM_RANK: dict[str, int] = {"latency": 0, "loss": 1, "unreachable": 2}
+SEVERITY_OF: dict[str, Severity] = {
+    "latency": Severity.WARNING,
+    "loss": Severity.MAJOR,
+    "unreachable": Severity.CRITICAL,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,56 +1,25 @@
-"""Localization: put each detected failure in the overlay, the underlay, the RNIC, the host or the
-monitor's own agent (DESIGN §7; the paper's Algorithm 1, extended).
-
-One round takes the suspects detection raised (failing pairs with the path ids that failed,
-symptom, first-seen, unhealthy agents) and a :class:`StateSource` that answers what agents
-answer on a real cluster (a flow-pinned traceroute, a host's overlay forwarding state, an
-RNIC's offloaded vs OVS flow tables, a host's report). It asks only what it needs, in order:
-
-1. **Overlay walk** of every failing pair (VF → representor → vswitch → VTEP → … → VF), and of
-   the way back: a missing next hop is a break, a revisited hop a loop, a node that is down (a
-   crashed container's VF) is named. The pairs a broken hop explains are done.
-2. **Agents apart**: endpoints detection found unhealthy (missed heartbeats, refused probes,
-   growing prober delay) and pairs whose probes were refused are the monitor's problem, not
-   the network's; a dead agent whose VF is gone is a crashed container.
-3. **Underlay vote** over the rest: flow-pinned traces of the failing paths and of healthy pairs
-   near them (exoneration); culprits are taken greedily, each removing what it explains, so
-   several faults (and, with step 1, both layers) come out one by one. A culprit at the edge
-   (an RNIC or its access link) is resolved with the host's report, then the RNIC check,
-   then the far endpoints, before a switch port is blamed; a tie is reported with candidates.
-4. **Host and RNIC check** for pairs both layers leave unexplained, busiest endpoint first: the
-   host reports, then the RNIC flow-table dump (rate-limited: it is costly on a real RNIC).
-5. **Residual vote** for what is still left (a lossy or slow link that some flows cross
-   unharmed, or pairs a delay-only culprit cannot explain), then **independent evidence**:
-   an endpoint report naming a fault no verdict names yet (two faults on the same pairs).
-   The rest is reported as unexplained with its evidence, never forced.
-
-Verdicts carry the failure type (:class:`FailureType`: the paper's 19, plus overlay black
-hole/loop and agent crash/late), the evidence and the candidates; :class:`AlertTracker`
-deduplicates them while a fault lasts and resolves them when it clears.
-
-Everything here is pure data in, data out: no sockets, no engine, no orchestrator.
-"""
+"""The localizer: one round turns suspects into verdicts, step by step (the package doc has the
+steps); each step asks the :class:`~skh.analysis.localize.source.StateSource` only what it needs."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from skh.analysis._localize_classify import (
+from skh.analysis.localize.alerts import merge_verdicts
+from skh.analysis.localize.classify import (
     classify_flow_diff,
     classify_host_report,
     classify_rnic_report,
     classify_underlay,
 )
-from skh.analysis._localize_overlay import host_of, walk_overlay
-from skh.analysis._localize_rnic import covers, diff_flow_tables, diff_megaflows
-from skh.analysis._localize_types import (
-    FailureType,
+from skh.analysis.localize.data import (
+    SEVERITY_OF,
+    SYMPTOM_RANK,
     FlowDiff,
     FlowRule,
     HostReport,
@@ -58,164 +27,21 @@ from skh.analysis._localize_types import (
     OverlayTables,
     OverlayWalk,
     Pair,
-    Severity,
     Symptom,
     Trace,
     Verdict,
 )
-from skh.analysis._localize_underlay import UnderlayCulprit, link_name, vote
+from skh.analysis.localize.overlay import host_of, walk_overlay
+from skh.analysis.localize.source import StateSource
+from skh.analysis.localize.suspects import DEAD_BITS, Suspect
+from skh.analysis.localize.underlay import UnderlayCulprit, link_name, vote
 from skh.errors import ConfigError
+from skh.failures import FailureType
 from skh.model import Cluster, Endpoint
-from skh.records import pair_keys
 
-__all__ = [
-    "AlertTracker",
-    "AlertUpdate",
-    "FailureType",
-    "FlowDiff",
-    "FlowRule",
-    "FlowTables",
-    "HostReport",
-    "Layer",
-    "Localizer",
-    "OverlayTables",
-    "OverlayWalk",
-    "Pair",
-    "Severity",
-    "StateSource",
-    "Suspect",
-    "Symptom",
-    "Trace",
-    "Verdict",
-    "covers",
-    "diff_flow_tables",
-    "diff_megaflows",
-    "failing_path_ids",
-    "link_name",
-    "vote",
-    "walk_overlay",
-]
+__all__ = ["Localizer", "default_overlay_endpoint"]
 
 log = logging.getLogger(__name__)
-
-_SYMPTOM_RANK = {"latency": 0, "loss": 1, "unreachable": 2}
-_SEVERITY = {"latency": Severity.WARNING, "loss": Severity.MAJOR, "unreachable": Severity.CRITICAL}
-
-
-@dataclass(frozen=True, slots=True)
-class FlowTables:
-    """One RNIC's flow tables: what OVS wants offloaded and what the RNIC holds.
-
-    ``megaflow`` says ``offloaded`` is a datapath flow cache (OVS's own, the testbed's stand-in
-    for the RNIC) rather than a rule-for-rule copy: it is then checked rule by rule against the
-    OpenFlow rules it falls under (:func:`diff_megaflows`).
-    """
-
-    expected: tuple[FlowRule, ...]
-    offloaded: tuple[FlowRule, ...]
-    megaflow: bool = False
-
-    def diff(self) -> FlowDiff:
-        if self.megaflow:
-            return diff_megaflows(self.expected, self.offloaded)
-        return diff_flow_tables(self.expected, self.offloaded)
-
-
-class StateSource(Protocol):
-    """What the localizer asks agents (through the controller) or the simulator."""
-
-    def traceroute(self, pair: Pair, path_id: int) -> Trace | None:
-        """A flow-pinned trace of the pair's underlay path: the path the probes of ``path_id``
-        (their flow label / outer UDP source port) take."""
-
-    def overlay_tables(self, host: str) -> OverlayTables | None:
-        """The host's overlay forwarding state (None: the host cannot tell)."""
-
-    def flow_tables(self, host: str, rail: int) -> FlowTables | None:
-        """The RNIC's offloaded table next to OVS's (costly: called last and rate-limited)."""
-
-    def host_report(self, host: str) -> HostReport | None:
-        """The host agent's view of its RNICs, containers and agents."""
-
-
-_DETECT_KINDS: dict[str, Symptom] = {
-    "unreachable": "unreachable",
-    "loss": "loss",
-    "latency": "latency",
-    "latency-short": "latency",
-    "latency-long": "latency",
-    "latency_short": "latency",
-    "latency_long": "latency",
-}
-#: detection's endpoint-health reason bits (skh.analysis.health.HealthReason)
-#: missed heartbeats, refused; the others (late results, delays) mean a late agent
-_DEAD_BITS = 1 | 4
-
-
-@dataclass(frozen=True, slots=True)
-class Suspect:
-    """One detection result to localize: the pairs failing together and how they fail."""
-
-    pairs: tuple[Pair, ...]
-    symptom: Symptom
-    first_seen_ns: int
-    #: pairs whose probes were answered with ICMP port unreachable: the host is up, the agent is not
-    refused: frozenset[Pair] = frozenset()
-    #: the loss comes and goes (down/up periods): a flapping port
-    flapping: bool = False
-    #: the path ids (flow labels) whose probes failed, per pair; pairs left out use path id 0
-    path_ids: Mapping[Pair, tuple[int, ...]] = field(default_factory=dict)
-    #: endpoints whose agent detection found unhealthy: endpoint id → HealthReason bits
-    agents: Mapping[int, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.symptom not in _SYMPTOM_RANK:
-            raise ConfigError(
-                f"The 'symptom' parameter of Suspect must be one of {sorted(_SYMPTOM_RANK)}. "
-                f"Got {self.symptom!r} instead."
-            )
-
-    @classmethod
-    def from_event(
-        cls, event: Any, *, path_ids: Mapping[Pair, tuple[int, ...]] | None = None
-    ) -> Suspect:
-        """Adopt detection's ``SuspectEvent`` (``kind``, ``pairs``, ``scores``, ``first_seen_ns``,
-        ``endpoints``). An ``agent`` event's scores are the endpoints' health-reason bits."""
-        kind = str(getattr(event, "kind", "")).lower()
-        pairs = tuple(
-            (int(a), int(b))
-            for a, b in np.asarray(getattr(event, "pairs", ()), np.int64).reshape(-1, 2)
-        )
-        first = int(getattr(event, "first_seen_ns", 0))
-        if kind == "agent":
-            eps = tuple(int(e) for e in getattr(event, "endpoints", ()))
-            bits = tuple(int(b) for b in getattr(event, "scores", ())) or (1,) * len(eps)
-            agents = dict(zip(eps, bits, strict=False))
-            symptom: Symptom = "unreachable" if any(b & _DEAD_BITS for b in bits) else "latency"
-            return cls(pairs, symptom, first, agents=agents, path_ids=dict(path_ids or {}))
-        symptom = _DETECT_KINDS.get(kind)  # type: ignore[assignment]
-        if symptom is None:
-            raise ConfigError(f"Suspect.from_event: unknown detection kind {kind!r}.")
-        return cls(pairs, symptom, first, path_ids=dict(path_ids or {}))
-
-
-def failing_path_ids(probes: np.ndarray, pairs: Iterable[Pair]) -> dict[Pair, tuple[int, ...]]:
-    """The path ids (flow labels) whose probes failed, per pair, from ``PROBE_DTYPE`` records: the
-    flows to trace. A pair whose probes all came back (a latency suspect) gets every path id it
-    was probed on. Pairs without records are left out (the localizer then traces path id 0)."""
-    want = np.asarray(list(pairs), np.int64).reshape(-1, 2)
-    if want.size == 0 or probes.size == 0:
-        return {}
-    key = pair_keys(probes["src_ep"], probes["dst_ep"])
-    wkey = pair_keys(want[:, 0], want[:, 1])
-    sel = np.isin(key, wkey)
-    key, pid, bad = key[sel], probes["path_id"][sel].astype(np.int64), probes["status"][sel] != 0
-    out: dict[Pair, tuple[int, ...]] = {}
-    for k in np.unique(key).tolist():
-        m = key == k
-        ids = np.unique(pid[m & bad]) if (m & bad).any() else np.unique(pid[m])
-        out[(k >> 32, k & 0xFFFFFFFF)] = tuple(int(i) for i in ids)
-    return out
 
 
 def default_overlay_endpoint(ep: Endpoint) -> tuple[str, str]:
@@ -242,18 +68,18 @@ class _Work:
     deferred: list[tuple[UnderlayCulprit, list[Trace]]] = field(default_factory=list)
 
 
-_RNIC_SIDE = {FailureType.BOND_ERROR, FailureType.GID_CHANGE}
+_RNIC_SIDE = {FailureType.BOND_ERROR, FailureType.RNIC_GID_CHANGE}
 #: types whose only symptom is delay (Table 1's "high latency" rows)
 _LATENCY_ONLY = {
-    FailureType.RNIC_FIRMWARE,
-    FailureType.OFFLOAD_FAILURE,
+    FailureType.RNIC_FIRMWARE_NOT_RESPONDING,
+    FailureType.OFFLOADING_FAILURE,
     FailureType.PCIE_NIC_ERROR,
-    FailureType.GPUDIRECT_ERROR,
+    FailureType.GPUDIRECT_RDMA_ERROR,
     FailureType.NOT_USING_RDMA,
-    FailureType.REPETITIVE_OFFLOAD,
-    FailureType.SUBOPTIMAL_OFFLOAD,
+    FailureType.REPETITIVE_FLOW_OFFLOADING,
+    FailureType.SUBOPTIMAL_FLOW_OFFLOADING,
     FailureType.HUGEPAGE_MISCONFIG,
-    FailureType.CONGESTION_CONTROL,
+    FailureType.CC_ISSUE,
 }
 
 
@@ -389,7 +215,7 @@ class Localizer:
             for p in s.pairs:
                 if not (0 <= p[0] < n_ep and 0 <= p[1] < n_ep):
                     raise ConfigError(f"Localizer.localize: pair {p!r} names an unknown endpoint.")
-                if _SYMPTOM_RANK[s.symptom] >= _SYMPTOM_RANK.get(w.symptom.get(p, "latency"), 0):
+                if SYMPTOM_RANK[s.symptom] >= SYMPTOM_RANK.get(w.symptom.get(p, "latency"), 0):
                     w.symptom[p] = s.symptom
                 w.first_seen[p] = min(w.first_seen.get(p, s.first_seen_ns), s.first_seen_ns)
                 if s.flapping:
@@ -444,7 +270,7 @@ class Localizer:
                     "endpoints report nothing"
                 },
             )
-        out = _merge(w.verdicts)
+        out = merge_verdicts(w.verdicts)
         log.debug(
             "localized %d pairs, %d agents: %s",
             len(w.symptom),
@@ -536,13 +362,13 @@ class Localizer:
             if name in crashed:
                 continue
             node = self.overlay_endpoint(ep)[0]
-            if bits & _DEAD_BITS and self._container_gone(ep, node, tables, report):
+            if bits & DEAD_BITS and self._container_gone(ep, node, tables, report):
                 key = (ep.job, ep.container, FailureType.CONTAINER_CRASH)
             else:
                 key = (
                     ep.job,
                     ep.container,
-                    FailureType.AGENT_CRASH if bits & _DEAD_BITS else FailureType.AGENT_LATE,
+                    FailureType.AGENT_CRASH if bits & DEAD_BITS else FailureType.LATE_AGENT,
                 )
             endpoints.setdefault(key, set()).add(e)
             blamed.setdefault(key, [])
@@ -560,7 +386,7 @@ class Localizer:
                     if ep.container in rep.agents_dead:
                         hit = (ep.job, ep.container, FailureType.AGENT_CRASH)
                     elif ep.container in rep.agents_late:
-                        hit = (ep.job, ep.container, FailureType.AGENT_LATE)
+                        hit = (ep.job, ep.container, FailureType.LATE_AGENT)
                     if hit:
                         break
             if hit:
@@ -584,7 +410,7 @@ class Localizer:
                     "endpoints": eps,
                     "health_bits": {e: w.agents[e] for e in eps},
                 },
-                symptom="unreachable" if ftype != FailureType.AGENT_LATE else "latency",
+                symptom="unreachable" if ftype != FailureType.LATE_AGENT else "latency",
             )
             w.left -= set(pairs)
 
@@ -701,7 +527,7 @@ class Localizer:
                     "rnic",
                     c.component,
                     "rnic",
-                    FailureType.RNIC_HARDWARE,
+                    FailureType.RNIC_HW_FAILURE,
                     now_ns,
                     evidence=evidence,
                     candidates=c.candidates,
@@ -819,7 +645,7 @@ class Localizer:
                 "rnic",
                 rnic,
                 "rnic",
-                FailureType.REPETITIVE_OFFLOAD,
+                FailureType.REPETITIVE_FLOW_OFFLOADING,
                 {"host_report": "offload_churn"},
             )
         return None
@@ -886,7 +712,7 @@ class Localizer:
     def _worst(w: _Work, pairs: Iterable[Pair]) -> Symptom:
         return max(
             (w.symptom.get(p, "latency") for p in pairs),
-            key=_SYMPTOM_RANK.__getitem__,
+            key=SYMPTOM_RANK.__getitem__,
             default="latency",
         )
 
@@ -917,7 +743,7 @@ class Localizer:
             component_kind=kind,
             failure_type=ftype,
             symptom=symptom,
-            severity=_SEVERITY[symptom],
+            severity=SEVERITY_OF[symptom],
             first_seen_ns=min(
                 (w.first_seen[p] for p in pairs if p in w.first_seen), default=w.first_seen_any
             ),
@@ -926,32 +752,6 @@ class Localizer:
             candidates=tuple(candidates),
         )
         w.verdicts.append(v)
-
-
-def _merge(verdicts: list[Verdict]) -> list[Verdict]:
-    """One verdict per (layer, component, type): a host fault found through each of its RNICs
-    is one fault."""
-    out: dict[tuple[str, str, int], Verdict] = {}
-    for v in verdicts:
-        old = out.get(v.key)
-        if old is None or v.layer == "unexplained":
-            out[v.key] = v if old is None else _join(old, v)
-            continue
-        out[v.key] = _join(old, v)
-    return list(out.values())
-
-
-def _join(a: Verdict, b: Verdict) -> Verdict:
-    jobs = sorted(set(a.job.split(",")) | set(b.job.split(",")) - {""})
-    return replace(
-        a,
-        job=",".join(jobs),
-        pairs=tuple(sorted(set(a.pairs) | set(b.pairs))),
-        symptom=max(a.symptom, b.symptom, key=_SYMPTOM_RANK.__getitem__),
-        severity=max(a.severity, b.severity),
-        first_seen_ns=min(a.first_seen_ns, b.first_seen_ns),
-        candidates=tuple(dict.fromkeys((*a.candidates, *b.candidates))),
-    )
 
 
 def _diff_evidence(diff: FlowDiff) -> dict[str, object]:
@@ -966,58 +766,3 @@ def _diff_evidence(diff: FlowDiff) -> dict[str, object]:
         ]
         + [f"{show(a)} < {show(b)}" for a, b in diff.misordered[:2]],
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Alerts: deduplicated while a fault lasts, resolved when it clears
-
-
-@dataclass(frozen=True, slots=True)
-class AlertUpdate:
-    new: tuple[Verdict, ...]
-    ongoing: tuple[Verdict, ...]
-    resolved: tuple[Verdict, ...]
-
-
-class AlertTracker:
-    """Turns rounds of verdicts into alert transitions.
-
-    A verdict whose key (layer, component, type) is already open is the same fault: it updates
-    the open alert (pairs, detected-at) but keeps the first first-seen. An open alert that no
-    round has confirmed for ``resolve_after_s`` is resolved.
-    """
-
-    def __init__(self, *, resolve_after_s: float = 60.0) -> None:
-        if resolve_after_s <= 0:
-            raise ConfigError(
-                "The 'resolve_after_s' parameter of AlertTracker must be > 0. "
-                f"Got {resolve_after_s!r} instead."
-            )
-        self.resolve_after_ns = int(resolve_after_s * 1e9)
-        self._open: dict[tuple[str, str, int], Verdict] = {}
-        self._seen_ns: dict[tuple[str, str, int], int] = {}
-
-    @property
-    def open(self) -> tuple[Verdict, ...]:
-        return tuple(self._open.values())
-
-    def update(self, verdicts: Iterable[Verdict], now_ns: int) -> AlertUpdate:
-        new, ongoing = [], []
-        for v in verdicts:
-            k = v.key
-            old = self._open.get(k)
-            if old is None:
-                self._open[k] = v
-                new.append(v)
-            else:
-                merged = replace(
-                    _join(old, v), detected_at_ns=old.detected_at_ns, evidence=v.evidence
-                )
-                self._open[k] = merged
-                ongoing.append(merged)
-            self._seen_ns[k] = now_ns
-        resolved = []
-        for k in [k for k, t in self._seen_ns.items() if now_ns - t >= self.resolve_after_ns]:
-            resolved.append(self._open.pop(k))
-            del self._seen_ns[k]
-        return AlertUpdate(tuple(new), tuple(ongoing), tuple(resolved))
