@@ -75,17 +75,7 @@ class SimRun:
             overlay_endpoint=sim_overlay_endpoint,
             overlay_component=sim_overlay_component,
         )
-        self.pipe.set_endpoints(
-            {
-                "ep": e.ep_id,
-                "job": e.job,
-                "container": e.container,
-                "host": e.host,
-                "rail": e.rail,
-                "ip": e.ip,
-            }
-            for e in sim.cluster.endpoints
-        )
+        self.pipe.set_cluster(sim.cluster)
         self.truths = []
         for i, (name, start, end) in enumerate(script):
             ftype = FailureType[name]

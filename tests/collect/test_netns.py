@@ -65,31 +65,27 @@ def test_paris_trace_follows_and_stops_at_the_frontier(names):
     ip -n {h1} route add default via 10.9.1.254; ip -n {h2} route add default via 10.9.2.254
     ip -n {r1} route add 10.9.2.0/24 via 10.9.12.1; ip -n {r2} route add 10.9.1.0/24 via 10.9.12.0
     """)
-    for all_at_once in (True, False):
+
+    def trace(max_ttl: int, timeout_s: float, all_at_once: bool):
         with in_netns(h1):
-            res = paris_trace(
+            return paris_trace(
                 "10.9.2.1",
                 src="10.9.1.1",
                 sport=40002,
-                max_ttl=6,
-                timeout_s=1.0,
+                max_ttl=max_ttl,
+                timeout_s=timeout_s,
                 all_at_once=all_at_once,
             )
+
+    for all_at_once in (True, False):
+        res = trace(6, 1.0, all_at_once)
         assert res.reached and res.addrs == ("10.9.1.254", "10.9.12.1", "10.9.2.1")
         assert [h.icmp for h in res.hops] == ["time-exceeded", "time-exceeded", "unreachable"]
     # r2 silently drops everything for h2: the trace ends at r2, the frontier
     sh(f"ip -n {r2} route replace blackhole 10.9.2.1/32")
     for all_at_once in (True, False):
         t0 = time.monotonic()
-        with in_netns(h1):
-            res = paris_trace(
-                "10.9.2.1",
-                src="10.9.1.1",
-                sport=40002,
-                max_ttl=4,
-                timeout_s=0.3,
-                all_at_once=all_at_once,
-            )
+        res = trace(4, 0.3, all_at_once)
         took_s = time.monotonic() - t0
         assert not res.reached and res.addrs == ("10.9.1.254", None, None, None)
         # (r2 drops before its TTL check, so the last answering hop is r1: the link r1–r2 or r2)

@@ -310,17 +310,7 @@ def _blackhole_pipeline(fab, cluster, source_factory):
         }
     )
     p = Pipeline(cfg, source_factory=source_factory, apply_skeleton=lambda *_: True)
-    p.set_endpoints(
-        {
-            "ep": e.ep_id,
-            "job": e.job,
-            "container": e.container,
-            "host": e.host,
-            "rail": e.rail,
-            "ip": e.ip,
-        }
-        for e in cluster.endpoints
-    )
+    p.set_cluster(cluster)
     return p
 
 

@@ -151,6 +151,21 @@ class Pipeline:
             )
         return True
 
+    def set_cluster(self, cluster: Cluster) -> bool:
+        """Adopt a model's endpoints, as :meth:`set_endpoints` takes them from the controller
+        (the simulator and tests know the cluster without one)."""
+        return self.set_endpoints(
+            {
+                "ep": e.ep_id,
+                "job": e.job,
+                "container": e.container,
+                "host": e.host,
+                "rail": e.rail,
+                "ip": e.ip,
+            }
+            for e in cluster.endpoints
+        )
+
     # -- one round ----------------------------------------------------------------------------
     def process(
         self,
