@@ -380,9 +380,14 @@ class LiveDemo:
 
     def tail_command(self) -> str:
         """How to follow this run's alerts from another terminal (with its keys, if any)."""
-        sec = " ".join(self.spec.security_args(server=False, client=True))
+        sec = self.spec.security()
+        keys = (
+            "--insecure"
+            if sec.insecure
+            else f"--server-key {sec.server_public_key} --client-key {sec.client_secret_key}"
+        )
         return (
-            f"skh alerts tail {sec} --replay {self.addr['replay']} --alerts {self.addr['alerts']}"
+            f"skh alerts tail {keys} --replay {self.addr['replay']} --alerts {self.addr['alerts']}"
         )
 
     def _wait_log(self, rec: Any, needle: bytes, timeout_s: float = 20.0) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -85,23 +86,12 @@ def run(tmp_path_factory):
     try:
         demo.start()
         demo.run_script()
-        # another process follows the bus: everything published so far is replayed to it
+        # another process follows the bus with the command the demo prints: everything
+        # published so far is replayed to it
+        argv = shlex.split(demo.tail_command())
+        assert argv[:3] == ["skh", "alerts", "tail"]
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "skh",
-                "alerts",
-                "tail",
-                "--insecure",
-                "--json",
-                "--idle-exit",
-                "2",
-                "--replay",
-                demo.addr["replay"],
-                "--alerts",
-                demo.addr["alerts"],
-            ],
+            [sys.executable, "-m", *argv, "--json", "--idle-exit", "2"],
             capture_output=True,
             text=True,
             timeout=60,
