@@ -650,7 +650,7 @@ class LiveDemo:
             }
         if kind == "loss":
             r = min(1, r_last)
-            return {"link": (L.rnic_key(last, r), L.tor_name(L.segment(last), r)), "percent": 60.0}
+            return {"link": (L.rnic_key(last, r), L.tor_name(L.segment(last), r)), "percent": 30.0}
         if kind == "switch_down":
             return {"switch": L.tor_name(L.segment(last), r_last)}
         if kind == "fdb_blackhole":
