@@ -9,13 +9,17 @@ prober process's getrusage (user+sys) and RSS its VmRSS. Legs per path:
     list leaves in one send batch, like the Python prober's ``--burst``);
   - saturation: probes/s answered and CPU µs per answered probe (``*_saturated``), both keeping
     32 probes in flight; the Python prober once more without kernel stamps (``py_nostamps_*``);
+  - like with like: the same in-flight window (32) for both, equal warm-ups, five or more runs
+    interleaved C, Python, C, ...: the medians of CPU µs per answered probe
+    (``c_cpu_us_per_probe_same_window`` / ``py_cpu_us_per_probe_same_window``), their ratio, and
+    every run (``same_window_runs``);
   - the agent at 100 and 1,000 probes/s over a target list of 9: CPU % of one core and RSS MB;
   - 100 probes/s with and without a CPU hog on every core (`yes`, pinned): network RTT (kernel
     stamps) vs app-level RTT (user clock, T6 - T1) p50/p99;
   - ping (ICMP echo, 100 Hz, alongside the 100 probes/s runs) and sockperf ping-pong (1000 msg/s,
     alone) where installed, with and without the hog.
 
-    python bench/probe_overhead.py [--quick]      # prints one JSON object; --quick < 40 s
+    python bench/probe_overhead.py [--quick]      # prints one JSON object; --quick ~1 min as root
 
 Top-level keys come from the veth leg when it ran (root), else from loopback; "legs" holds both.
 """
@@ -228,7 +232,9 @@ def c_agent(
     return run_json(cmd, timeout=duration + warmup + 30)
 
 
-def py_prober(ns, host, port, mode, duration, rate=0.0, timestamps=True, burst=1) -> dict:
+def py_prober(
+    ns, host, port, mode, duration, rate=0.0, timestamps=True, burst=1, warmup=0.3, window=32
+) -> dict:
     cmd = [
         *netns_prefix(ns),
         PY,
@@ -245,9 +251,38 @@ def py_prober(ns, host, port, mode, duration, rate=0.0, timestamps=True, burst=1
         str(rate),
         "--burst",
         str(burst),
+        "--warmup",
+        str(warmup),
+        "--window",
+        str(window),
         *([] if timestamps else ["--no-timestamps"]),
     ]
     return run_json(cmd, timeout=duration + 30)
+
+
+def same_window(ns, host, port, quick: bool, window: int = 32) -> dict:
+    """CPU per answered probe at saturation with the same in-flight window for both probers, equal
+    warm-ups, runs interleaved (C, Python, C, ...) so the machine's other load hits both alike."""
+    import statistics
+
+    rounds = 5 if quick else 9
+    d, warm = (0.6, 0.3) if quick else (2.0, 0.5)
+    runs: dict[str, list[float]] = {"c": [], "py": []}
+    for _ in range(rounds):
+        c = c_agent(
+            ns, host, port, 1_000_000, d, warmup=warm, drain_every=0.1, ring=1 << 20, window=window
+        )
+        py = py_prober(ns, host, port, "window", d, warmup=warm, window=window)
+        runs["c"].append(round(c["cpu_s"] / max(1, c["answered"]) * 1e6, 3))
+        runs["py"].append(round(py["cpu_s"] / max(1, py["answered"]) * 1e6, 3))
+    c_med, py_med = statistics.median(runs["c"]), statistics.median(runs["py"])
+    return {
+        "c_cpu_us_per_probe_same_window": c_med,
+        "py_cpu_us_per_probe_same_window": py_med,
+        "c_to_py_cpu_same_window": round(c_med / py_med, 3),
+        "same_window": window,
+        "same_window_runs": runs,
+    }
 
 
 def ping_start(ns, host, count):
@@ -343,8 +378,8 @@ def leg(
             ring=1 << 20,
             window=32,
         )
-        py_sat = py_prober(ns_prober, host, port, "window", d)
-        py_bare = py_prober(ns_prober, host, port, "window", d, timestamps=False)
+        py_sat = py_prober(ns_prober, host, port, "window", d, warmup=warm)
+        py_bare = py_prober(ns_prober, host, port, "window", d, timestamps=False, warmup=warm)
         out["c_probes_per_s"] = round(c_sat["answered"] / c_sat["wall_s"])
         out["py_probes_per_s"] = round(py_sat["answered"] / py_sat["wall_s"])
         sat_c = c_sat["cpu_s"] / max(1, c_sat["answered"])
@@ -356,6 +391,7 @@ def leg(
         out["py_nostamps_cpu_us_per_probe_saturated"] = round(
             py_bare["cpu_s"] / max(1, py_bare["answered"]) * 1e6, 3
         )
+        out.update(same_window(ns_prober, host, port, quick))
         # CPU per probe in the agent's regime: the same fixed rate for both, over a list of 9
         # targets (C: 9 targets; Python: 9 probes per round). At saturation the kernel's per-packet
         # work (send, loopback/veth delivery, stamps) dominates both and the ratio narrows.
@@ -474,6 +510,7 @@ def main() -> None:
         return
 
     t0 = time.monotonic()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     import shutil
 
     can_veth = bool(os.geteuid() == 0 and shutil.which("ip") and not args.no_veth)
@@ -493,6 +530,9 @@ def main() -> None:
         "kernel": os.uname().release,
         "quick": args.quick,
         "elapsed_s": round(time.monotonic() - t0, 1),
+        # 1/5/15-min load averages: other work on the machine shows in every CPU figure
+        "loadavg_before": load_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
     print(json.dumps(result))
 

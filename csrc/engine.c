@@ -12,7 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "receipts.h"
+
 _Static_assert(sizeof(struct skh_record) == 48, "skh_record must match skh.records.PROBE_DTYPE");
+_Static_assert(SKH_ST_LOCAL_ERROR == 7, "statuses are skh.records.ProbeStatus");
 
 const char *const skh_stat_names[SKH_STAT__COUNT] = {
 #define SKH_STAT_NAME(name) #name,
@@ -25,6 +28,16 @@ const char *const skh_stat_names[SKH_STAT__COUNT] = {
 #define RECV_ROUNDS 8
 #define RESP_CAP 1024 /* ACK1s waiting for their send stamp (power of two) */
 #define TXMAP_CAP 4096 /* tx_id -> owner of a send stamp still to come (power of two) */
+#define PARK_CAP 4096 /* lost probes waiting to learn their direction (power of two) */
+#define DEFER_CAP 1024 /* datagrams waiting to be sent again after a transient local error */
+#define RCPT_STREAMS 4096 /* prober streams a responder remembers receipts of */
+#define DEFER_RETRY_NS (1000LL * 1000LL) /* retry deferred sends every 1 ms */
+/* An ACK is given up after waiting this long to leave (for the address handle of a new prober: ARP
+ * takes ~1 s on first contact); later than a prober's timeout it would only be late anyway. */
+#define ACK_DEFER_NS (1000LL * 1000LL * 1000LL)
+/* Offsets CLOCK_REALTIME - CLOCK_MONOTONIC read apart farther than this (beyond the reads' own
+ * spread) mean a step of the realtime clock: both run at one rate, only steps move the offset. */
+#define STEP_SLACK_NS 2000LL
 
 /* Slot of a tx_id: consecutive ids of one source never collide; transports that put a source index in
  * the high byte (UDP path sockets) get each source offset, so lock-step sources do not collide. */
@@ -35,32 +48,69 @@ static inline unsigned txslot(uint32_t tx_id)
 /* How long a responder waits for the send stamp of ACK1 before answering ACK2 with user stamps. */
 #define T4_WAIT_NS (10LL * 1000000LL)
 
-enum slot_state { SLOT_FREE = 0, SLOT_PENDING, SLOT_DONE, SLOT_DONE_LOST };
+/* A probe's life in the in-flight table: PENDING until decided; DONE (recorded), DONE_LOST (recorded
+ * as loss: a later answer is "late") or PARKED (its record waits in the park for its direction). */
+enum slot_state { SLOT_FREE = 0, SLOT_PENDING, SLOT_DONE, SLOT_DONE_LOST, SLOT_PARKED };
 #define HAVE_ACK1 0x1u
 #define HAVE_ACK2 0x2u
 #define HAVE_T34 0x4u
+
+/* CLOCK_REALTIME - CLOCK_MONOTONIC as read around one moment: somewhere in [lo, hi]. */
+struct rt_off {
+    int64_t lo, hi;
+};
 
 struct slot {
     uint32_t wire_seq;
     uint8_t state;
     uint8_t have;
     uint8_t t2_src, t5_src, t34_src;
+    uint8_t deferred; /* waiting in the retry queue: not on the wire yet */
+    uint8_t stepped; /* CLOCK_REALTIME stepped between T1 and reading ACK1 */
+    uint8_t rx_reset; /* our own receive path was reset while it waited: missing answers are ours */
     uint16_t path_id;
     uint32_t dst_ep;
     uint32_t tgt_seq;
+    uint32_t stream, tidx; /* the target's receipt stream and its index in the target table */
     uint32_t resp_session;
+    uint32_t park; /* index in the park while PARKED */
     int64_t t1, t_wall, t2, t2u, t5, t5u, t3, t4; /* decided at t1 + timeout at the latest */
+    struct rt_off off1;
+};
+
+/* What the prober has learnt about one target's stream from its responder's receipts (engine
+ * thread only; indexed like the target table). */
+struct tstate {
+    uint32_t stream;
+    uint32_t ev_tseq; /* the newest answered probe that carried receipts */
+    uint16_t ev_span;
+    uint8_t have_ev;
+    uint8_t no_rcpt; /* the responder answers without receipts (an older engine) */
+    uint64_t ev_bits[2];
+    uint32_t parked; /* park entries of this stream */
+};
+
+/* A lost probe whose record waits to learn which direction lost it. */
+struct park {
+    uint8_t live;
+    uint8_t linked; /* its slot is still SLOT_PARKED (not yet reused by a newer probe) */
+    uint16_t path_id;
+    uint32_t wire_seq, dst_ep, tgt_seq, stream, tidx;
+    int64_t t_wall, horizon;
 };
 
 enum resp_state { RESP_FREE = 0, RESP_WAITING, RESP_DONE };
 
 struct resp_entry {
+    uint32_t idx; /* position in the responder ring (entries are reused) */
     uint8_t state;
     uint8_t t3_src;
+    uint8_t sent; /* ACK1 left (t4u is its user send time) */
     uint32_t tx_id;
     struct skh_msg probe;
     skh_addr to;
     int64_t t3, t3u, t4u, deadline;
+    struct rt_off off3;
 };
 
 enum tx_kind { TX_NONE = 0, TX_PROBE, TX_ACK1 };
@@ -77,6 +127,7 @@ struct target {
     uint8_t active;
     uint8_t on_grid; /* next_due follows the interval's grid (batching), set after the first probe */
     uint32_t seq;
+    uint32_t stream; /* receipt stream id of this probe sequence (new whenever seq restarts) */
     uint32_t remaining; /* probes left to send; 0 = no limit */
     int64_t interval_ns;
     int64_t next_due;
@@ -88,8 +139,17 @@ struct outq { /* datagrams queued for one send() batch */
     uint8_t buf[BATCH][SKH_PROBE_MAX_LEN];
     uint32_t ref[BATCH]; /* wire seq (probes) or responder index (ACK1) */
     uint8_t kind[BATCH];
+    int64_t deadline[BATCH]; /* for a retried datagram: when to give up */
     skh_addr dst[BATCH];
     unsigned n;
+};
+
+struct deferred { /* a datagram kept for another try; its bytes are in defer_buf */
+    uint8_t kind;
+    uint8_t want_stamp;
+    uint32_t ref, len;
+    int64_t deadline;
+    skh_addr dst;
 };
 
 struct skh_engine {
@@ -108,17 +168,31 @@ struct skh_engine {
     pthread_mutex_t tlock; /* targets */
     struct target *targets;
     size_t n_targets, cap_targets;
+    uint32_t next_stream;
 
     /* prober */
     struct slot *slots; /* indexed by wire seq & slot_mask */
     uint32_t slot_mask;
     uint32_t next_seq, tail_seq;
     uint64_t pending; /* slots in SLOT_PENDING */
+    uint64_t deferred_probes; /* of those, not sent yet */
     int blocked; /* the last send_due left due probes behind for the in-flight limit */
+    struct tstate *tstate;
+    size_t n_tstate;
+    struct park *park;
+    uint32_t park_head, park_tail;
+    uint64_t parked; /* live park entries */
+    int park_dirty; /* something happened that may decide a parked probe */
     /* responder */
     struct resp_entry *resp;
     uint32_t resp_head, resp_tail;
     struct txmap_entry *txmap;
+    struct skh_rcpt_table *rcpt;
+    /* datagrams to retry, oldest first */
+    struct deferred *defer;
+    uint8_t *defer_buf; /* DEFER_CAP x probe_len */
+    uint32_t defer_head, defer_tail;
+    int64_t defer_next;
 
     /* ring: producer = engine thread, consumer = drain() under dlock */
     struct skh_record *ring;
@@ -144,6 +218,25 @@ static int64_t now_ns(clockid_t c)
 
 static int64_t mono(void) { return now_ns(CLOCK_MONOTONIC); }
 
+/* The realtime clock's offset now; *mono_out gets the monotonic time read first, *real_out the
+ * realtime read, *mono_last the monotonic time read last. */
+static struct rt_off rt_offset(int64_t *mono_out, int64_t *real_out, int64_t *mono_last)
+{
+    int64_t m0 = mono(), r = now_ns(CLOCK_REALTIME), m1 = mono();
+    if (mono_out)
+        *mono_out = m0;
+    if (real_out)
+        *real_out = r;
+    if (mono_last)
+        *mono_last = m1;
+    return (struct rt_off){.lo = r - m1, .hi = r - m0};
+}
+
+static int rt_stepped(struct rt_off a, struct rt_off b)
+{
+    return b.lo > a.hi + STEP_SLACK_NS || b.hi < a.lo - STEP_SLACK_NS;
+}
+
 static void inc(struct skh_engine *e, enum skh_stat s, uint64_t by)
 {
     /* single writer: a relaxed load+store is enough and cheaper than a locked add */
@@ -164,13 +257,22 @@ static uint32_t pow2_at_least(uint32_t v)
     return p;
 }
 
+static int transient(int err)
+{
+    return err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS || err == ENOMEM ||
+           err == EINPROGRESS || err == EBUSY;
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* records */
 
-static void emit(struct skh_engine *e, const struct slot *s, uint8_t status, const struct skh_rtt *r)
+static void emit(struct skh_engine *e, uint32_t dst_ep, uint32_t seq, uint16_t path_id, int64_t t_wall,
+                 uint8_t status, const struct skh_rtt *r)
 {
-    static const enum skh_stat by_status[] = {SKH_STAT_ok, SKH_STAT_lost, SKH_STAT_refused,
-                                              SKH_STAT_unreachable, SKH_STAT_invalid};
+    static const enum skh_stat by_status[] = {
+        SKH_STAT_ok,           SKH_STAT_lost,         SKH_STAT_refused,    SKH_STAT_unreachable,
+        SKH_STAT_invalid,      SKH_STAT_request_lost, SKH_STAT_reply_lost, SKH_STAT_local_error,
+    };
     inc(e, by_status[status], 1);
     uint64_t head = atomic_load_explicit(&e->ring_head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&e->ring_tail, memory_order_acquire);
@@ -180,12 +282,12 @@ static void emit(struct skh_engine *e, const struct slot *s, uint8_t status, con
     }
     struct skh_record *rec = &e->ring[head & e->ring_mask];
     rec->src_ep = e->cfg.endpoint_id;
-    rec->dst_ep = s->dst_ep;
-    rec->seq = s->tgt_seq;
-    rec->path_id = s->path_id;
+    rec->dst_ep = dst_ep;
+    rec->seq = seq;
+    rec->path_id = path_id;
     rec->status = status;
     rec->ts_source = r ? r->ts_source : SKH_TS_NONE;
-    rec->t_wall_ns = s->t_wall;
+    rec->t_wall_ns = t_wall;
     rec->rtt_ns = r ? r->rtt_ns : -1;
     rec->responder_delay_ns = r ? r->responder_delay_ns : -1;
     rec->prober_delay_ns = r ? r->prober_delay_ns : -1;
@@ -193,15 +295,28 @@ static void emit(struct skh_engine *e, const struct slot *s, uint8_t status, con
     inc(e, SKH_STAT_records, 1);
 }
 
-/* Decides a pending probe. status is LOST/REFUSED/UNREACHABLE, or OK to compute from the stamps. */
-static void finish(struct skh_engine *e, struct slot *s, uint8_t status, int64_t t6)
+static void leave_pending(struct skh_engine *e, struct slot *s)
 {
     e->pending--;
-    if (status != SKH_ST_OK) {
-        s->state = status == SKH_ST_LOST ? SLOT_DONE_LOST : SLOT_DONE;
-        emit(e, s, status, NULL);
-        return;
+    if (s->deferred) {
+        s->deferred = 0;
+        e->deferred_probes--;
     }
+}
+
+/* Records a probe that ended without its answers, or with a status the network gave (ICMP). */
+static void finish_status(struct skh_engine *e, struct slot *s, uint8_t status)
+{
+    leave_pending(e, s);
+    int lossy = status == SKH_ST_LOST || status == SKH_ST_REQUEST_LOST || status == SKH_ST_REPLY_LOST;
+    s->state = lossy ? SLOT_DONE_LOST : SLOT_DONE;
+    emit(e, s->dst_ep, s->tgt_seq, s->path_id, s->t_wall, status, NULL);
+}
+
+/* Records a probe both answers of which arrived: OK, or INVALID when the stamps cannot be used. */
+static void finish_answered(struct skh_engine *e, struct slot *s)
+{
+    leave_pending(e, s);
     s->state = SLOT_DONE;
     /* each difference on one clock: the kernel/NIC pair when both stamps share a clock, else user */
     int64_t t2 = s->t2u, t5 = s->t5u;
@@ -213,8 +328,151 @@ static void finish(struct skh_engine *e, struct slot *s, uint8_t status, int64_t
     }
     struct skh_rtt r;
     uint8_t src_r = (s->have & HAVE_T34) ? s->t34_src : SKH_TS_NONE;
-    int st = skh_proto_rtt(s->t1, t2, src_p, s->t3, s->t4, src_r, t5, t6, &r);
-    emit(e, s, (uint8_t)st, &r);
+    /* T6: when the engine read ACK1, the datagram T5 stamps */
+    int st = skh_proto_rtt(s->t1, t2, src_p, s->t3, s->t4, src_r, t5, s->t5u, &r);
+    if (st == SKH_ST_OK && src_p == SKH_TS_KERNEL && s->stepped) {
+        /* kernel software stamps are CLOCK_REALTIME: a step between T2 and T5 is in T5-T2 */
+        inc(e, SKH_STAT_clock_steps, 1);
+        st = SKH_ST_INVALID;
+        r.rtt_ns = -1;
+        r.prober_delay_ns = -1;
+    }
+    emit(e, s->dst_ep, s->tgt_seq, s->path_id, s->t_wall, (uint8_t)st, &r);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* direction of a loss: receipts (proto.h) */
+
+enum { DIR_WAIT = 0xff };
+
+/* What the target's receipts say about its probe tseq that got no answer: REQUEST_LOST, REPLY_LOST,
+ * LOST (nothing will tell), or DIR_WAIT (a later answer may still tell). */
+static uint8_t direction(const struct skh_engine *e, uint32_t tidx, uint32_t stream, uint32_t tseq)
+{
+    if (tidx >= e->n_tstate || e->tstate[tidx].stream != stream)
+        return SKH_ST_LOST; /* the target was replaced: its old stream gets no more answers */
+    const struct tstate *ts = &e->tstate[tidx];
+    if (ts->no_rcpt)
+        return SKH_ST_LOST;
+    if (ts->have_ev) {
+        int32_t back = (int32_t)(ts->ev_tseq - tseq);
+        if (back > 0) {
+            if ((uint32_t)back > ts->ev_span)
+                return SKH_ST_LOST; /* the responder did not know the stream back then */
+            unsigned i = (unsigned)back - 1;
+            return (ts->ev_bits[i / 64] >> (i % 64)) & 1 ? SKH_ST_REPLY_LOST : SKH_ST_REQUEST_LOST;
+        }
+    }
+    return DIR_WAIT;
+}
+
+/* The receipt state of slot s's stream; NULL when its target index has moved on to a newer stream. */
+static struct tstate *tstate_of(struct skh_engine *e, const struct slot *s)
+{
+    if (s->tidx >= e->n_tstate)
+        return NULL;
+    struct tstate *ts = &e->tstate[s->tidx];
+    if (ts->stream != s->stream) {
+        if (ts->stream && (int32_t)(s->stream - ts->stream) < 0)
+            return NULL;
+        /* first event of a new stream on this target index: the old stream's parked probes get no
+         * more answers (direction() now says LOST for them) */
+        if (ts->parked)
+            e->park_dirty = 1;
+        memset(ts, 0, sizeof(*ts));
+        ts->stream = s->stream;
+    }
+    return ts;
+}
+
+static void park_emit(struct skh_engine *e, struct park *p, uint8_t status)
+{
+    p->live = 0;
+    e->parked--;
+    if (p->tidx < e->n_tstate && e->tstate[p->tidx].stream == p->stream)
+        e->tstate[p->tidx].parked--;
+    struct slot *s = &e->slots[p->wire_seq & e->slot_mask];
+    if (p->linked && s->state == SLOT_PARKED && s->wire_seq == p->wire_seq)
+        s->state = SLOT_DONE_LOST;
+    emit(e, p->dst_ep, p->tgt_seq, p->path_id, p->t_wall, status, NULL);
+}
+
+/* Decides parked probes that can be decided (or that waited past their horizon). */
+static void park_sweep(struct skh_engine *e, int64_t now, int64_t *next)
+{
+    e->park_dirty = 0;
+    for (uint32_t i = e->park_tail; i != e->park_head; i++) {
+        struct park *p = &e->park[i & (PARK_CAP - 1)];
+        if (!p->live)
+            continue;
+        uint8_t d = direction(e, p->tidx, p->stream, p->tgt_seq);
+        if (d == DIR_WAIT && now >= p->horizon)
+            d = SKH_ST_LOST;
+        if (d != DIR_WAIT)
+            park_emit(e, p, d);
+        else if (p->horizon < *next)
+            *next = p->horizon;
+    }
+    while (e->park_tail != e->park_head && !e->park[e->park_tail & (PARK_CAP - 1)].live)
+        e->park_tail++;
+}
+
+/* A probe reached its timeout without any answer. */
+static void finish_unanswered(struct skh_engine *e, struct slot *s, int64_t now)
+{
+    struct tstate *ts = tstate_of(e, s);
+    uint8_t d = ts ? direction(e, s->tidx, s->stream, s->tgt_seq) : SKH_ST_LOST;
+    if (d == DIR_WAIT && e->cfg.direction_wait_ns == 0)
+        d = SKH_ST_LOST;
+    if (d != DIR_WAIT) {
+        finish_status(e, s, d);
+        return;
+    }
+    if (!e->park && !(e->park = calloc(PARK_CAP, sizeof(*e->park)))) {
+        finish_status(e, s, SKH_ST_LOST); /* no memory to wait in */
+        return;
+    }
+    if (e->park_head - e->park_tail == PARK_CAP) {
+        /* full: the oldest gives up waiting */
+        struct park *old = &e->park[e->park_tail & (PARK_CAP - 1)];
+        if (old->live)
+            park_emit(e, old, SKH_ST_LOST);
+        e->park_tail++;
+    }
+    uint32_t idx = e->park_head++;
+    struct park *p = &e->park[idx & (PARK_CAP - 1)];
+    *p = (struct park){.live = 1, .linked = 1, .path_id = s->path_id, .wire_seq = s->wire_seq,
+                       .dst_ep = s->dst_ep, .tgt_seq = s->tgt_seq, .stream = s->stream,
+                       .tidx = s->tidx, .t_wall = s->t_wall};
+    /* a later answer (its receipts, or this probe's own late reply) may still tell */
+    p->horizon = now + e->cfg.direction_wait_ns;
+    leave_pending(e, s);
+    s->state = SLOT_PARKED;
+    s->park = idx;
+    ts->parked++;
+    e->parked++;
+}
+
+/* Receipts of an ACK1 answering slot s. */
+static void on_receipts(struct skh_engine *e, const struct slot *s, const struct skh_msg *m)
+{
+    struct tstate *ts = tstate_of(e, s);
+    if (!ts)
+        return;
+    if (!(m->flags & SKH_FLAG_RCPT)) {
+        ts->no_rcpt = 1;
+    } else {
+        ts->no_rcpt = 0;
+        if (ts->have_ev && (int32_t)(s->tgt_seq - ts->ev_tseq) <= 0)
+            return; /* an older answer than what we know */
+        ts->have_ev = 1;
+        ts->ev_tseq = s->tgt_seq;
+        ts->ev_span = m->rcpt_span;
+        ts->ev_bits[0] = m->rcpt_bits[0];
+        ts->ev_bits[1] = m->rcpt_bits[1];
+    }
+    if (ts->parked)
+        e->park_dirty = 1;
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -222,14 +480,19 @@ static void finish(struct skh_engine *e, struct slot *s, uint8_t status, int64_t
 
 static void flush(struct skh_engine *e);
 
+static unsigned out_slot(struct skh_engine *e)
+{
+    if (e->out.n == BATCH)
+        flush(e);
+    return e->out.n;
+}
+
 /* Queues one message for the next send() batch. Every message the engine builds encodes (probe_len
  * is checked at create), so encoding cannot fail here. */
 static void queue(struct skh_engine *e, uint8_t kind, uint32_t ref, const skh_addr *dst,
                   const struct skh_msg *msg, uint8_t want_stamp)
 {
-    if (e->out.n == BATCH)
-        flush(e);
-    unsigned i = e->out.n;
+    unsigned i = out_slot(e);
     int len = skh_proto_encode(msg, e->cfg.probe_len, e->out.buf[i], sizeof(e->out.buf[i]));
     e->out.dst[i] = *dst;
     e->out.pkt[i].buf = e->out.buf[i];
@@ -238,10 +501,12 @@ static void queue(struct skh_engine *e, uint8_t kind, uint32_t ref, const skh_ad
     e->out.pkt[i].want_stamp = want_stamp && (e->caps & SKH_TCAP_TX_STAMPS);
     e->out.kind[i] = kind;
     e->out.ref[i] = ref;
+    e->out.deadline[i] = 0;
     e->out.n++;
 }
 
-static uint8_t status_of_errno(int err)
+/* A send failure that is final: which record it makes. */
+static uint8_t status_of_send_errno(int err)
 {
     switch (err) {
     case ECONNREFUSED:
@@ -255,10 +520,24 @@ static uint8_t status_of_errno(int err)
     case EPERM:
     case ENETDOWN:
     case EPROTO:
+    case ETIMEDOUT: /* neighbour (ARP/ND) resolution of the peer failed */
         return SKH_ST_UNREACHABLE;
-    default:
-        return SKH_ST_LOST;
+    default: /* EMSGSIZE, EINVAL, EIO...: the prober's own problem */
+        return SKH_ST_LOCAL_ERROR;
     }
+}
+
+/* An ICMP error about a probe we sent: the network said why the request did not arrive. */
+static uint8_t status_of_icmp_errno(int err)
+{
+    uint8_t st = status_of_send_errno(err);
+    return st == SKH_ST_LOCAL_ERROR ? SKH_ST_REQUEST_LOST : st;
+}
+
+static struct slot *live_probe(struct skh_engine *e, uint32_t wire_seq)
+{
+    struct slot *s = &e->slots[wire_seq & e->slot_mask];
+    return s->state == SLOT_PENDING && s->wire_seq == wire_seq ? s : NULL;
 }
 
 static void sent_one(struct skh_engine *e, unsigned i, int64_t t_before)
@@ -269,8 +548,19 @@ static void sent_one(struct skh_engine *e, unsigned i, int64_t t_before)
     if (e->out.kind[i] == TX_PROBE) {
         struct slot *s = &e->slots[ref & e->slot_mask];
         s->t2u = t_before;
+        if (s->deferred) {
+            s->deferred = 0;
+            e->deferred_probes--;
+        }
         inc(e, SKH_STAT_sent, 1);
     } else {
+        if (e->out.kind[i] == TX_ACK1) {
+            struct resp_entry *r = &e->resp[ref & (RESP_CAP - 1)];
+            /* user-clock T4 is read before the send (and T3 after receiving the probe): the pair
+             * under-estimates the responder's delay, never over-estimates it */
+            r->sent = 1;
+            r->t4u = t_before;
+        }
         inc(e, SKH_STAT_replies_sent, 1);
     }
     if (p->want_stamp && e->out.kind[i] != TX_NONE) {
@@ -281,18 +571,68 @@ static void sent_one(struct skh_engine *e, unsigned i, int64_t t_before)
     }
 }
 
-static void send_failed(struct skh_engine *e, unsigned i, int err, int64_t now)
+static void ack_failed(struct skh_engine *e, uint8_t kind, uint32_t ref)
+{
+    inc(e, SKH_STAT_reply_errors, 1);
+    if (kind == TX_ACK1) /* no ACK1 on the wire: no ACK2 either */
+        e->resp[ref & (RESP_CAP - 1)].state = RESP_DONE;
+}
+
+static void send_failed(struct skh_engine *e, unsigned i, int err)
 {
     uint32_t ref = e->out.ref[i];
     if (e->out.kind[i] == TX_PROBE) {
-        struct slot *s = &e->slots[ref & e->slot_mask];
-        inc(e, SKH_STAT_send_errors, 1);
-        finish(e, s, status_of_errno(err), now);
+        struct slot *s = live_probe(e, ref);
+        if (s) {
+            inc(e, SKH_STAT_send_errors, 1);
+            finish_status(e, s, status_of_send_errno(err));
+        }
         return;
     }
-    inc(e, SKH_STAT_reply_errors, 1);
-    if (e->out.kind[i] == TX_ACK1) /* no ACK1 on the wire: no ACK2 either */
-        e->resp[ref & (RESP_CAP - 1)].state = RESP_DONE;
+    ack_failed(e, e->out.kind[i], ref);
+}
+
+/* Keeps out[i] for another try (a transient local error). */
+static void defer_one(struct skh_engine *e, unsigned i, int64_t now)
+{
+    uint8_t kind = e->out.kind[i];
+    uint32_t ref = e->out.ref[i];
+    struct slot *s = kind == TX_PROBE ? live_probe(e, ref) : NULL;
+    if (kind == TX_PROBE && !s)
+        return;
+    int64_t deadline = e->out.deadline[i];
+    if (!deadline)
+        deadline = s ? s->t1 + e->cfg.timeout_ns : now + ACK_DEFER_NS;
+    if (!e->defer) { /* first use: most engines never defer anything */
+        e->defer = calloc(DEFER_CAP, sizeof(*e->defer));
+        e->defer_buf = calloc(DEFER_CAP, e->cfg.probe_len);
+        if (!e->defer || !e->defer_buf) {
+            free(e->defer);
+            free(e->defer_buf);
+            e->defer = NULL;
+            e->defer_buf = NULL;
+        }
+    }
+    if (!e->defer || e->defer_head - e->defer_tail == DEFER_CAP || now >= deadline) {
+        send_failed(e, i, EAGAIN);
+        return;
+    }
+    uint8_t *buf = &e->defer_buf[(size_t)(e->defer_head % DEFER_CAP) * e->cfg.probe_len];
+    struct deferred *d = &e->defer[e->defer_head++ % DEFER_CAP];
+    d->kind = kind;
+    d->ref = ref;
+    d->want_stamp = e->out.pkt[i].want_stamp;
+    d->len = e->out.pkt[i].len;
+    d->deadline = deadline;
+    d->dst = e->out.dst[i];
+    memcpy(buf, e->out.buf[i], d->len);
+    if (s && !s->deferred) {
+        s->deferred = 1;
+        e->deferred_probes++;
+    }
+    inc(e, SKH_STAT_send_deferred, 1);
+    if (e->defer_next == 0)
+        e->defer_next = now + DEFER_RETRY_NS;
 }
 
 static void flush(struct skh_engine *e)
@@ -312,14 +652,62 @@ static void flush(struct skh_engine *e)
         int err = rc < 0 ? -rc : EIO;
         /* A pending ICMP error of an earlier datagram can surface on a later send once; it is already
          * on the error queue, so retry. */
-        if (err == ECONNREFUSED && stale_retries++ < 2)
+        if ((err == ECONNREFUSED && stale_retries++ < 2) || err == EINTR)
             continue;
-        if (err == EINTR)
+        if (err == EINPROGRESS) {
+            /* this destination is not ready yet (its address handle is being resolved): only
+             * this datagram waits, the others go on */
+            defer_one(e, done, t);
+            done++;
             continue;
-        send_failed(e, done, err, t);
+        }
+        if (transient(err)) {
+            /* the rest of the batch would meet the same full queue: keep it all, in order */
+            for (; done < e->out.n; done++)
+                defer_one(e, done, t);
+            break;
+        }
+        send_failed(e, done, err);
         done++;
     }
     e->out.n = 0;
+}
+
+/* Hands deferred datagrams to the transport again, oldest first. */
+static void retry_deferred(struct skh_engine *e, int64_t now)
+{
+    uint32_t n = e->defer_head - e->defer_tail;
+    e->defer_next = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint8_t *buf = &e->defer_buf[(size_t)(e->defer_tail % DEFER_CAP) * e->cfg.probe_len];
+        struct deferred *d = &e->defer[e->defer_tail++ % DEFER_CAP];
+        if (d->kind == TX_PROBE && !live_probe(e, d->ref))
+            continue; /* decided meanwhile (its timeout) */
+        const struct resp_entry *r = &e->resp[d->ref & (RESP_CAP - 1)];
+        if (d->kind == TX_ACK1 && (r->state != RESP_WAITING || r->idx != d->ref))
+            continue;
+        if (now >= d->deadline) {
+            if (d->kind == TX_PROBE) {
+                inc(e, SKH_STAT_send_errors, 1);
+                finish_status(e, live_probe(e, d->ref), SKH_ST_LOCAL_ERROR);
+            } else {
+                ack_failed(e, d->kind, d->ref);
+            }
+            continue;
+        }
+        unsigned i = out_slot(e);
+        memcpy(e->out.buf[i], buf, d->len);
+        e->out.dst[i] = d->dst;
+        e->out.pkt[i].buf = e->out.buf[i];
+        e->out.pkt[i].len = d->len;
+        e->out.pkt[i].dst = &e->out.dst[i];
+        e->out.pkt[i].want_stamp = d->want_stamp;
+        e->out.kind[i] = d->kind;
+        e->out.ref[i] = d->ref;
+        e->out.deadline[i] = d->deadline;
+        e->out.n++;
+    }
+    flush(e);
 }
 
 /* When probes are batched, a target's schedule sits on the grid of its interval (multiples of it
@@ -333,6 +721,21 @@ static int64_t next_slot(const struct skh_engine *e, const struct target *t, int
     int64_t x = now + t->interval_ns / 2 - e->grid_ns;
     int64_t k = x / t->interval_ns - (x % t->interval_ns < 0); /* floor */
     return e->grid_ns + (k + 1) * t->interval_ns;
+}
+
+/* The per-target receipt state follows the target table's size (engine thread, under tlock). */
+static int grow_tstate(struct skh_engine *e)
+{
+    if (e->n_tstate >= e->n_targets)
+        return 0;
+    size_t n = e->cap_targets;
+    struct tstate *ts = realloc(e->tstate, n * sizeof(*ts));
+    if (!ts)
+        return -ENOMEM;
+    memset(ts + e->n_tstate, 0, (n - e->n_tstate) * sizeof(*ts));
+    e->tstate = ts;
+    e->n_tstate = n;
+    return 0;
 }
 
 /* Sends every due probe (bounded per turn), and with them each target's next probe that falls due
@@ -350,6 +753,8 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
     }
 
     pthread_mutex_lock(&e->tlock);
+    if (grow_tstate(e) < 0)
+        budget = 0; /* out of memory: try again next turn */
     for (size_t i = 0; i < e->n_targets; i++) {
         struct target *t = &e->targets[i];
         if (!t->active)
@@ -365,17 +770,21 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
             }
             uint32_t seq = e->next_seq++;
             struct slot *s = &e->slots[seq & e->slot_mask];
+            if (s->state == SLOT_PARKED) /* the park entry outlives the slot; it keeps the record */
+                e->park[s->park & (PARK_CAP - 1)].linked = 0;
             memset(s, 0, sizeof(*s));
             s->wire_seq = seq;
             s->state = SLOT_PENDING;
             e->pending++;
             s->dst_ep = t->dst_ep;
             s->tgt_seq = t->seq++;
+            s->stream = t->stream;
+            s->tidx = (uint32_t)i;
             s->path_id = t->path_id;
-            s->t_wall = now_ns(CLOCK_REALTIME);
-            s->t1 = mono();
+            s->off1 = rt_offset(NULL, &s->t_wall, &s->t1); /* T1: the last clock read */
             struct skh_msg m = {.type = SKH_MSG_PROBE, .session = e->session, .seq = seq,
-                                .path_id = t->path_id, .t1 = (uint64_t)s->t1};
+                                .path_id = t->path_id, .t1 = (uint64_t)s->t1, .stream = t->stream,
+                                .tseq = s->tgt_seq};
             queue(e, TX_PROBE, seq, &t->addr, &m, 1);
             budget--;
             if (t->remaining && --t->remaining == 0) {
@@ -412,9 +821,11 @@ static void send_ack2(struct skh_engine *e, struct resp_entry *r, int use_stamp,
     struct skh_msg ack;
     if (use_stamp && src == r->t3_src) {
         skh_proto_ack2(&r->probe, e->session, (uint64_t)r->t3, (uint64_t)t4, src, &ack);
-    } else {
+    } else if (r->sent) {
         skh_proto_ack2(&r->probe, e->session, (uint64_t)r->t3u, (uint64_t)r->t4u, SKH_TS_USER, &ack);
         inc(e, SKH_STAT_replies_user_stamps, 1);
+    } else { /* ACK1 never left: an ACK2 without stamps still says the probe arrived */
+        skh_proto_ack2(&r->probe, e->session, 0, 0, SKH_TS_NONE, &ack);
     }
     r->state = RESP_DONE;
     queue(e, TX_NONE, 0, &r->to, &ack, 0);
@@ -425,8 +836,9 @@ static void resp_sweep(struct skh_engine *e, int64_t now, int64_t *next)
     while (e->resp_tail != e->resp_head) {
         struct resp_entry *r = &e->resp[e->resp_tail & (RESP_CAP - 1)];
         if (r->state == RESP_WAITING) {
-            if (now < r->deadline) {
-                if (r->deadline < *next)
+            if (now < r->deadline || !r->sent) {
+                /* an ACK1 still waiting to be sent ends in the retry queue, by its own deadline */
+                if (r->deadline < *next && r->sent)
                     *next = r->deadline;
                 return;
             }
@@ -437,7 +849,8 @@ static void resp_sweep(struct skh_engine *e, int64_t now, int64_t *next)
     }
 }
 
-static void on_probe(struct skh_engine *e, const struct skh_msg *m, const struct skh_rxpkt *p, int64_t t_rx)
+static void on_probe(struct skh_engine *e, const struct skh_msg *m, const struct skh_rxpkt *p, int64_t t_rx,
+                     struct rt_off off)
 {
     inc(e, SKH_STAT_probes_received, 1);
     if (e->resp_head - e->resp_tail >= RESP_CAP) {
@@ -450,28 +863,36 @@ static void on_probe(struct skh_engine *e, const struct skh_msg *m, const struct
     }
     uint32_t idx = e->resp_head++;
     struct resp_entry *r = &e->resp[idx & (RESP_CAP - 1)];
+    r->idx = idx;
     r->state = RESP_WAITING;
+    r->sent = 0;
     r->probe = *m;
     r->to = p->src;
     r->t3 = p->ts_ns;
     r->t3_src = p->ts_source;
     r->t3u = t_rx;
     r->t4u = 0;
+    r->off3 = off;
     r->deadline = t_rx + T4_WAIT_NS;
     struct skh_msg ack;
-    skh_proto_ack1(m, e->session, &ack);
+    if (m->stream && (e->rcpt || skh_rcpt_create(RCPT_STREAMS, &e->rcpt) == 0)) {
+        uint16_t span;
+        uint64_t bits[2];
+        skh_rcpt_note(e->rcpt, m->session, m->stream, m->tseq, t_rx, &span, bits);
+        skh_proto_ack1_rcpt(m, e->session, span, bits, &ack);
+    } else {
+        skh_proto_ack1(m, e->session, &ack);
+    }
     queue(e, TX_ACK1, idx, &p->src, &ack, r->t3_src != SKH_TS_NONE);
 }
 
-/* After ACK1s went out: note their user send time; without a stamp to wait for, answer ACK2 now. */
-static void after_ack1s(struct skh_engine *e, uint32_t from, int64_t t_sent)
+/* After sends: ACK1s that left and have no send stamp to wait for get their ACK2 now. */
+static void after_ack1s(struct skh_engine *e, uint32_t from)
 {
+    int no_stamps = !(e->caps & SKH_TCAP_TX_STAMPS);
     for (uint32_t i = from; i != e->resp_head; i++) {
         struct resp_entry *r = &e->resp[i & (RESP_CAP - 1)];
-        if (r->state != RESP_WAITING || r->t4u)
-            continue;
-        r->t4u = t_sent;
-        if (r->t3_src == SKH_TS_NONE || !(e->caps & SKH_TCAP_TX_STAMPS))
+        if (r->state == RESP_WAITING && r->sent && (r->t3_src == SKH_TS_NONE || no_stamps))
             send_ack2(e, r, 0, 0, SKH_TS_NONE);
     }
 }
@@ -479,17 +900,18 @@ static void after_ack1s(struct skh_engine *e, uint32_t from, int64_t t_sent)
 /* ------------------------------------------------------------------------------------------------ */
 /* prober side of receiving */
 
-static void maybe_complete(struct skh_engine *e, struct slot *s, int64_t now)
+static void maybe_complete(struct skh_engine *e, struct slot *s)
 {
     if ((s->have & (HAVE_ACK1 | HAVE_ACK2)) != (HAVE_ACK1 | HAVE_ACK2))
         return;
     /* wait for T2 while it can still come (a NIC stamps asynchronously); the deadline ends the wait */
     if ((e->caps & SKH_TCAP_TX_STAMPS) && s->t2_src == SKH_TS_NONE && s->t5_src != SKH_TS_NONE)
         return;
-    finish(e, s, SKH_ST_OK, now);
+    finish_answered(e, s);
 }
 
-static void on_ack(struct skh_engine *e, const struct skh_msg *m, const struct skh_rxpkt *p, int64_t t_rx)
+static void on_ack(struct skh_engine *e, const struct skh_msg *m, const struct skh_rxpkt *p, int64_t t_rx,
+                   struct rt_off off)
 {
     if (m->session != e->session) {
         inc(e, SKH_STAT_drop_unsolicited, 1);
@@ -499,6 +921,13 @@ static void on_ack(struct skh_engine *e, const struct skh_msg *m, const struct s
     if (s->state == SLOT_FREE || s->wire_seq != m->seq || (uint64_t)s->t1 != m->t1) {
         inc(e, SKH_STAT_drop_unsolicited, 1);
         return;
+    }
+    if (s->state == SLOT_PARKED) {
+        /* a late answer: the request did arrive, the reply missed the timeout */
+        struct park *pk = &e->park[s->park & (PARK_CAP - 1)];
+        if (pk->live && pk->linked && pk->wire_seq == s->wire_seq)
+            park_emit(e, pk, SKH_ST_REPLY_LOST);
+        s->state = SLOT_DONE_LOST;
     }
     if (s->state == SLOT_DONE_LOST) {
         inc(e, SKH_STAT_drop_late, 1);
@@ -521,28 +950,41 @@ static void on_ack(struct skh_engine *e, const struct skh_msg *m, const struct s
         s->t5 = p->ts_ns;
         s->t5_src = p->ts_source;
         s->t5u = t_rx;
+        s->stepped = rt_stepped(s->off1, off);
+        if (s->stream)
+            on_receipts(e, s, m);
     } else if (m->flags & SKH_FLAG_T34_VALID) {
         s->have |= HAVE_T34;
         s->t3 = (int64_t)m->t3;
         s->t4 = (int64_t)m->t4;
         s->t34_src = m->ts_source;
     }
-    maybe_complete(e, s, t_rx);
+    maybe_complete(e, s);
 }
 
-static void on_error_report(struct skh_engine *e, const struct skh_rxpkt *p, int64_t now)
+static void on_error_report(struct skh_engine *e, const struct skh_rxpkt *p)
 {
     struct skh_msg m;
     inc(e, SKH_STAT_icmp_errors, 1);
     if (skh_proto_peek(p->buf, p->len, &m) != 0 || m.type != SKH_MSG_PROBE || m.session != e->session)
         return; /* about an ACK we sent (its prober went away): nothing to decide */
-    struct slot *s = &e->slots[m.seq & e->slot_mask];
-    if (s->state != SLOT_PENDING || s->wire_seq != m.seq)
-        return;
-    finish(e, s, status_of_errno(-p->err), now);
+    struct slot *s = live_probe(e, m.seq);
+    if (s && !s->have)
+        finish_status(e, s, status_of_icmp_errno(-p->err));
 }
 
-static int on_stamps(struct skh_engine *e, int64_t now);
+/* The transport lost what was on its way in: every probe waiting for answers may have lost them
+ * on this host, not in the network. */
+static void receive_path_reset(struct skh_engine *e)
+{
+    for (uint32_t q = e->tail_seq; q != e->next_seq; q++) {
+        struct slot *s = live_probe(e, q);
+        if (s)
+            s->rx_reset = 1;
+    }
+}
+
+static int on_stamps(struct skh_engine *e);
 
 static int on_rx(struct skh_engine *e)
 {
@@ -553,14 +995,19 @@ static int on_rx(struct skh_engine *e)
     int n = e->ops->recv(e->tr, e->rx, BATCH);
     if (n <= 0)
         return 0;
-    int64_t t_rx = mono();
+    int64_t t_rx;
+    struct rt_off off = rt_offset(&t_rx, NULL, NULL);
     uint32_t resp_from = e->resp_head;
-    inc(e, SKH_STAT_received, (uint64_t)n);
+    inc(e, SKH_STAT_received, (uint64_t)n - (e->rx[0].err == -ENETRESET));
     for (int i = 0; i < n; i++) {
         const struct skh_rxpkt *p = &e->rx[i];
         struct skh_msg m;
+        if (p->err == -ENETRESET) {
+            receive_path_reset(e);
+            continue;
+        }
         if (p->err) {
-            on_error_report(e, p, t_rx);
+            on_error_report(e, p);
             continue;
         }
         int rc = p->truncated || p->len > SKH_PROBE_MAX_LEN ? -SKH_DROP_TRUNCATED
@@ -570,55 +1017,80 @@ static int on_rx(struct skh_engine *e)
             continue;
         }
         if (m.type == SKH_MSG_PROBE)
-            on_probe(e, &m, p, t_rx);
+            on_probe(e, &m, p, t_rx, off);
         else
-            on_ack(e, &m, p, t_rx);
+            on_ack(e, &m, p, t_rx, off);
     }
     if (e->out.n) {
-        /* user-clock T4 is read before sending ACK1 (and T3 after receiving the probe): the pair
-         * under-estimates the responder's delay, never over-estimates it */
-        int64_t t_send = mono();
         flush(e);
-        after_ack1s(e, resp_from, t_send);
+        after_ack1s(e, resp_from);
         flush(e);
         /* lo/veth (and most NICs' software path) stamp ACK1 during the send: answering ACK2 now lets
          * the prober take both replies in one wake-up */
         if (e->resp_head != resp_from)
-            on_stamps(e, mono());
+            on_stamps(e);
     }
     return n;
 }
 
-static int on_stamps(struct skh_engine *e, int64_t now)
+static int on_stamps(struct skh_engine *e)
 {
     int n = e->ops->stamps(e->tr, e->st, BATCH);
+    struct rt_off off = {0, 0};
+    int have_off = 0;
     for (int i = 0; i < n; i++) {
         const struct skh_txstamp *ts = &e->st[i];
         struct txmap_entry *m = &e->txmap[txslot(ts->tx_id)];
         if (m->kind == TX_NONE || m->tx_id != ts->tx_id) {
-            inc(e, SKH_STAT_tx_stamps_unmatched, 1);
+            if (!ts->err)
+                inc(e, SKH_STAT_tx_stamps_unmatched, 1);
             continue;
         }
         uint8_t kind = m->kind;
         m->kind = TX_NONE;
         if (kind == TX_PROBE) {
-            struct slot *s = &e->slots[m->ref & e->slot_mask];
-            if (s->state != SLOT_PENDING || s->wire_seq != m->ref) {
-                inc(e, SKH_STAT_tx_stamps_unmatched, 1);
+            struct slot *s = live_probe(e, m->ref);
+            if (!s) {
+                if (!ts->err)
+                    inc(e, SKH_STAT_tx_stamps_unmatched, 1);
+                continue;
+            }
+            if (ts->err) { /* accepted, then not sent (a flushed work request) */
+                if (!s->have)
+                    finish_status(e, s, SKH_ST_LOCAL_ERROR);
                 continue;
             }
             s->t2 = ts->ts_ns;
             s->t2_src = ts->ts_source;
             inc(e, SKH_STAT_tx_stamps, 1);
-            maybe_complete(e, s, now);
+            maybe_complete(e, s);
         } else {
             struct resp_entry *r = &e->resp[m->ref & (RESP_CAP - 1)];
             if (r->state != RESP_WAITING) {
-                inc(e, SKH_STAT_tx_stamps_unmatched, 1);
+                if (!ts->err)
+                    inc(e, SKH_STAT_tx_stamps_unmatched, 1);
+                continue;
+            }
+            if (ts->err) {
+                inc(e, SKH_STAT_reply_errors, 1);
+                r->sent = 0;
+                send_ack2(e, r, 0, 0, SKH_TS_NONE);
                 continue;
             }
             inc(e, SKH_STAT_tx_stamps, 1);
-            send_ack2(e, r, 1, ts->ts_ns, ts->ts_source);
+            int use = 1;
+            if (ts->ts_source == SKH_TS_KERNEL) {
+                /* CLOCK_REALTIME stamps: a step between T3 and T4 would be in T4-T3 */
+                if (!have_off) {
+                    off = rt_offset(NULL, NULL, NULL);
+                    have_off = 1;
+                }
+                if (rt_stepped(r->off3, off)) {
+                    inc(e, SKH_STAT_clock_steps, 1);
+                    use = 0;
+                }
+            }
+            send_ack2(e, r, use, ts->ts_ns, ts->ts_source);
         }
     }
     if (e->out.n)
@@ -635,9 +1107,20 @@ static int64_t expire(struct skh_engine *e, int64_t now)
             int64_t deadline = s->t1 + e->cfg.timeout_ns;
             if (now < deadline)
                 return deadline;
-            /* Both answers but no T2: the user pair decides. One answer only: the path works but the
-             * stamps are incomplete, which the arithmetic turns into INVALID. None: lost. */
-            finish(e, s, s->have ? SKH_ST_OK : SKH_ST_LOST, now);
+            if (s->deferred) { /* never left: still waiting for room to be sent */
+                inc(e, SKH_STAT_send_errors, 1);
+                finish_status(e, s, SKH_ST_LOCAL_ERROR);
+            } else if ((s->have & (HAVE_ACK1 | HAVE_ACK2)) == (HAVE_ACK1 | HAVE_ACK2)) {
+                finish_answered(e, s); /* both answers but no T2: the user pair decides */
+            } else if (s->rx_reset) {
+                /* its answers may have reached us while our receive queue was being reset */
+                finish_status(e, s, SKH_ST_LOCAL_ERROR);
+            } else if (s->have) {
+                /* one answer: the request arrived and the other answer was lost on the way back */
+                finish_status(e, s, SKH_ST_REPLY_LOST);
+            } else {
+                finish_unanswered(e, s, now);
+            }
         }
         e->tail_seq++;
     }
@@ -658,10 +1141,12 @@ static void *engine_main(void *arg)
     while (atomic_load_explicit(&e->running, memory_order_acquire)) {
         inc(e, SKH_STAT_wakeups, 1);
         int64_t now = mono();
+        if (e->defer_next && now >= e->defer_next)
+            retry_deferred(e, now);
         int64_t next = send_due(e, now);
         int busy = 0;
         for (int r = 0; r < RECV_ROUNDS; r++) {
-            int a = on_stamps(e, mono());
+            int a = on_stamps(e);
             int b = on_rx(e);
             busy = a == BATCH || b == BATCH;
             if (!busy) /* both queues were emptied: no need to ask again before sleeping */
@@ -672,9 +1157,16 @@ static void *engine_main(void *arg)
         if (d < next)
             next = d;
         resp_sweep(e, now, &next);
+        if (e->park_dirty || (e->parked && now >= e->park[e->park_tail & (PARK_CAP - 1)].horizon))
+            park_sweep(e, now, &next);
+        else if (e->parked && e->park[e->park_tail & (PARK_CAP - 1)].horizon < next)
+            next = e->park[e->park_tail & (PARK_CAP - 1)].horizon;
         if (e->out.n)
             flush(e);
-        gauge(e, SKH_STAT_in_flight, e->pending);
+        if (e->defer_next && e->defer_next < next)
+            next = e->defer_next;
+        gauge(e, SKH_STAT_in_flight, e->pending - e->deferred_probes);
+        gauge(e, SKH_STAT_awaiting_direction, e->parked);
         /* Replies or timeouts made room for probes that were held back: send them now, once half the
          * limit is free, so they leave (and come back) in batches rather than one per wake-up. */
         if (busy || (e->blocked && e->pending <= e->cfg.max_in_flight / 2 && e->next_seq - e->tail_seq <= e->slot_mask))
@@ -716,6 +1208,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (!ops)
         return -EPROTONOSUPPORT;
     if (cfg->timeout_ns <= 0 || cfg->batch_window_ns < 0 || cfg->batch_window_ns >= cfg->timeout_ns ||
+        cfg->direction_wait_ns < 0 ||
         cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
         cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT)
         return -EINVAL;
@@ -741,6 +1234,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     e->slots = calloc((size_t)e->slot_mask + 1, sizeof(*e->slots));
     e->resp = calloc(RESP_CAP, sizeof(*e->resp));
     e->txmap = calloc(TXMAP_CAP, sizeof(*e->txmap));
+    /* the park and the retry queue are allocated when first needed */
     int rc = -ENOMEM;
     if (!e->ring || !e->slots || !e->resp || !e->txmap)
         goto fail;
@@ -751,6 +1245,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     e->grid_ns = (int64_t)e->session; /* a random point within ~4 s */
     /* start wire seqs at a random point so a restarted prober's old replies cannot match */
     e->next_seq = e->tail_seq = (uint32_t)now_ns(CLOCK_MONOTONIC);
+    e->next_stream = e->session * 2654435761u;
     e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (e->wake_fd < 0) {
         rc = -errno;
@@ -809,11 +1304,16 @@ void skh_engine_destroy(struct skh_engine *e)
         close(e->wake_fd);
     pthread_mutex_destroy(&e->tlock);
     pthread_mutex_destroy(&e->dlock);
+    skh_rcpt_destroy(e->rcpt);
     free(e->targets);
+    free(e->tstate);
     free(e->ring);
     free(e->slots);
     free(e->resp);
     free(e->txmap);
+    free(e->park);
+    free(e->defer);
+    free(e->defer_buf);
     free(e);
 }
 
@@ -849,8 +1349,13 @@ int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *hos
         t = &e->targets[e->n_targets++];
         memset(t, 0, sizeof(*t));
     }
-    if (!t->active || t->dst_ep != dst_ep)
+    if (!t->active || t->dst_ep != dst_ep) {
         t->seq = 0;
+        /* a new probe sequence is a new receipt stream: responders never mix it with the old one */
+        if (++e->next_stream == 0)
+            ++e->next_stream;
+        t->stream = e->next_stream;
+    }
     t->dst_ep = dst_ep;
     t->path_id = path_id;
     t->addr = addr;
@@ -905,6 +1410,13 @@ void skh_engine_stats(struct skh_engine *e, uint64_t out[SKH_STAT__COUNT])
 {
     for (int i = 0; i < SKH_STAT__COUNT; i++)
         out[i] = atomic_load_explicit(&e->stats[i], memory_order_relaxed);
+}
+
+void skh_engine_transport_counters(struct skh_engine *e, uint64_t out[SKH_TSTAT__COUNT])
+{
+    memset(out, 0, SKH_TSTAT__COUNT * sizeof(out[0]));
+    if (e->ops->counters)
+        e->ops->counters(e->tr, out);
 }
 
 int skh_engine_local(struct skh_engine *e, skh_addr *out) { return e->ops->local(e->tr, out); }

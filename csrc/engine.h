@@ -30,28 +30,35 @@ struct skh_record {
 
 /* Counters, in the order Python's EngineStats lists them. The drop_* block follows
  * enum skh_drop_reason. Invariants the tests check:
- *   sent + send_errors == ok + lost + refused + unreachable + invalid + in_flight
- *   ok + lost + refused + unreachable + invalid == records + ring_overflow
+ *   sent + send_errors == ok + lost + refused + unreachable + invalid + request_lost + reply_lost
+ *                         + local_error + in_flight + awaiting_direction
+ *   ok + ... + local_error == records + ring_overflow
  *   received == probes_received + acks_received + icmp_errors + sum(drop_*)
  */
 #define SKH_STATS(X)                                                                                     \
     X(sent)                 /* probes handed to the transport */                                         \
-    X(send_errors)          /* probes the transport refused (recorded as LOST/UNREACHABLE) */            \
+    X(send_errors)          /* probes that never left: refused by the transport, or still waiting to */ \
+                            /* be retried at their timeout (recorded LOCAL_ERROR/UNREACHABLE/...) */     \
+    X(send_deferred)        /* datagrams kept for a retry after a transient local error (EAGAIN...) */   \
     X(received)             /* datagrams and error reports read */                                       \
     X(probes_received)      /* valid PROBEs answered with ACK1 (+ ACK2) */                               \
     X(replies_sent)         /* ACK1 + ACK2 sent */                                                       \
-    X(reply_errors)         /* ACKs the transport refused */                                             \
+    X(reply_errors)         /* ACKs that could not be sent */                                            \
     X(replies_user_stamps)  /* ACK2s carrying user-clock T3/T4 (no kernel/NIC stamp of ACK1) */         \
     X(acks_received)        /* valid ACK1/ACK2 matched to a pending probe */                             \
-    X(ok) X(lost) X(refused) X(unreachable) X(invalid) /* probe outcomes */                              \
+    X(ok) X(lost) X(refused) X(unreachable) X(invalid)                                                   \
+    X(request_lost) X(reply_lost) X(local_error) /* probe outcomes, in ProbeStatus order */             \
     X(icmp_errors)          /* error reports (ICMP unreachable) about our datagrams */                   \
     X(tx_stamps)            /* send stamps matched to a probe or ACK1 */                                 \
     X(tx_stamps_unmatched)  /* send stamps for nothing pending (arrived after a fallback) */             \
+    X(clock_steps)          /* kernel stamp pairs a CLOCK_REALTIME step fell between (not used) */       \
     X(records)              /* records written to the ring */                                            \
     X(ring_overflow)        /* records lost because the ring was full */                                 \
     X(drop_truncated) X(drop_bad_magic) X(drop_bad_version) X(drop_bad_type) X(drop_malformed)           \
     X(drop_unsolicited) X(drop_replay) X(drop_late)                                                      \
-    X(in_flight)            /* gauge: probes sent and not yet decided */                                 \
+    X(in_flight)            /* gauge: probes sent, waiting for their answers or their timeout */         \
+    X(awaiting_direction)   /* gauge: unanswered probes whose record waits for a later answer's */      \
+                            /* receipts to say which direction lost them */                              \
     X(inflight_full)        /* times a due probe waited because the in-flight table was full */         \
     X(wakeups)              /* engine loop iterations (it sleeps between events) */
 
@@ -78,12 +85,21 @@ struct skh_engine_cfg {
      * cadence kept). One wake-up and one send call per round of a target list rather than one per
      * target. 0 = exact schedule: each target keeps the phase it was added with. */
     int64_t batch_window_ns;
+    /* How long past its timeout an unanswered probe's record may wait for a later answer whose
+     * receipts say which direction lost it (proto.h); then it is LOST. Records of loss are late by
+     * at most this. 0 (the default) = never wait: a loss is REQUEST_LOST/REPLY_LOST when the
+     * receipts are there at its timeout -- at probe intervals well below the timeout they usually
+     * are -- and LOST otherwise; agents need their records at the analyzer within its allowed
+     * lateness, which a wait would eat into. */
+    int64_t direction_wait_ns;
 };
+
+#define SKH_DEFAULT_DIRECTION_WAIT_NS 0LL
 
 /* Probes one engine keeps undecided, the default and the most. The in-flight table is sized from it
  * and decided in send order, so it must hold probes/s x timeout_s (a lost probe keeps its place until
  * its timeout); every slot gets touched as sequence numbers cycle, so a generous limit costs resident
- * memory (under 100 B a slot) for the engine's life. */
+ * memory (about 128 B a slot) for the engine's life. */
 #define SKH_DEFAULT_IN_FLIGHT 2048u
 #define SKH_MAX_IN_FLIGHT 65536u
 
@@ -106,6 +122,8 @@ size_t skh_engine_pending_records(struct skh_engine *e);
 /* Copies up to max records out of the ring (oldest first); returns how many. */
 size_t skh_engine_drain(struct skh_engine *e, struct skh_record *out, size_t max);
 void skh_engine_stats(struct skh_engine *e, uint64_t out[SKH_STAT__COUNT]);
+/* The transport's own counters (SKH_TSTATS; zeros for those it does not keep). */
+void skh_engine_transport_counters(struct skh_engine *e, uint64_t out[SKH_TSTAT__COUNT]);
 int skh_engine_local(struct skh_engine *e, skh_addr *out);
 unsigned skh_engine_transport_caps(struct skh_engine *e);
 uint32_t skh_engine_session(struct skh_engine *e);

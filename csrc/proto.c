@@ -35,6 +35,16 @@ static uint32_t get32(const uint8_t *p)
 
 static uint64_t get64(const uint8_t *p) { return ((uint64_t)get32(p) << 32) | get32(p + 4); }
 
+/* A receipt window is consistent: span <= 128 and no bit set beyond it. */
+static int rcpt_ok(uint16_t span, const uint64_t bits[2])
+{
+    if (span > SKH_RCPT_BITS)
+        return 0;
+    uint64_t lo_mask = span >= 64 ? ~0ull : (1ull << span) - 1;
+    uint64_t hi_mask = span >= 128 ? ~0ull : span <= 64 ? 0 : (1ull << (span - 64)) - 1;
+    return !(bits[0] & ~lo_mask) && !(bits[1] & ~hi_mask);
+}
+
 int skh_proto_encode(const struct skh_msg *msg, uint32_t probe_len, uint8_t *buf, size_t cap)
 {
     uint32_t len;
@@ -50,6 +60,10 @@ int skh_proto_encode(const struct skh_msg *msg, uint32_t probe_len, uint8_t *buf
     }
     if ((msg->flags & ~SKH_FLAG_MASK) || msg->ts_source > SKH_TS_HW)
         return -EINVAL;
+    int rcpt = (msg->flags & SKH_FLAG_RCPT) != 0;
+    if ((rcpt && (msg->type != SKH_MSG_ACK1 || !rcpt_ok(msg->rcpt_span, msg->rcpt_bits))) ||
+        ((msg->flags & SKH_FLAG_T34_VALID) && msg->type != SKH_MSG_ACK2))
+        return -EINVAL;
     if (cap < len)
         return -ENOSPC;
     memset(buf, 0, len);
@@ -63,8 +77,19 @@ int skh_proto_encode(const struct skh_msg *msg, uint32_t probe_len, uint8_t *buf
     put16(buf + 16, msg->path_id);
     put32(buf + 20, msg->resp_session);
     put64(buf + 24, msg->t1);
-    put64(buf + 32, msg->t3);
-    put64(buf + 40, msg->t4);
+    if (rcpt) {
+        put16(buf + 18, msg->rcpt_span);
+        put64(buf + 32, msg->rcpt_bits[0]);
+        put64(buf + 40, msg->rcpt_bits[1]);
+    } else {
+        put64(buf + 32, msg->t3);
+        put64(buf + 40, msg->t4);
+    }
+    if (msg->type == SKH_MSG_PROBE && msg->stream) {
+        put32(buf + 48, SKH_RCPT_MAGIC);
+        put32(buf + 52, msg->stream);
+        put32(buf + 56, msg->tseq);
+    }
     return (int)len;
 }
 
@@ -84,6 +109,7 @@ int skh_proto_decode(const uint8_t *buf, size_t len, struct skh_msg *out)
     if (type == SKH_MSG_PROBE && len > SKH_PROBE_MAX_LEN)
         return -SKH_DROP_MALFORMED;
 
+    memset(out, 0, sizeof(*out));
     out->type = type;
     out->flags = buf[6];
     out->ts_source = buf[7];
@@ -94,19 +120,40 @@ int skh_proto_decode(const uint8_t *buf, size_t len, struct skh_msg *out)
     out->t1 = get64(buf + 24);
     out->t3 = get64(buf + 32);
     out->t4 = get64(buf + 40);
+    uint16_t reserved = get16(buf + 18);
 
-    if ((out->flags & ~SKH_FLAG_MASK) || out->ts_source > SKH_TS_HW || get16(buf + 18) != 0)
+    if ((out->flags & ~SKH_FLAG_MASK) || out->ts_source > SKH_TS_HW)
+        return -SKH_DROP_MALFORMED;
+    if (type == SKH_MSG_ACK1 && (out->flags & SKH_FLAG_RCPT)) {
+        out->rcpt_span = reserved;
+        out->rcpt_bits[0] = out->t3;
+        out->rcpt_bits[1] = out->t4;
+        out->t3 = out->t4 = 0;
+        if (out->ts_source || !rcpt_ok(out->rcpt_span, out->rcpt_bits))
+            return -SKH_DROP_MALFORMED;
+        return 0;
+    }
+    if (reserved != 0)
         return -SKH_DROP_MALFORMED;
     switch (type) {
     case SKH_MSG_PROBE:
         if (out->flags || out->ts_source || out->resp_session || out->t3 || out->t4)
             return -SKH_DROP_MALFORMED;
+        /* the padding is opaque unless it starts with the receipt request */
+        if (get32(buf + 48) == SKH_RCPT_MAGIC) {
+            out->stream = get32(buf + 52);
+            out->tseq = get32(buf + 56);
+            if (out->stream == 0 || get32(buf + 60) != 0)
+                return -SKH_DROP_MALFORMED;
+        }
         break;
     case SKH_MSG_ACK1:
         if (out->flags || out->ts_source || out->t3 || out->t4)
             return -SKH_DROP_MALFORMED;
         break;
     case SKH_MSG_ACK2:
+        if (out->flags & SKH_FLAG_RCPT)
+            return -SKH_DROP_MALFORMED;
         if (out->flags & SKH_FLAG_T34_VALID) {
             if (out->ts_source == SKH_TS_NONE || out->t3 == 0 || out->t4 < out->t3)
                 return -SKH_DROP_MALFORMED;
@@ -144,6 +191,16 @@ void skh_proto_ack1(const struct skh_msg *probe, uint32_t resp_session, struct s
     ack->path_id = probe->path_id;
     ack->resp_session = resp_session;
     ack->t1 = probe->t1;
+}
+
+void skh_proto_ack1_rcpt(const struct skh_msg *probe, uint32_t resp_session, uint16_t span,
+                         const uint64_t bits[2], struct skh_msg *ack)
+{
+    skh_proto_ack1(probe, resp_session, ack);
+    ack->flags = SKH_FLAG_RCPT;
+    ack->rcpt_span = span > SKH_RCPT_BITS ? SKH_RCPT_BITS : span;
+    ack->rcpt_bits[0] = bits[0];
+    ack->rcpt_bits[1] = bits[1];
 }
 
 void skh_proto_ack2(const struct skh_msg *probe, uint32_t resp_session, uint64_t t3, uint64_t t4,

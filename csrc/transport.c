@@ -5,6 +5,12 @@
 #include <stdio.h>
 #include <string.h>
 
+const char *const skh_tstat_names[SKH_TSTAT__COUNT] = {
+#define SKH_TSTAT_NAME(name) #name,
+    SKH_TSTATS(SKH_TSTAT_NAME)
+#undef SKH_TSTAT_NAME
+};
+
 extern const struct skh_transport_ops skh_transport_udp;
 /* Weak: the tree links (and "verbs" is simply not offered) while csrc/verbs.c is absent. */
 extern const struct skh_transport_ops skh_transport_verbs __attribute__((weak));

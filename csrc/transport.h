@@ -37,8 +37,9 @@ enum skh_addr_kind {
 };
 
 /* Opaque to the engine: it stores, copies and hands back addresses, never looks inside. A transport
- * may keep its own bookkeeping in _pad (UDP: which local socket, i.e. which ECMP path, an address is
- * reached from; a received datagram's src says which socket it arrived on, so replies leave there). */
+ * may keep its own bookkeeping in _pad (UDP: [0] which local socket, i.e. which ECMP path, an address
+ * is reached from -- a received datagram's src says which socket it arrived on, so replies leave
+ * there; [1] the traffic class a reply to that datagram carries, valid when [2] is 1). */
 typedef struct skh_addr {
     uint8_t kind; /* enum skh_addr_kind */
     uint8_t _pad[3];
@@ -67,6 +68,12 @@ struct skh_transport_cfg {
     int netns_fd; /* >= 0: create the socket/QP inside this network namespace */
     int hw_timestamps; /* ask for NIC stamps; open() fails -EOPNOTSUPP when the NIC has none */
     int no_kernel_stamps; /* ask for no stamps at all (the engine then uses its user clock) */
+    /* Class of service of probes: the IP TOS / IPv6 traffic class byte (DSCP << 2 | ECN) of UDP
+     * datagrams and of the RoCE GRH, and the priority (UDP: SO_PRIORITY, i.e. the egress queue and
+     * VLAN PCP; verbs: the service level). Replies carry the DSCP their probe arrived with (so the
+     * return path rides the prober's class) with this engine's ECN bits and priority. */
+    uint8_t traffic_class;
+    uint8_t priority;
 };
 
 /* One datagram to send. The engine fills buf/len/dst; send() fills tx_id for those it sent. */
@@ -86,17 +93,42 @@ struct skh_rxpkt {
     uint8_t truncated; /* out: the datagram was longer than cap */
     uint8_t ts_source; /* out: clock of ts_ns (SKH_TS_NONE: no receive stamp) */
     int32_t err; /* out: 0 = a datagram from src; < 0 = -errno of an error report about a datagram
-                  * this transport sent to src, buf then holds (the start of) that datagram */
+                  * this transport sent to src, buf then holds (the start of) that datagram;
+                  * -ENETRESET (len 0, nothing else valid): the transport lost whatever was on its
+                  * way in (a queue pair reset), so answers due now may never arrive */
     int64_t ts_ns; /* out: receive stamp */
     skh_addr src; /* out: sender (or, for an error report, the original destination) */
 };
 
-/* A send stamp learnt after the fact (the kernel's error queue, a send completion). */
+/* A send stamp learnt after the fact (the kernel's error queue, a send completion); or, with err < 0,
+ * the news that a datagram send() had accepted was not sent after all (a flushed work request of a
+ * queue pair in error). */
 struct skh_txstamp {
     uint32_t tx_id;
     uint8_t ts_source;
+    int32_t err;
     int64_t ts_ns;
 };
+
+/* Counters a transport keeps about itself, in the order skh.probe.Engine.transport_stats() names
+ * them; a transport leaves those that do not apply at 0. */
+#define SKH_TSTATS(X)                                                                              \
+    X(qp_recoveries)        /* queue pair found in error state and brought back to RTS */         \
+    X(ah_created)           /* address handles created (off the engine thread) */                 \
+    X(ah_evicted)           /* least recently used address handles destroyed to make room */     \
+    X(ah_failures)          /* address handle creations that failed (peer not resolvable) */      \
+    X(tx_completion_errors) /* send completions with an error status */                           \
+    X(rx_completion_errors) /* receive completions with an error status */                        \
+    X(rx_no_grh)            /* datagrams without a usable GRH (sender unknown), dropped */
+
+enum skh_tstat {
+#define SKH_TSTAT_ENUM(name) SKH_TSTAT_##name,
+    SKH_TSTATS(SKH_TSTAT_ENUM)
+#undef SKH_TSTAT_ENUM
+    SKH_TSTAT__COUNT
+};
+
+extern const char *const skh_tstat_names[SKH_TSTAT__COUNT];
 
 struct skh_transport; /* each transport defines its own struct */
 
@@ -120,7 +152,10 @@ struct skh_transport_ops {
      * (the engine then polls again instead of sleeping), 0 when sleeping is safe, or -errno. */
     int (*arm)(struct skh_transport *t);
     /* Sends pkts[0..n) in order. Returns how many were sent (their tx_id set); when pkts[0] itself
-     * could not be sent, -errno of that failure (the engine decides whether to skip it or retry). */
+     * could not be sent, -errno of that failure. -EAGAIN / -ENOBUFS / -ENOMEM mean "not now, for
+     * anything" (a full queue or buffer), -EINPROGRESS "not now, for this destination" (its
+     * address handle is still being resolved): the engine keeps the datagram (and, for the former,
+     * the rest of the batch) and tries again; any other error is final for that datagram. */
     int (*send)(struct skh_transport *t, struct skh_txpkt *pkts, unsigned n);
     /* Up to n received datagrams / error reports; 0 when none is ready. The engine calls stamps()
      * right before recv() in each round, so a transport may gather both from one queue read. */
@@ -132,6 +167,8 @@ struct skh_transport_ops {
     /* Builds a destination from (host, port) or (gid, qpn) plus the path id to pin. */
     int (*parse_addr)(struct skh_transport *t, const char *host, uint16_t port, const char *gid,
                       uint32_t qpn, uint16_t path_id, skh_addr *out);
+    /* Optional: fills out[0..SKH_TSTAT__COUNT) (any thread; values may be a moment old). */
+    void (*counters)(struct skh_transport *t, uint64_t *out);
 };
 
 /* The registered transport called name, or NULL. */

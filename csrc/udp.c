@@ -1,6 +1,10 @@
 /* UDP transport: non-blocking datagram sockets, SO_TIMESTAMPING kernel (or NIC) stamps,
  * sendmmsg/recvmmsg, and the error queue for send stamps and ICMP errors (IP_RECVERR).
  *
+ * Class of service: every socket sends with the configured IP TOS / IPv6 traffic class and
+ * SO_PRIORITY; it also receives each datagram's TOS (IP_RECVTOS / IPV6_RECVTCLASS), so a reply
+ * carries its probe's DSCP (an IP_TOS / IPV6_TCLASS cmsg when that differs from the socket's).
+ *
  * Details measured on the build machines are in shared/notes/rdma-probing.md §3.3:
  *   - receive stamps arrive as SCM_TIMESTAMPING cmsgs (ts[0] software, ts[2] raw hardware);
  *   - send stamps are requested per datagram (a SO_TIMESTAMPING cmsg with TX flags) so only probes and
@@ -71,6 +75,8 @@ struct usock {
 struct udp_transport {
     int epfd;
     int family;
+    uint8_t tclass; /* TOS byte of every socket */
+    uint8_t priority;
     unsigned caps;
     unsigned tsflags; /* SO_TIMESTAMPING flags every socket gets (0: no stamps) */
     int hw;
@@ -212,6 +218,16 @@ static int make_socket_here(struct udp_transport *t, uint16_t port, int *out)
         (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     if (t->tsflags && setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &t->tsflags, sizeof(t->tsflags)) != 0)
         goto fail;
+    int tos = t->tclass, prio = t->priority;
+    if (setsockopt(fd, SOL_IP, IP_TOS, &tos, sizeof(tos)) != 0 ||
+        setsockopt(fd, SOL_IP, IP_RECVTOS, &one, sizeof(one)) != 0)
+        goto fail;
+    if (t->family == AF_INET6 && (setsockopt(fd, SOL_IPV6, IPV6_TCLASS, &tos, sizeof(tos)) != 0 ||
+                                  setsockopt(fd, SOL_IPV6, IPV6_RECVTCLASS, &one, sizeof(one)) != 0))
+        goto fail;
+    /* priorities above 6 need CAP_NET_ADMIN: a clear EPERM at open, not a silent default */
+    if (prio && setsockopt(fd, SOL_SOCKET, SO_PRIORITY, &prio, sizeof(prio)) != 0)
+        goto fail;
     if (bind(fd, (const struct sockaddr *)&bind_addr.u, addr_len(&bind_addr)) != 0)
         goto fail;
     *out = fd;
@@ -304,6 +320,8 @@ static int udp_open(const struct skh_transport_cfg *cfg, struct skh_transport **
     }
     strcpy(t->bind_ip, bind_ip);
     t->family = inet_pton(AF_INET, bind_ip, &a4) == 1 ? AF_INET : AF_INET6;
+    t->tclass = cfg->traffic_class;
+    t->priority = cfg->priority;
     t->explicit_id = kernel_at_least(6, 13);
     if (cfg->netns_fd >= 0 && (t->netns_fd = fcntl(cfg->netns_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
         rc = -errno;
@@ -358,13 +376,24 @@ static unsigned sock_of(const struct udp_transport *t, const skh_addr *a, unsign
     return a->_pad[0] < nsock ? a->_pad[0] : 0;
 }
 
+/* Appends one cmsg carrying an int-sized value (IP_TOS takes an int on send) at buf + len. */
+static size_t put_cmsg(char *buf, size_t len, int level, int type, uint32_t value)
+{
+    struct cmsghdr *c = (struct cmsghdr *)(buf + len);
+    c->cmsg_level = level;
+    c->cmsg_type = type;
+    c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
+    memcpy(CMSG_DATA(c), &value, sizeof(uint32_t));
+    return len + CMSG_SPACE(sizeof(uint32_t));
+}
+
 static int udp_send(struct skh_transport *tp, struct skh_txpkt *pkts, unsigned n)
 {
     struct udp_transport *t = (struct udp_transport *)tp;
     struct mmsghdr msgs[UDP_BATCH];
     struct iovec iov[UDP_BATCH];
     union {
-        char buf[CMSG_SPACE(sizeof(uint32_t)) * 2];
+        char buf[CMSG_SPACE(sizeof(uint32_t)) * 2 + CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
     } ctl[UDP_BATCH];
     unsigned tx_flags = t->hw ? SOF_TIMESTAMPING_TX_HARDWARE : SOF_TIMESTAMPING_TX_SOFTWARE;
@@ -382,6 +411,7 @@ static int udp_send(struct skh_transport *tp, struct skh_txpkt *pkts, unsigned n
     struct usock *us = &t->socks[idx];
 
     memset(msgs, 0, n * sizeof(msgs[0]));
+    uint8_t with_stamp[UDP_BATCH];
     uint32_t key = us->next_id;
     for (unsigned i = 0; i < n; i++) {
         struct msghdr *m = &msgs[i].msg_hdr;
@@ -392,30 +422,33 @@ static int udp_send(struct skh_transport *tp, struct skh_txpkt *pkts, unsigned n
         m->msg_name = (void *)&pkts[i].dst->u;
         m->msg_namelen = addr_len(pkts[i].dst);
         pkts[i].tx_id = 0;
-        if (!stamped || !pkts[i].want_stamp)
-            continue;
-        /* keys in order; in implicit mode the kernel's counter only counts stamped datagrams */
-        pkts[i].tx_id = (idx << ID_BITS) | (key & ID_MASK);
         m->msg_control = ctl[i].buf;
-        m->msg_controllen = t->explicit_id ? sizeof(ctl[i].buf) : CMSG_SPACE(sizeof(uint32_t));
-        struct cmsghdr *c = CMSG_FIRSTHDR(m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SO_TIMESTAMPING;
-        c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
-        memcpy(CMSG_DATA(c), &tx_flags, sizeof(uint32_t));
-        if (t->explicit_id) {
-            c = CMSG_NXTHDR(m, c);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_TS_OPT_ID;
-            c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
-            memcpy(CMSG_DATA(c), &key, sizeof(uint32_t));
+        size_t ctl_len = 0;
+        with_stamp[i] = stamped && pkts[i].want_stamp;
+        if (with_stamp[i]) {
+            /* keys in order; in implicit mode the kernel's counter only counts stamped datagrams */
+            pkts[i].tx_id = (idx << ID_BITS) | (key & ID_MASK);
+            ctl_len = put_cmsg(ctl[i].buf, ctl_len, SOL_SOCKET, SO_TIMESTAMPING, tx_flags);
+            if (t->explicit_id)
+                ctl_len = put_cmsg(ctl[i].buf, ctl_len, SOL_SOCKET, SCM_TS_OPT_ID, key);
+            key++;
         }
-        key++;
+        const skh_addr *d = pkts[i].dst;
+        int reply_tos = d->_pad[2] ? (d->_pad[1] & 0xfc) | (t->tclass & 0x03) : t->tclass;
+        if (reply_tos != t->tclass) { /* a reply in its probe's class */
+            if (d->kind == SKH_ADDR_IP4 || IN6_IS_ADDR_V4MAPPED(&d->u.in6.sin6_addr))
+                ctl_len = put_cmsg(ctl[i].buf, ctl_len, SOL_IP, IP_TOS, (uint32_t)reply_tos);
+            else
+                ctl_len = put_cmsg(ctl[i].buf, ctl_len, SOL_IPV6, IPV6_TCLASS, (uint32_t)reply_tos);
+        }
+        m->msg_controllen = ctl_len;
+        if (!ctl_len)
+            m->msg_control = NULL;
     }
     int sent = sendmmsg(us->fd, msgs, n, MSG_DONTWAIT);
     if (sent < 0) {
         int err = errno;
-        if (err == EINVAL && t->explicit_id && msgs[0].msg_hdr.msg_control) {
+        if (err == EINVAL && t->explicit_id && with_stamp[0]) {
             /* a kernel without SCM_TS_OPT_ID despite its version: count like the kernel does */
             t->explicit_id = 0;
             return udp_send(tp, pkts, n);
@@ -423,16 +456,30 @@ static int udp_send(struct skh_transport *tp, struct skh_txpkt *pkts, unsigned n
         return -err;
     }
     for (int i = 0; i < sent; i++)
-        if (msgs[i].msg_hdr.msg_control)
+        if (with_stamp[i])
             us->next_id++;
     return sent;
 }
 
-static void read_stamp(struct msghdr *m, int hw, int64_t *ts_ns, uint8_t *src)
+/* The stamp of a received datagram or an error-queue entry; *tos gets the datagram's TOS / traffic
+ * class byte, or -1 when there is none. */
+static void read_stamp(struct msghdr *m, int hw, int64_t *ts_ns, uint8_t *src, int *tos)
 {
     *ts_ns = 0;
     *src = SKH_TS_NONE;
+    if (tos)
+        *tos = -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (tos && c->cmsg_level == SOL_IP && c->cmsg_type == IP_TOS) {
+            *tos = *(const uint8_t *)CMSG_DATA(c);
+            continue;
+        }
+        if (tos && c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_TCLASS) {
+            int v;
+            memcpy(&v, CMSG_DATA(c), sizeof(v));
+            *tos = v & 0xff;
+            continue;
+        }
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPING)
             continue;
         struct scm_timestamping ts;
@@ -498,9 +545,10 @@ static void errq_pump(struct udp_transport *t, unsigned idx)
                 continue;
             if (ee->ee_origin == SO_EE_ORIGIN_TIMESTAMPING) {
                 struct skh_txstamp *s = &t->stamps[t->st_tail & (ERRQ_CAP - 1)];
-                read_stamp(m, t->hw, &s->ts_ns, &s->ts_source);
+                read_stamp(m, t->hw, &s->ts_ns, &s->ts_source, NULL);
                 if (s->ts_source == SKH_TS_NONE)
                     continue;
+                s->err = 0;
                 s->tx_id = (idx << ID_BITS) | (ee->ee_data & ID_MASK);
                 t->st_tail++;
             } else if (icmp_errno_ok(ee) && ee->ee_errno) {
@@ -599,9 +647,14 @@ static int recv_sock(struct udp_transport *t, unsigned idx, struct skh_rxpkt *pk
         p->len = msgs[i].msg_len;
         p->truncated = (m->msg_flags & MSG_TRUNC) != 0;
         p->err = 0;
-        read_stamp(m, t->hw, &p->ts_ns, &p->ts_source);
+        int tos;
+        read_stamp(m, t->hw, &p->ts_ns, &p->ts_source, &tos);
         addr_from_sockaddr(&names[i], &p->src);
         p->src._pad[0] = (uint8_t)idx;
+        if (tos >= 0) {
+            p->src._pad[1] = (uint8_t)tos;
+            p->src._pad[2] = 1;
+        }
     }
     return got;
 }

@@ -1,14 +1,15 @@
 /* The ibverbs UD transport (skh_transport_verbs, registered in transport.c).
  *
- * libibverbs is never linked: verbs.c loads libibverbs.so.1 with dlopen on first use and reaches
+ * libibverbs is never linked: verbs_lib.c loads libibverbs.so.1 with dlopen on first use and reaches
  * its exported functions through dlvsym; everything on the data path (post_send/recv, polling,
  * CQ creation) goes through the context's ops table, so the extension imports on machines without
  * RDMA. Built without <infiniband/verbs.h>, the transport is registered but reports unavailable.
  *
  * Per engine: one RDMA device/port/GID, PD, one MR over a slot pool, one extended CQ (completion
  * timestamps where the device has them, else software stamps labelled SKH_TS_USER), a completion
- * channel (pollfd/arm), one UD QP (Q_Key SKH_VERBS_QKEY) with a deep receive queue, and an AH
- * cache keyed by (dgid, sgid_index, flow_label, traffic_class, sl).
+ * channel (pollfd/arm), one UD QP (Q_Key SKH_VERBS_QKEY) with a deep receive queue, recovered when
+ * it enters the error state, and an LRU cache of address handles keyed by (dgid, sgid_index,
+ * flow_label, traffic_class, sl) that a resolver thread fills. The files: verbs_int.h.
  */
 #ifndef SKH_VERBS_H
 #define SKH_VERBS_H
@@ -36,12 +37,6 @@ struct skh_verbs_info {
     int hw_stamps;     /* 1: CQE completion timestamps (SKH_TS_HW); 0: software (SKH_TS_USER) */
     uint64_t hca_core_clock_khz;
     uint64_t timestamp_mask;
-    /* counters */
-    uint64_t rx_errors;       /* receive completions with an error status (slot reposted) */
-    uint64_t tx_errors;       /* send completions with an error status (no stamp delivered) */
-    uint64_t rx_no_grh;       /* datagrams without a GRH: sender unknown, dropped */
-    uint64_t ah_created;
-    uint64_t ah_flushes;
 };
 
 /* Fills *out for an open verbs transport; -EINVAL when t is not one. */

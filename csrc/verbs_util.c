@@ -65,10 +65,28 @@ static int mask_ok(uint64_t mask)
     return mask >= 0xff && (mask & (mask + 1)) == 0;
 }
 
-static int64_t ticks_to_ns(uint64_t ticks, uint64_t khz)
+/* floor(ticks * 1e6 / kHz), exact in 128 bits (64 would overflow after ~5 h at 1 GHz) */
+static __int128 ticks_to_ns128(int64_t ticks, uint64_t khz)
 {
-    /* ticks * 1e6 / kHz overflows 64 bits after ~5 h at 1 GHz; 128-bit keeps it exact */
-    return (int64_t)((unsigned __int128)ticks * 1000000u / khz);
+    __int128 p = (__int128)ticks * 1000000;
+    __int128 q = p / (__int128)khz;
+    if (p % (__int128)khz < 0)
+        q -= 1;
+    return q;
+}
+
+static int64_t ticks_to_ns(int64_t ticks, uint64_t khz)
+{
+    __int128 q = ticks_to_ns128(ticks, khz);
+    return q > INT64_MAX ? INT64_MAX : (int64_t)q;
+}
+
+/* A position on the extended time line; 0 ("no stamp") for one so far behind the first stamp that
+ * it is garbage rather than out of order. */
+static int64_t line_ns(int64_t ext, uint64_t khz)
+{
+    __int128 ns = SKH_TICK_ORIGIN_NS + ticks_to_ns128(ext, khz);
+    return ns <= 0 ? 0 : ns > INT64_MAX ? INT64_MAX : (int64_t)ns;
 }
 
 int skh_tick_clock_init(struct skh_tick_clock *c, uint64_t mask, uint64_t khz)
@@ -85,29 +103,29 @@ int64_t skh_tick_clock_ns(struct skh_tick_clock *c, uint64_t raw)
 {
     raw &= c->mask;
     if (!c->primed) {
-        /* start one wrap in: every stamp is > 0 (0 means "no stamp" to the engine), and so is one
-         * placed behind the first */
         c->primed = 1;
         c->last_raw = raw;
-        c->last_ext = raw + c->mask + 1;
-        return ticks_to_ns(c->last_ext, c->khz);
+        c->last_ext = 0;
+        return SKH_TICK_ORIGIN_NS;
     }
     uint64_t fwd = (raw - c->last_raw) & c->mask;
     if (fwd <= c->mask / 2) {
-        c->last_ext += fwd;
+        c->last_ext += (int64_t)fwd;
         c->last_raw = raw;
-        return ticks_to_ns(c->last_ext, c->khz);
+        return line_ns(c->last_ext, c->khz);
     }
     /* slightly older than the newest stamp: place it behind without moving the newest */
     uint64_t back = (c->last_raw - raw) & c->mask;
-    return ticks_to_ns(c->last_ext - back, c->khz);
+    if (back > (uint64_t)INT64_MAX)
+        return 0;
+    return line_ns(c->last_ext - (int64_t)back, c->khz);
 }
 
 int64_t skh_ticks_delta_ns(uint64_t later, uint64_t earlier, uint64_t mask, uint64_t khz)
 {
     if (!mask_ok(mask) || khz == 0)
         return -EINVAL;
-    return ticks_to_ns((later - earlier) & mask, khz);
+    return ticks_to_ns((int64_t)((later - earlier) & mask & (UINT64_MAX >> 1)), khz);
 }
 
 int skh_rt_stamp_decode(uint64_t stamp, int64_t *ns_out)

@@ -35,18 +35,26 @@ int skh_grh_parse(const uint8_t grh[SKH_GRH_BYTES], struct skh_grh_info *out);
 
 /* HCA free-running clock, extended past its wrap-around and converted to ns. Feed it raw
  * completion stamps of ONE device in roughly increasing order; a stamp at most half a wrap
- * behind the newest is taken as slightly out of order (send vs receive CQ), not as a wrap. */
+ * behind the newest is taken as slightly out of order (send vs receive CQ), not as a wrap.
+ * Only tick counts since the first stamp are ever converted, never the raw counter itself: a
+ * counter may start anywhere in its range (mlx5 reports a 63-bit mask, and a raw value near
+ * 2^63 ticks is past INT64_MAX once in ns at any clock above 1 GHz, at any clock at all once
+ * shifted by a wrap), while the ticks between two stamps of one run stay small. */
 struct skh_tick_clock {
     uint64_t mask;          /* completion_timestamp_mask: 2^n - 1 */
     uint64_t khz;           /* hca_core_clock in kHz */
     uint64_t last_raw;      /* newest raw stamp seen (masked) */
-    uint64_t last_ext;      /* its value extended to 64 bits */
+    int64_t last_ext;       /* its distance in ticks from the first stamp */
     int primed;
 };
 
+/* ns of the first stamp: every stamp is > 0 (0 means "no stamp" to the engine), and so is any
+ * placed behind the first, up to ~146 years. */
+#define SKH_TICK_ORIGIN_NS (1LL << 62)
+
 /* -EINVAL unless mask is 2^n - 1 (n >= 8) and khz > 0. */
 int skh_tick_clock_init(struct skh_tick_clock *c, uint64_t mask, uint64_t khz);
-/* ns on the extended tick time line (arbitrary origin; always > 0). */
+/* ns on the extended tick time line: SKH_TICK_ORIGIN_NS at the first stamp. */
 int64_t skh_tick_clock_ns(struct skh_tick_clock *c, uint64_t raw);
 /* later - earlier for two raw stamps of one device, modulo the mask, in ns; -EINVAL on bad
  * mask/khz. The delta is always taken forward (a wrapped later stamp gives a small delta). */

@@ -21,6 +21,10 @@ cdef extern from "proto.h" nogil:
         uint64_t t1
         uint64_t t3
         uint64_t t4
+        uint32_t stream
+        uint32_t tseq
+        uint16_t rcpt_span
+        uint64_t rcpt_bits[2]
 
     struct skh_rtt:
         int64_t rtt_ns
@@ -46,6 +50,8 @@ cdef extern from "transport.h" nogil:
         int netns_fd
         int hw_timestamps
         int no_kernel_stamps
+        uint8_t traffic_class
+        uint8_t priority
 
     struct skh_transport_ops:
         const char *name
@@ -58,6 +64,8 @@ cdef extern from "transport.h" nogil:
     enum:
         SKH_TCAP_TX_STAMPS
         SKH_TCAP_RX_STAMPS
+        SKH_TSTAT__COUNT
+    const char *const skh_tstat_names[]
 
 
 cdef extern from "verbs.h" nogil:
@@ -72,6 +80,7 @@ cdef extern from "engine.h" nogil:
         SKH_STAT__COUNT
         SKH_MAX_IN_FLIGHT
         SKH_DEFAULT_IN_FLIGHT
+    int64_t SKH_DEFAULT_DIRECTION_WAIT_NS
 
     const char *const skh_stat_names[]
 
@@ -84,6 +93,7 @@ cdef extern from "engine.h" nogil:
         uint32_t probe_len
         uint32_t max_in_flight
         int64_t batch_window_ns
+        int64_t direction_wait_ns
 
     struct skh_engine:
         pass
@@ -99,6 +109,7 @@ cdef extern from "engine.h" nogil:
     size_t skh_engine_pending_records(skh_engine *e)
     size_t skh_engine_drain(skh_engine *e, skh_record *out, size_t max)
     void skh_engine_stats(skh_engine *e, uint64_t *out)
+    void skh_engine_transport_counters(skh_engine *e, uint64_t *out)
     int skh_engine_local(skh_engine *e, skh_addr *out)
     unsigned skh_engine_transport_caps(skh_engine *e)
     uint32_t skh_engine_session(skh_engine *e)

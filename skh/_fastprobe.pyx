@@ -18,6 +18,7 @@ CAP_TX_STAMPS = SKH_TCAP_TX_STAMPS
 CAP_RX_STAMPS = SKH_TCAP_RX_STAMPS
 MAX_IN_FLIGHT = SKH_MAX_IN_FLIGHT
 DEFAULT_IN_FLIGHT = SKH_DEFAULT_IN_FLIGHT
+DEFAULT_DIRECTION_WAIT_NS = SKH_DEFAULT_DIRECTION_WAIT_NS
 
 if PROBE_DTYPE.itemsize != 48:  # skh_record is static-asserted to 48 bytes in engine.c
     raise ImportError("skh.records.PROBE_DTYPE no longer matches the engine's skh_record")
@@ -31,6 +32,11 @@ cdef raise_errno(int rc, str what):
 def stat_names():
     """The engine's counter names, in the order FastEngine.stats() returns them."""
     return tuple(skh_stat_names[i].decode() for i in range(SKH_STAT__COUNT))
+
+
+def transport_stat_names():
+    """The transports' counter names, in the order FastEngine.transport_stats() returns them."""
+    return tuple(skh_tstat_names[i].decode() for i in range(SKH_TSTAT__COUNT))
 
 
 def transports():
@@ -53,8 +59,10 @@ def verbs_strerror():
 
 def proto_encode(int type, *, int flags=0, int ts_source=0, uint32_t session=0, uint32_t seq=0,
                  uint16_t path_id=0, uint32_t resp_session=0, uint64_t t1=0, uint64_t t3=0,
-                 uint64_t t4=0, uint32_t probe_len=SKH_PROBE_MIN_LEN):
-    """Encodes one message with the C encoder (for tests and tools)."""
+                 uint64_t t4=0, uint32_t stream=0, uint32_t tseq=0, uint16_t rcpt_span=0,
+                 rcpt_bits=0, uint32_t probe_len=SKH_PROBE_MIN_LEN):
+    """Encodes one message with the C encoder (for tests and tools). ``rcpt_bits`` is one int of
+    up to 128 bits (bit i: probe tseq-1-i arrived)."""
     cdef skh_msg m
     cdef uint8_t buf[SKH_PROBE_MAX_LEN]
     memset(&m, 0, sizeof(m))
@@ -68,6 +76,11 @@ def proto_encode(int type, *, int flags=0, int ts_source=0, uint32_t session=0, 
     m.t1 = t1
     m.t3 = t3
     m.t4 = t4
+    m.stream = stream
+    m.tseq = tseq
+    m.rcpt_span = rcpt_span
+    m.rcpt_bits[0] = rcpt_bits & 0xFFFFFFFFFFFFFFFF
+    m.rcpt_bits[1] = (rcpt_bits >> 64) & 0xFFFFFFFFFFFFFFFF
     rc = skh_proto_encode(&m, probe_len, buf, sizeof(buf))
     if rc < 0:
         raise_errno(rc, "proto_encode")
@@ -82,7 +95,9 @@ def proto_decode(const uint8_t[::1] data):
     if rc < 0:
         return rc
     return dict(type=m.type, flags=m.flags, ts_source=m.ts_source, session=m.session, seq=m.seq,
-                path_id=m.path_id, resp_session=m.resp_session, t1=m.t1, t3=m.t3, t4=m.t4)
+                path_id=m.path_id, resp_session=m.resp_session, t1=m.t1, t3=m.t3, t4=m.t4,
+                stream=m.stream, tseq=m.tseq, rcpt_span=m.rcpt_span,
+                rcpt_bits=m.rcpt_bits[0] | (<object>m.rcpt_bits[1]) << 64)
 
 
 def proto_rtt(int64_t t1, int64_t t2, int src_p, int64_t t3, int64_t t4, int src_r, int64_t t5,
@@ -99,7 +114,8 @@ cdef class FastEngine:
     def __cinit__(self, *, uint32_t endpoint_id, str transport, str bind, int port, str device,
                   int gid_index, int netns_fd, bint hw_timestamps, bint kernel_timestamps,
                   int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0,
-                  int64_t batch_window_ns=0):
+                  int64_t batch_window_ns=0, uint8_t traffic_class=0, uint8_t priority=0,
+                  int64_t direction_wait_ns=SKH_DEFAULT_DIRECTION_WAIT_NS):
         cdef skh_engine_cfg cfg
         cdef bytes b_transport = transport.encode()
         cdef bytes b_bind = bind.encode()
@@ -117,11 +133,14 @@ cdef class FastEngine:
         cfg.tcfg.netns_fd = netns_fd
         cfg.tcfg.hw_timestamps = hw_timestamps
         cfg.tcfg.no_kernel_stamps = not kernel_timestamps
+        cfg.tcfg.traffic_class = traffic_class
+        cfg.tcfg.priority = priority
         cfg.timeout_ns = timeout_ns
         cfg.ring_records = ring_records
         cfg.probe_len = probe_len
         cfg.max_in_flight = max_in_flight
         cfg.batch_window_ns = batch_window_ns
+        cfg.direction_wait_ns = direction_wait_ns
         rc = skh_engine_create(&cfg, &self._e)
         if rc < 0:
             self._e = NULL
@@ -210,6 +229,11 @@ cdef class FastEngine:
         cdef uint64_t vals[SKH_STAT__COUNT]
         skh_engine_stats(self._live(), vals)
         return tuple(vals[i] for i in range(SKH_STAT__COUNT))
+
+    def transport_stats(self):
+        cdef uint64_t vals[SKH_TSTAT__COUNT]
+        skh_engine_transport_counters(self._live(), vals)
+        return tuple(vals[i] for i in range(SKH_TSTAT__COUNT))
 
     def local(self):
         """(kind, host or gid, port or qpn, gid_index) of the bound socket / QP."""

@@ -31,6 +31,7 @@ from skh.records import PROBE_DTYPE
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW_S",
+    "DEFAULT_DIRECTION_WAIT_S",
     "DEFAULT_PORT",
     "DEFAULT_PROBE_BYTES",
     "PROBE_MAX_BYTES",
@@ -49,6 +50,10 @@ DEFAULT_PROBE_BYTES = PROBE_MIN_BYTES
 #: Probes due this close together leave in one send batch (one wake-up per round of a target list
 #: rather than one per target); each probe's own send time is still recorded (``Engine``).
 DEFAULT_BATCH_WINDOW_S = 500e-6
+#: An unanswered probe's record waits at most this long past its timeout for a later answer to say
+#: which direction lost it (REQUEST_LOST / REPLY_LOST); then it is LOST. 0: decide at the timeout
+#: with the receipts at hand, so records reach an analyzer as early as before (docs/engine.md).
+DEFAULT_DIRECTION_WAIT_S = _fastprobe.DEFAULT_DIRECTION_WAIT_NS / 1e9
 
 _TRANSPORTS = ("udp", "verbs")
 _U32 = 2**32 - 1
@@ -67,12 +72,13 @@ def capabilities() -> frozenset[str]:
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """Counters of one engine since it was created (C names, csrc/engine.h). Invariants:
-    ``sent + send_errors == ok + lost + refused + unreachable + invalid + in_flight``,
-    ``ok + lost + refused + unreachable + invalid == records + ring_overflow`` and
+    ``sent + send_errors == decided + in_flight + awaiting_direction``,
+    ``decided == records + ring_overflow`` and
     ``received == probes_received + acks_received + icmp_errors + drops``."""
 
     sent: int
     send_errors: int
+    send_deferred: int
     received: int
     probes_received: int
     replies_sent: int
@@ -84,9 +90,13 @@ class EngineStats:
     refused: int
     unreachable: int
     invalid: int
+    request_lost: int
+    reply_lost: int
+    local_error: int
     icmp_errors: int
     tx_stamps: int
     tx_stamps_unmatched: int
+    clock_steps: int
     records: int
     ring_overflow: int
     drop_truncated: int
@@ -98,6 +108,7 @@ class EngineStats:
     drop_replay: int
     drop_late: int
     in_flight: int
+    awaiting_direction: int
     inflight_full: int
     wakeups: int
 
@@ -109,7 +120,21 @@ class EngineStats:
     @property
     def decided(self) -> int:
         """Probes with an outcome (a record, or a ring overflow)."""
-        return self.ok + self.lost + self.refused + self.unreachable + self.invalid
+        return (
+            self.ok
+            + self.lost
+            + self.refused
+            + self.unreachable
+            + self.invalid
+            + self.request_lost
+            + self.reply_lost
+            + self.local_error
+        )
+
+    @property
+    def network_lost(self) -> int:
+        """Probes lost in the network, whichever direction (LOSS_STATUSES)."""
+        return self.lost + self.request_lost + self.reply_lost
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -154,7 +179,21 @@ class Engine:
     Beyond the common contract: ``kernel_timestamps=False`` uses user-clock stamps only (labelled
     USER), ``probe_bytes`` sizes the PROBE datagrams (replies stay 48 B each), and ``max_in_flight``
     bounds the probes awaiting a decision (due probes wait for replies or timeouts beyond it); it
-    should cover probes/s x timeout_s, and costs under 100 B of memory per unit. ``batch_window_s``
+    should cover probes/s x timeout_s, and costs about 128 B of memory per unit.
+
+    ``traffic_class`` is the IP TOS / IPv6 traffic class byte of the probes (``DSCP << 2``; over
+    verbs the GRH traffic class) and ``priority`` their priority (UDP: ``SO_PRIORITY``, i.e. the
+    egress queue and VLAN PCP; verbs: the service level): set them to the training traffic's class
+    so probes share its queue (RoCE fabrics commonly run it as DSCP 26, priority 3:
+    ``traffic_class=104, priority=3``; see docs/engine.md). Replies carry the DSCP their probe
+    arrived with.
+
+    Loss by direction: the engine asks responders for receipts (which of the stream's earlier
+    probes they received), so an unanswered probe is ``REQUEST_LOST`` or ``REPLY_LOST`` when the
+    receipts at its timeout tell (or, with ``direction_wait_s`` > 0, that long after it), and
+    ``LOST`` when none do (a responder that sends no receipts, an outage). A probe with
+    one of its two answers is ``REPLY_LOST``; one this host could not send, or whose answers its
+    own reset receive queue lost, ``LOCAL_ERROR``. ``batch_window_s``
     > 0 batches probes: each target's probes fall on multiples of its interval (after the first,
     sent at once), so targets sharing an interval go out together however far apart they were
     added, and a probe due within the window of a batch joins it; a round of a target list then
@@ -179,6 +218,9 @@ class Engine:
         probe_bytes: int = DEFAULT_PROBE_BYTES,
         max_in_flight: int = _fastprobe.DEFAULT_IN_FLIGHT,
         batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
+        traffic_class: int = 0,
+        priority: int = 0,
+        direction_wait_s: float = DEFAULT_DIRECTION_WAIT_S,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -204,6 +246,9 @@ class Engine:
             max_in_flight, "max_in_flight", owner, 1, _fastprobe.MAX_IN_FLIGHT
         )
         batch_window_s = _check_seconds(batch_window_s, "batch_window_s", owner, 0.0)
+        traffic_class = _check_int(traffic_class, "traffic_class", owner, 0, 255)
+        priority = _check_int(priority, "priority", owner, 0, 7)
+        direction_wait_s = _check_seconds(direction_wait_s, "direction_wait_s", owner, 0.0)
         if batch_window_s >= timeout_s:
             raise _bad(
                 "batch_window_s", owner, f"shorter than timeout_s ({timeout_s:g} s)", batch_window_s
@@ -225,6 +270,8 @@ class Engine:
         self.endpoint_id = endpoint_id
         self.transport = transport
         self.timeout_s = timeout_s
+        self.traffic_class = traffic_class
+        self.priority = priority
         try:
             self._fe = _fastprobe.FastEngine(
                 endpoint_id=endpoint_id,
@@ -241,6 +288,9 @@ class Engine:
                 probe_len=probe_bytes,
                 max_in_flight=max_in_flight,
                 batch_window_ns=int(batch_window_s * 1e9),
+                traffic_class=traffic_class,
+                priority=priority,
+                direction_wait_ns=int(direction_wait_s * 1e9),
             )
         except EngineError as exc:
             # the machine lacks what was asked: an RDMA device/GID (any verbs open failure), NIC
@@ -388,3 +438,9 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats(*self._fe.stats())
+
+    def transport_stats(self) -> dict[str, int]:
+        """The transport's own counters (verbs: ``qp_recoveries``, address handles created,
+        evicted and failed, completion errors, datagrams without a GRH); zeros where they do not
+        apply (UDP)."""
+        return dict(zip(_fastprobe.transport_stat_names(), self._fe.transport_stats(), strict=True))

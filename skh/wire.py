@@ -43,6 +43,9 @@ __all__ = [
     "pack_pairs",
     "unpack_pairs",
     "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_MAX_ELEMENTS",
+    "NAME_MAX",
+    "PAGE_MAX",
     "job_topic",
     "AGENTS_TOPIC",
     "ALERTS_TOPIC",
@@ -51,6 +54,9 @@ __all__ = [
 WIRE_VERSION = 1
 #: a 1 s batch of 65,536 probe records is 3.4 MiB; leave room for bursts but refuse bombs
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: list items and map entries in one frame: a page of 8,192 endpoint records is ~100,000; the
+#: worst frame within budget (empty maps) decodes to ~80 MB
+DEFAULT_MAX_ELEMENTS = 1_000_000
 
 #: PUB topics (first frame of a published message)
 AGENTS_TOPIC = b"agents\0"
@@ -82,6 +88,11 @@ class MsgType(enum.StrEnum):
     REMOVE_JOB = "remove_job"
     APPLY_SKELETON = "apply_skeleton"
     STATUS = "status"
+    MEMBERS = "members"  # one page of endpoint records (operator, analyzer)
+    # identities (docs/trust.md)
+    ENROL = "enrol"  # an underlay agent vouches for a sidecar key of a container on its host
+    REVOKE = "revoke"  # the operator revokes a key binding
+    KEYS = "keys"  # one page of key bindings with the endpoints each owns (analyzer)
     # controller PUB, per-job topics
     JOB_SNAPSHOT = "job_snapshot"
     READY_ANNOUNCE = "ready_announce"
@@ -100,110 +111,156 @@ class MsgType(enum.StrEnum):
 _ANY = object()  # any msgpack value
 _NUM = (int, float)
 
-# field -> (allowed types, required). ``bool`` is a subclass of ``int``: int fields refuse it below.
-_SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool]]] = {
+#: caps on one field, checked before any handler sees it: names (agent, job, container, host),
+#: command ids, lists of endpoint records an agent or a job may hold in one request
+NAME_MAX = 256
+CMD_ID_MAX = 128
+ENDPOINTS_MAX = 4096  # endpoint records or ids in one agent request
+CONTAINERS_MAX = 100_000  # containers of one job submission
+WATCH_MAX = 65_536  # endpoint names an underlay agent samples
+PAGE_MAX = 8192  # records per page of a paged answer (snapshots, members, key bindings)
+_BIG = 1 << 30  # bounded by the frame size alone
+
+# field -> (allowed types, required, max length of a str/bytes/list/map value). ``bool`` is a
+# subclass of ``int``: int fields refuse it below.
+_SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
     MsgType.REGISTER: {
-        "agent": (str, True),
-        "role": (str, True),
-        "host": (str, True),
-        "endpoints": (list, True),  # [{job, container, rail, ip, port, gid, qpn, netdev}]
-        "watch": (list, False),  # endpoint names an underlay agent samples
+        "agent": (str, True, NAME_MAX),
+        "role": (str, True, 16),
+        "host": (str, True, NAME_MAX),
+        # [{job, container, rail, ip, port, gid, qpn, netdev}]
+        "endpoints": (list, True, ENDPOINTS_MAX),
+        "watch": (list, False, WATCH_MAX),  # endpoint names an underlay agent samples
     },
     MsgType.REGISTER_ACK: {
-        "epoch": (str, True),
-        "endpoints": (list, True),  # ep ids, in the order registered
-        "snapshots": (list, True),  # JOB_SNAPSHOT bodies of the jobs involved
-        "heartbeat_interval_s": (_NUM, True),
-        "resolved": (dict, False),  # endpoint name -> ep id (underlay)
+        "epoch": (str, True, 64),
+        "endpoints": (list, True, ENDPOINTS_MAX),  # ep ids, in the order registered
+        "snapshots": (list, True, 64),  # JOB_SNAPSHOT bodies of the small jobs involved
+        "heartbeat_interval_s": (_NUM, True, 0),
+        "resolved": (dict, False, WATCH_MAX),  # endpoint name -> ep id (underlay)
     },
-    MsgType.READY: {"agent": (str, True), "endpoints": (list, True)},
-    MsgType.DEREGISTER: {"agent": (str, True)},
+    MsgType.READY: {"agent": (str, True, NAME_MAX), "endpoints": (list, True, ENDPOINTS_MAX)},
+    MsgType.DEREGISTER: {"agent": (str, True, NAME_MAX)},
     MsgType.HEARTBEAT: {
-        "agent": (str, True),
-        "epoch": (str, True),
-        "jobs": (dict, True),  # job -> ping-list version the agent holds
-        "unresolved": (list, False),
+        "agent": (str, True, NAME_MAX),
+        "epoch": (str, True, 64),
+        "jobs": (dict, True, 64),  # job -> ping-list version the agent holds
+        "unresolved": (list, False, WATCH_MAX),
     },
     MsgType.HEARTBEAT_ACK: {
-        "epoch": (str, True),
-        "known": (bool, True),
-        "jobs": (dict, True),
-        "resolved": (dict, False),
+        "epoch": (str, True, 64),
+        "known": (bool, True, 0),
+        "jobs": (dict, True, 64),
+        "resolved": (dict, False, WATCH_MAX),
     },
-    MsgType.SYNC: {"job": (str, True)},
+    MsgType.SYNC: {"job": (str, True, NAME_MAX), "after": (int, False, 0)},
     MsgType.ACK: {
-        "ok": (bool, True),
-        "error": (str, False),
-        "data": (_ANY, False),
-        "re": (int, False),
+        "ok": (bool, True, 0),
+        "error": (str, False, 4096),
+        "data": (_ANY, False, 0),
+        "re": (int, False, 0),
     },
     MsgType.COMMAND: {
-        "cmd_id": (str, True),
-        "agent": (str, True),
-        "name": (str, True),
-        "args": (dict, True),
-        "timeout_s": (_NUM, False),
-        "retries": (int, False),
+        "cmd_id": (str, True, CMD_ID_MAX),
+        "agent": (str, True, NAME_MAX),
+        "name": (str, True, 64),
+        "args": (dict, True, 32),
+        "timeout_s": (_NUM, False, 0),
+        "retries": (int, False, 0),
     },
     MsgType.COMMAND_REPLY: {
-        "cmd_id": (str, True),
-        "ok": (bool, True),
-        "result": (_ANY, False),
-        "error": (str, False),
+        "cmd_id": (str, True, CMD_ID_MAX),
+        "ok": (bool, True, 0),
+        "result": (_ANY, False, 0),
+        "error": (str, False, 4096),
     },
-    MsgType.SUBMIT_JOB: {"job": (str, True), "shape": (dict, False), "containers": (list, True)},
-    MsgType.REMOVE_JOB: {"job": (str, True)},
+    MsgType.SUBMIT_JOB: {
+        "job": (str, True, NAME_MAX),
+        "shape": (dict, False, 16),
+        "containers": (list, True, CONTAINERS_MAX),
+    },
+    MsgType.REMOVE_JOB: {"job": (str, True, NAME_MAX)},
     MsgType.APPLY_SKELETON: {
-        "job": (str, True),
-        "skeleton_version": (int, True),
-        "pairs": (bytes, True),
+        "job": (str, True, NAME_MAX),
+        "skeleton_version": (int, True, 0),
+        "pairs": (bytes, True, _BIG),
     },
-    MsgType.STATUS: {"detail": (bool, False)},
+    MsgType.STATUS: {"detail": (bool, False, 0)},
+    MsgType.MEMBERS: {
+        "after": (int, False, 0),  # the last endpoint id of the previous page (-1: from the start)
+        "limit": (int, False, 0),
+        "job": (str, False, NAME_MAX),
+    },
+    MsgType.ENROL: {
+        "agent": (str, True, NAME_MAX),  # the vouching underlay agent
+        "name": (str, True, NAME_MAX),  # the sidecar's agent name
+        "job": (str, True, NAME_MAX),
+        "container": (str, True, NAME_MAX),
+        "key": (str, True, 40),  # the sidecar's CURVE public key, Z85
+    },
+    MsgType.REVOKE: {"key": (str, False, 40), "name": (str, False, NAME_MAX)},
+    MsgType.KEYS: {"since": (int, False, 0), "after": (str, False, 40)},
     MsgType.JOB_SNAPSHOT: {
-        "job": (str, True),
-        "version": (int, True),
-        "endpoints": (list, True),  # [{ep, container, host, rail, ip, port, gid, qpn, ready}]
-        "skeleton_version": (int, True),
-        "skeleton": ((bytes, type(None)), True),
+        "job": (str, True, NAME_MAX),
+        "version": (int, True, 0),
+        # [{ep, container, host, rail, ip, port, gid, qpn, ready}]: one page
+        "endpoints": (list, True, _BIG),
+        "skeleton_version": (int, True, 0),
+        "skeleton": ((bytes, type(None)), True, _BIG),
+        "next": ((int, type(None)), False, 0),  # the next page starts after this endpoint id
     },
-    MsgType.READY_ANNOUNCE: {"job": (str, True), "version": (int, True), "endpoints": (list, True)},
+    MsgType.READY_ANNOUNCE: {
+        "job": (str, True, NAME_MAX),
+        "version": (int, True, 0),
+        "endpoints": (list, True, _BIG),
+    },
     MsgType.ENDPOINTS_DOWN: {
-        "job": (str, True),
-        "version": (int, True),
-        "endpoints": (list, True),
-        "reason": (str, True),
+        "job": (str, True, NAME_MAX),
+        "version": (int, True, 0),
+        "endpoints": (list, True, _BIG),
+        "reason": (str, True, 64),
     },
     MsgType.SKELETON: {
-        "job": (str, True),
-        "version": (int, True),
-        "skeleton_version": (int, True),
-        "pairs": (bytes, True),
+        "job": (str, True, NAME_MAX),
+        "version": (int, True, 0),
+        "skeleton_version": (int, True, 0),
+        "pairs": (bytes, True, _BIG),
     },
-    MsgType.AGENT_STATE: {"agent": (str, True), "state": (str, True), "endpoints": (list, True)},
+    MsgType.AGENT_STATE: {
+        "agent": (str, True, NAME_MAX),
+        "state": (str, True, 16),
+        "endpoints": (list, True, _BIG),
+    },
     # "eps": the sender's endpoint ids; every batch, empty ones too, is their heartbeat
     MsgType.PROBE_BATCH: {
-        "agent": (str, True),
-        "n": (int, True),
-        "cols": (dict, True),
-        "eps": (list, False),
+        "agent": (str, True, NAME_MAX),
+        "n": (int, True, 0),
+        "cols": (dict, True, 32),
+        "eps": (list, False, ENDPOINTS_MAX),
     },
-    MsgType.COUNTER_BATCH: {"agent": (str, True), "n": (int, True), "cols": (dict, True)},
+    MsgType.COUNTER_BATCH: {
+        "agent": (str, True, NAME_MAX),
+        "n": (int, True, 0),
+        "cols": (dict, True, 32),
+    },
     # the alert bus (docs/alerts.md); "schema": the alert schema's version
     MsgType.ALERT: {
-        "seq": (int, True),
-        "ts_ns": (int, False),
-        "schema": (str, False),
-        "alert": (dict, True),
+        "seq": (int, True, 0),
+        "ts_ns": (int, False, 0),
+        "schema": (str, False, 16),
+        "alert": (dict, True, _BIG),
     },
-    MsgType.REPLAY: {"since": (int, True), "limit": (int, False)},
+    MsgType.REPLAY: {"since": (int, True, 0), "limit": (int, False, 0)},
     MsgType.REPLAY_REPLY: {
-        "alerts": (list, True),
-        "last_seq": (int, True),
-        "first_seq": (int, False),  # the oldest record retention kept
+        "alerts": (list, True, _BIG),
+        "last_seq": (int, True, 0),
+        "first_seq": (int, False, 0),  # the oldest record the log still holds
     },
 }
 
 _TYPES = {t.value: t for t in MsgType}
+_MAX_ARRAY = 1 << 20  # one list (an 8 MiB allocation at most)
+_MAX_MAP = 1 << 16
 _U64 = 2**64
 
 
@@ -217,11 +274,12 @@ class Envelope:
 
 
 def _check_body(mtype: MsgType, body: Any) -> None:
-    """Check the body's fields against the type's schema. What nests inside a field needs no walk:
-    decoding yields only plain values (extensions are refused, timestamps become ints)."""
+    """Check the body's fields against the type's schema: type, presence and length. What nests
+    inside a field needs no walk: decoding yields only plain values (extensions are refused,
+    timestamps become ints), and the decoder's element budget bounds what nests."""
     if not isinstance(body, dict):
         raise ProtocolError(f"{mtype.value}: body must be a map, got {type(body).__name__}")
-    for key, (types, required) in _SCHEMAS[mtype].items():
+    for key, (types, required, max_len) in _SCHEMAS[mtype].items():
         if key not in body:
             if required:
                 raise ProtocolError(f"{mtype.value}: missing field {key!r}")
@@ -231,6 +289,35 @@ def _check_body(mtype: MsgType, body: Any) -> None:
             continue
         if not isinstance(value, types) or (isinstance(value, bool) and types in (int, _NUM)):
             raise ProtocolError(f"{mtype.value}: field {key!r} has type {type(value).__name__}")
+        if max_len and isinstance(value, (str, bytes, list, dict)) and len(value) > max_len:
+            raise ProtocolError(
+                f"{mtype.value}: field {key!r} holds {len(value)} (at most {max_len})"
+            )
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class _Budget:
+    """Counts list items and map entries as msgpack builds them (its list and object hooks)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, elements: int) -> None:
+        self.left = elements
+
+    def items(self, value: list[Any]) -> list[Any]:
+        self.left -= len(value) + 1
+        if self.left < 0:
+            raise _OverBudget
+        return value
+
+    def entries(self, value: dict[str, Any]) -> dict[str, Any]:
+        self.left -= len(value) + 1
+        if self.left < 0:
+            raise _OverBudget
+        return value
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -240,17 +327,34 @@ def _ext_hook(code: int, data: bytes) -> Any:
 class Codec:
     """Encode/decode envelopes with a frame-size limit, counting every rejection by reason.
 
-    ``rejected`` maps a reason (``oversized``, ``malformed``, ``version``, ``type``, ``schema``)
-    to a count; daemons export it as a metric.
+    ``rejected`` maps a reason (``oversized``, ``malformed``, ``budget``, ``version``, ``type``,
+    ``schema``) to a count; daemons export it as a metric.
+
+    Decoding is bounded before and while objects are built: the frame is first walked without
+    building anything (a header announcing more elements than the frame holds is refused, so no
+    length read from the wire sizes an allocation), then decoded with a budget of
+    ``max_elements`` list items and map entries in all (a frame of a million empty maps is
+    refused after the budget, not decoded into a gigabyte).
     """
 
-    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
         if not isinstance(max_frame_bytes, int) or max_frame_bytes < 64:
             raise ProtocolError(
                 "The 'max_frame_bytes' parameter of Codec must be an int >= 64. "
                 f"Got {max_frame_bytes!r} instead."
             )
+        if not isinstance(max_elements, int) or max_elements < 64:
+            raise ProtocolError(
+                "The 'max_elements' parameter of Codec must be an int >= 64. "
+                f"Got {max_elements!r} instead."
+            )
         self.max_frame_bytes = max_frame_bytes
+        self.max_elements = max_elements
         self.rejected: Counter[str] = Counter()
 
     def encode(self, mtype: MsgType, sender: str, seq: int, body: Mapping[str, Any]) -> bytes:
@@ -282,12 +386,25 @@ class Codec:
         self.rejected[reason] += 1
         return ProtocolError(msg)
 
-    def decode(self, frame: bytes | memoryview) -> Envelope:
-        """Unpack and validate one frame; every failure is a counted ProtocolError."""
+    def decode(self, frame: bytes | memoryview, *, max_elements: int | None = None) -> Envelope:
+        """Unpack and validate one frame; every failure is a counted ProtocolError.
+        ``max_elements`` lowers the element budget for this frame (a daemon gives senders that
+        only ever send small requests a small budget)."""
         if len(frame) > self.max_frame_bytes:
             raise self._reject(
                 "oversized", f"frame of {len(frame)} bytes exceeds {self.max_frame_bytes}"
             )
+        walker = msgpack.Unpacker(max_buffer_size=max(len(frame), 1))
+        try:
+            walker.feed(frame)
+            walker.skip()  # builds nothing: a header announcing absent elements fails here
+            whole = walker.tell() == len(frame)
+        except Exception as exc:  # OutOfData, ValueError, StackError: all mean "malformed"
+            raise self._reject("malformed", f"undecodable frame: {type(exc).__name__}") from None
+        if not whole:
+            raise self._reject("malformed", "trailing bytes after the envelope")
+        limit = self.max_elements if max_elements is None else min(max_elements, self.max_elements)
+        budget = _Budget(limit)
         try:
             obj = msgpack.unpackb(
                 frame,
@@ -295,7 +412,13 @@ class Codec:
                 strict_map_key=True,
                 ext_hook=_ext_hook,
                 timestamp=2,  # the one built-in extension becomes a plain int (ns)
+                max_array_len=min(limit, _MAX_ARRAY),
+                max_map_len=min(limit, _MAX_MAP),
+                list_hook=budget.items,
+                object_hook=budget.entries,
             )
+        except _OverBudget:
+            raise self._reject("budget", f"frame holds more than {limit} elements") from None
         except Exception as exc:  # msgpack raises a zoo of types for garbage; all mean "malformed"
             raise self._reject("malformed", f"undecodable frame: {type(exc).__name__}") from None
         if not isinstance(obj, dict):

@@ -27,6 +27,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "job",
     "status",
     "relay",
+    "keys",
 )
 
 

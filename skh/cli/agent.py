@@ -9,7 +9,7 @@ from typing import Any
 from skh.cli._daemon_args import add_common, config_from
 from skh.errors import ConfigError
 
-_INT_KEYS = frozenset({"rail", "port", "gid_index", "vf"})
+_INT_KEYS = frozenset({"rail", "port", "gid_index", "vf", "uid"})
 
 
 def _kv(text: str) -> dict[str, Any]:
@@ -59,6 +59,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds between probes per target (default 0.1)",
     )
     p.add_argument("--ready-file", help="report ready only once this file exists")
+    p.add_argument(
+        "--enrol-socket",
+        help="overlay: make this sidecar's key and enrol it through this Unix socket; "
+        "underlay: serve enrolment of this host's sidecars there (docs/trust.md)",
+    )
+    p.add_argument(
+        "--host-container",
+        action="append",
+        type=_kv,
+        default=[],
+        metavar="job=JOB,container=NAME,netns=NS|uid=UID",
+        help="underlay: a container on this host, for enrolment (repeatable)",
+    )
     p.add_argument("--metrics", help="host:port of the Prometheus endpoint")
     p.set_defaults(func=run)
 
@@ -82,17 +95,22 @@ def run(args: argparse.Namespace) -> int:
         "agent.metrics": args.metrics,
         "agent.endpoints": args.endpoint or None,
         "agent.sources": args.source or None,
+        "agent.enrol_socket": args.enrol_socket,
+        "agent.containers": args.host_container or None,
     }
     cfg = config_from(args, extra)
     if not cfg.agent.host:
         cfg = config_from(args, {**extra, "agent.host": default_host()})
-    cfg.security.check(server=False, client=True)
+    if not (cfg.agent.role == "overlay" and cfg.agent.enrol_socket):
+        cfg.security.check(server=False, client=True)  # an enrolling sidecar makes its key
     stop = threading.Event()
     install_stop_signals(stop)
     registry = CollectorRegistry()
     if cfg.agent.role == "overlay":
-        from skh.orchestrator.agent_overlay import OverlayAgent
+        from skh.orchestrator.agent_overlay import OverlayAgent, enrol_sidecar
 
+        if cfg.agent.enrol_socket:
+            enrol_sidecar(cfg.agent, cfg.security, stop=stop)
         agent: Any = OverlayAgent(cfg.agent, cfg.security, metrics=registry)
     elif cfg.agent.role == "underlay":
         from skh.orchestrator.agent_underlay import UnderlayAgent

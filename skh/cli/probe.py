@@ -11,7 +11,7 @@ import numpy as np
 
 from skh.errors import ConfigError
 from skh.probe import DEFAULT_PORT, DEFAULT_PROBE_BYTES, PROBE_MAX_BYTES, PROBE_MIN_BYTES, Engine
-from skh.records import ProbeStatus, TsSource
+from skh.records import ProbeStatus, TsSource, is_loss
 
 _STATUS_WORD = {s.value: s.name for s in ProbeStatus}
 _CLOCK_WORD = {s.value: s.name.lower() for s in TsSource}
@@ -65,11 +65,13 @@ def summarize(target: Target, rows: np.ndarray) -> dict:
         name.lower(): int(np.count_nonzero(rows["status"] == s)) for s, name in _STATUS_WORD.items()
     }
     ok = rows[rows["status"] == ProbeStatus.OK]
+    lost = int(is_loss(rows["status"]).sum())
     out: dict = {
         "target": target.label,
         "sent": int(len(rows)),
         **counts,
-        "loss_pct": round(100.0 * counts["lost"] / len(rows), 3) if len(rows) else 0.0,
+        # network loss of either direction (request_lost + reply_lost + lost, direction unknown)
+        "loss_pct": round(100.0 * lost / len(rows), 3) if len(rows) else 0.0,
     }
     if len(ok):
         rtt = ok["rtt_ns"] / 1e3
@@ -104,9 +106,12 @@ def _line(target: Target, row: np.void) -> str:
 
 def _print_summary(s: dict) -> None:
     print(f"--- {s['target']} skh probe statistics ---")
+    lost = s["request_lost"] + s["reply_lost"] + s["lost"]
     print(
-        f"{s['sent']} probes, {s['ok']} answered, {s['lost']} lost ({s['loss_pct']:.1f}% loss), "
-        f"{s['refused']} refused, {s['unreachable']} unreachable, {s['invalid']} invalid"
+        f"{s['sent']} probes, {s['ok']} answered, {lost} lost ({s['loss_pct']:.1f}% loss: "
+        f"{s['request_lost']} requests, {s['reply_lost']} replies, {s['lost']} either), "
+        f"{s['refused']} refused, {s['unreachable']} unreachable, {s['invalid']} invalid, "
+        f"{s['local_error']} local errors"
     )
     if "rtt_us" in s:
         r = s["rtt_us"]
@@ -115,6 +120,38 @@ def _print_summary(s: dict) -> None:
             f"(clock {s['clock']})"
         )
         print(f"app rtt p50/p99 = {s['app_rtt_us']['p50']}/{s['app_rtt_us']['p99']} µs")
+
+
+def class_of_service(args: argparse.Namespace) -> dict[str, int]:
+    """Engine keywords of --traffic-class / --dscp / --priority."""
+    if args.dscp is not None and args.traffic_class is not None:
+        raise ConfigError("Give --traffic-class or --dscp, not both.")
+    if args.dscp is not None and not 0 <= args.dscp < 64:
+        raise ConfigError(f"The '--dscp' option must be in 0..63. Got {args.dscp} instead.")
+    tc = args.dscp << 2 if args.dscp is not None else args.traffic_class or 0
+    return {"traffic_class": tc, "priority": args.priority}
+
+
+def add_class_options(p: argparse.ArgumentParser) -> None:
+    """--traffic-class / --dscp / --priority, shared by ``skh probe`` and ``skh respond``."""
+    p.add_argument(
+        "--traffic-class",
+        type=int,
+        default=None,
+        help="IP TOS / IPv6 traffic class byte of probes (verbs: GRH traffic class); default 0",
+    )
+    p.add_argument(
+        "--dscp",
+        type=int,
+        default=None,
+        help="DSCP of probes (traffic class = DSCP << 2); RoCE fabrics commonly use 26",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="priority 0..7 (UDP: SO_PRIORITY; verbs: service level); RoCE commonly uses 3",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         gid_index=args.gid_index,
         probe_bytes=args.size,
+        # a person can wait for the next probe's answer to learn which way a lost one went
+        direction_wait_s=min(args.interval + 0.1, 5.0),
+        **class_of_service(args),
     ) as engine:
         for i, t in enumerate(targets):
             engine.add_target(
@@ -213,6 +253,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="GID table index (verbs; default: the RoCE v2 GID of the bind address family)",
     )
+    add_class_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON summary instead of lines")
     p.add_argument("-q", "--quiet", action="store_true", help="only the summary")
     p.set_defaults(func=run)

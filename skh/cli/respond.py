@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+from skh.cli.probe import add_class_options, class_of_service
 from skh.probe import DEFAULT_PORT, Engine
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
             transport=args.transport,
             device=args.device,
             gid_index=args.gid_index,
+            **class_of_service(args),
         ) as engine:
             addr = engine.local_address()
             where = (
@@ -97,6 +99,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="GID table index (verbs; default: the RoCE v2 GID of the bind address family)",
     )
+    add_class_options(p)
     p.add_argument("--duration", type=float, default=None, help="exit after this many seconds")
     p.add_argument(
         "--stats-interval", type=float, default=None, help="log counters every N seconds (-v)"

@@ -35,7 +35,7 @@ import zmq
 from skh.errors import ConfigError, ProtocolError, RequestRefused, RequestTimeout, TopologyError
 from skh.model import Container, Job, JobShape
 from skh.orchestrator.daemon import make_socket
-from skh.orchestrator.pinglist import JobPingLists
+from skh.orchestrator.pinglist import JobPingLists, merge_snapshot_pages
 from skh.orchestrator.security import SecurityConfig
 from skh.wire import Codec, Envelope, MsgType, pack_pairs, unpack_pairs
 
@@ -99,9 +99,8 @@ class ControllerClient:
         self.codec = Codec()
         self._seq = itertools.count(1)
         self._ctx = ctx or zmq.Context.instance()
-        self.sock = make_socket(self._ctx, zmq.DEALER, hwm=_HWM)
-        # unique: the controller's ROUTER hands a routing id over to its newest holder
-        self.sock.setsockopt(zmq.ROUTING_ID, f"{name}-{uuid.uuid4().hex[:12]}".encode())
+        # the controller's ROUTER picks the routing id; the CURVE key says who this client is
+        self.sock = make_socket(self._ctx, zmq.DEALER, hwm=_HWM, max_msg_bytes=-1)
         try:
             if security is not None:
                 security.client(self.sock)
@@ -196,14 +195,61 @@ class ControllerClient:
         return env.body.get("data")
 
     # -- admin requests ------------------------------------------------------------------------
-    def status(self, *, detail: bool = False, timeout_s: float | None = None) -> dict[str, Any]:
-        """The controller's view: ``{epoch, jobs, agents, counters, rejected}``; with ``detail``
-        every job also lists its endpoint records (``members``)."""
-        return self.request(MsgType.STATUS, {"detail": detail}, timeout_s=timeout_s)
+    def status(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """The controller's view: ``{epoch, jobs, agents, members_version, keys_version,
+        counters, rejected}``; endpoint records come page by page (:meth:`members`)."""
+        return self.request(MsgType.STATUS, {}, timeout_s=timeout_s)
 
     def snapshot(self, job: str, *, timeout_s: float | None = None) -> dict[str, Any]:
-        """A job's JOB_SNAPSHOT body (endpoints with readiness, skeleton, version)."""
-        return self.request(MsgType.SYNC, {"job": job}, timeout_s=timeout_s)
+        """A job's JOB_SNAPSHOT body (endpoints with readiness, skeleton, version), its pages
+        joined (asked again when the job changed between pages)."""
+        for _ in range(5):
+            pages = [self.request(MsgType.SYNC, {"job": job}, timeout_s=timeout_s)]
+            while pages[-1].get("next") is not None:
+                pages.append(
+                    self.request(
+                        MsgType.SYNC, {"job": job, "after": pages[-1]["next"]}, timeout_s=timeout_s
+                    )
+                )
+            try:
+                return merge_snapshot_pages(pages)
+            except ProtocolError:
+                continue
+        raise RequestRefused(f"job {job} kept changing while its snapshot was read")
+
+    def members(
+        self, *, job: str | None = None, timeout_s: float | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Every endpoint record (with its agent), read page by page; and the members version
+        the controller had at the last page."""
+        out: list[dict[str, Any]] = []
+        after, version = -1, 0
+        while True:
+            body: dict[str, Any] = {"after": after}
+            if job is not None:
+                body["job"] = job
+            data = self.request(MsgType.MEMBERS, body, timeout_s=timeout_s)
+            out += data["members"]
+            version = int(data["version"])
+            if data["next"] is None:
+                return out, version
+            after = int(data["next"])
+
+    def keys(self, *, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """The current key bindings with the endpoints each owns (operator, analyzer)."""
+        out: list[dict[str, Any]] = []
+        body: dict[str, Any] = {"since": -1}
+        while True:
+            data = self.request(MsgType.KEYS, body, timeout_s=timeout_s)
+            out += data["identities"]
+            if data["next"] is None:
+                return out
+            body = {"since": -1, "after": data["next"]}
+
+    def revoke(self, *, key: str = "", name: str = "", timeout_s: float | None = None) -> Any:
+        """Revoke a key, by key or by agent name (operator)."""
+        body = {k: v for k, v in (("key", key), ("name", name)) if v}
+        return self.request(MsgType.REVOKE, body, timeout_s=timeout_s, retries=0)
 
     def ping_lists(self, job: str, *, timeout_s: float | None = None) -> JobPingLists:
         """A job's ping lists as the agents hold them (built from a fresh snapshot)."""

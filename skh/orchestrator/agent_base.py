@@ -1,7 +1,9 @@
-"""The controller session both agent roles share: a DEALER whose routing id is the agent name,
-registration with retries, heartbeats, re-registration when the controller restarted (new epoch)
-or forgot the agent, and commands run by pluggable handlers off the loop thread with replies,
-de-duplicated by command id so a controller retry never runs a command twice."""
+"""The controller session both agent roles share: a DEALER (its routing id is the controller's
+choice; the agent's CURVE key is what names it), registration with retries, heartbeats,
+re-registration when the controller restarted (new epoch) or forgot the agent, and commands run
+by pluggable handlers off the loop thread with replies, de-duplicated by command id so a
+controller retry never runs a command twice. Every command's arguments are checked again here
+(:mod:`skh.orchestrator.commands`) and at most ``_MAX_RUNNING`` run or wait at once."""
 
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ from typing import Any
 import zmq
 
 from skh.errors import ProtocolError, SkhError
+from skh.orchestrator.commands import check_command
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.daemon import make_socket
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import SecurityConfig
-from skh.wire import Codec, Envelope, MsgType
+from skh.wire import DEFAULT_MAX_FRAME_BYTES, Codec, Envelope, MsgType
 
 __all__ = ["AgentBase", "CommandHandler"]
 
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 #: a command handler takes the command's ``args`` and returns a plain (msgpack-able) result
 CommandHandler = Callable[[dict[str, Any]], Any]
 _DONE_CACHE = 256
+_MAX_RUNNING = 64  # commands running or queued for the pool; more are answered "busy"
 
 
 class AgentBase:
@@ -45,8 +49,9 @@ class AgentBase:
         self.counters: Counter[str] = Counter()
         self.security = security
         self._ctx = ctx or zmq.Context.instance()
-        self.dealer = make_socket(self._ctx, zmq.DEALER, hwm=cfg.hwm)
-        self.dealer.setsockopt(zmq.ROUTING_ID, self.name.encode())
+        self.dealer = make_socket(
+            self._ctx, zmq.DEALER, hwm=cfg.hwm, max_msg_bytes=DEFAULT_MAX_FRAME_BYTES
+        )
         security.client(self.dealer)
         self.dealer.connect(cfg.controller)
         self.epoch = ""  # controller epoch we are registered with ("" = not registered)
@@ -147,6 +152,11 @@ class AgentBase:
     def on_heartbeat_ack(self, env: Envelope) -> None:
         """Registered and known: a role may compare job versions here."""
 
+    def check_args(self, name: str, args: Any) -> dict[str, Any]:
+        """A command's arguments as this agent accepts them (a role may also check them against
+        what it knows of its host); raises ProtocolError."""
+        return check_command(name, args, self.role)
+
     # -- commands ------------------------------------------------------------------------------
     def _start_command(self, b: dict[str, Any]) -> None:
         cmd_id = b["cmd_id"]
@@ -156,13 +166,20 @@ class AgentBase:
         if cmd_id in self._running:
             return
         handler = self.handlers.get(b["name"])
-        if handler is None:
-            self._reply(
-                cmd_id, {"cmd_id": cmd_id, "ok": False, "error": f"unknown command {b['name']!r}"}
-            )
+        try:
+            if handler is None:
+                raise ProtocolError(f"unknown command {b['name'][:64]!r}")
+            args = self.check_args(b["name"], b["args"])
+        except ProtocolError as exc:
+            self.counters["commands_refused"] += 1
+            self._reply(cmd_id, {"cmd_id": cmd_id, "ok": False, "error": str(exc)})
+            return
+        if len(self._running) >= _MAX_RUNNING:
+            self.counters["commands_dropped"] += 1
+            self._reply(cmd_id, {"cmd_id": cmd_id, "ok": False, "error": "agent busy"}, keep=False)
             return
         self.counters["commands"] += 1
-        self._running[cmd_id] = self._pool.submit(handler, dict(b["args"]))
+        self._running[cmd_id] = self._pool.submit(handler, args)
 
     def _finish_commands(self) -> None:
         for cmd_id, fut in list(self._running.items()):
@@ -175,7 +192,7 @@ class AgentBase:
                 body = {"cmd_id": cmd_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
             self._reply(cmd_id, body)
 
-    def _reply(self, cmd_id: str, body: dict[str, Any]) -> None:
+    def _reply(self, cmd_id: str, body: dict[str, Any], *, keep: bool = True) -> None:
         self._seq += 1
         try:
             frame = self.codec.encode(MsgType.COMMAND_REPLY, self.name, self._seq, body)
@@ -186,9 +203,10 @@ class AgentBase:
                 self._seq,
                 {"cmd_id": cmd_id, "ok": False, "error": f"unencodable result: {exc}"},
             )
-        self._done[cmd_id] = frame
-        while len(self._done) > _DONE_CACHE:
-            self._done.popitem(last=False)
+        if keep:  # a "busy" answer is not kept: the controller's resend may find room
+            self._done[cmd_id] = frame
+            while len(self._done) > _DONE_CACHE:
+                self._done.popitem(last=False)
         try:
             self.dealer.send(frame, zmq.NOBLOCK)
         except zmq.Again:

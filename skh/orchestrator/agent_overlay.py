@@ -7,6 +7,10 @@ and skeletons itself — and ships result batches every ``batch_interval_s`` to 
 every failure and one OK per pair and second (:class:`skh.analysis.sampling.ResultThinner`;
 ``ok_sample_s``).
 
+Its identity (docs/trust.md): with ``agent.enrol_socket`` set, :func:`enrol_sidecar` makes the
+sidecar's key pair at ``security.client_secret_key`` when there is none and has the host's
+underlay agent vouch for it before the agent starts; otherwise the key is provisioned.
+
 While the analyzer is unreachable the batches wait in a bounded buffer of
 ``buffer_s x max_probe_rate`` records (5 min by default); beyond it the oldest records are dropped
 and counted. The PUSH socket uses ``ZMQ_IMMEDIATE`` and a small high-water mark so that records
@@ -37,12 +41,12 @@ from skh.orchestrator.metrics import (
     CollectorRegistry,
     Histograms,
 )
-from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
-from skh.orchestrator.security import SecurityConfig
+from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, merge_snapshot_pages
+from skh.orchestrator.security import SecurityConfig, ensure_keypair
 from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
-from skh.wire import Envelope, MsgType, job_topic, probe_batch_body
+from skh.wire import DEFAULT_MAX_FRAME_BYTES, Envelope, MsgType, job_topic, probe_batch_body
 
-__all__ = ["OverlayAgent", "EngineLike", "ResultBuffer"]
+__all__ = ["OverlayAgent", "EngineLike", "ResultBuffer", "enrol_sidecar"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,8 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         timeout_s=cfg.probe_timeout_s,
         device=spec.device or None,
         gid_index=None if spec.gid_index < 0 else spec.gid_index,
+        traffic_class=cfg.traffic_class,
+        priority=cfg.priority,
     )
 
 
@@ -142,13 +148,15 @@ class OverlayAgent(AgentBase):
                 "an overlay agent needs agent.job, agent.container and agent.endpoints"
             )
         super().__init__(cfg, security, ctx=ctx)
-        self.sub = make_socket(self._ctx, zmq.SUB, hwm=cfg.hwm)
+        self.sub = make_socket(
+            self._ctx, zmq.SUB, hwm=cfg.hwm, max_msg_bytes=DEFAULT_MAX_FRAME_BYTES
+        )
         security.client(self.sub)
         self.sub.setsockopt(zmq.SUBSCRIBE, job_topic(cfg.job))
         self.sub.connect(cfg.controller_pub)
         self.push = make_socket(self._ctx, zmq.PUSH, hwm=4)
         self.push.setsockopt(zmq.IMMEDIATE, 1)
-        security.client(self.push)
+        security.client(self.push, analyzer=True)
         self.push.connect(cfg.analyzer)
         self.engines: list[tuple[EndpointSpec, EngineLike]] = []
         for spec in cfg.endpoints:
@@ -157,6 +165,7 @@ class OverlayAgent(AgentBase):
             self.engines.append((spec, eng))
         self.ep_ids: list[int] = []  # controller ids, parallel to self.engines
         self.job: JobPingLists | None = None
+        self._pages: list[dict[str, Any]] = []  # a paged snapshot being received
         self.targets: list[dict[int, tuple[str, int, str, int]]] = [{} for _ in self.engines]
         self.ready_reported = False
         self._ready_seq = -1
@@ -213,6 +222,8 @@ class OverlayAgent(AgentBase):
         self.ep_ids = list(eps)
         for job in snaps:
             self._install(job)
+        if not snaps:  # a large job's snapshot comes in pages
+            self._sync("registered")
         self.ready_reported = False
         self._next_ready = 0.0
 
@@ -237,13 +248,24 @@ class OverlayAgent(AgentBase):
                 else:
                     self.reregister(f"ready refused: {env.body.get('error', '')}")
         elif env.type is MsgType.JOB_SNAPSHOT and env.body["job"] == self.cfg.job:
+            self._pages.append(env.body)
+            if env.body.get("next") is not None:  # more pages: ask for the next one
+                self.send(MsgType.SYNC, {"job": self.cfg.job, "after": int(env.body["next"])})
+                return
+            pages, self._pages = self._pages, []
+            try:
+                body = merge_snapshot_pages(pages)
+            except ProtocolError as exc:  # the job changed between pages: ask again
+                self._sync(str(exc))
+                return
             # a SYNC answer may trail announcements already applied from the topic
-            if self.job is None or env.body["version"] >= self.job.version:
-                self._install(JobPingLists.from_snapshot(env.body))
+            if self.job is None or body["version"] >= self.job.version:
+                self._install(JobPingLists.from_snapshot(body))
 
     def _sync(self, why: str) -> None:
         self.counters["resyncs"] += 1
         log.info("%s: asking for a snapshot of %s (%s)", self.name, self.cfg.job, why)
+        self._pages = []
         self.send(MsgType.SYNC, {"job": self.cfg.job})
 
     def _ready_gate(self) -> bool:
@@ -384,17 +406,7 @@ class OverlayAgent(AgentBase):
         self.notifier.ready(f"{len(self.engines)} endpoints")
         try:
             while not stop.is_set():
-                events = dict(poller.poll(100))
-                if self.dealer in events:
-                    self.handle_dealer()
-                if self.sub in events:
-                    self.handle_sub()
-                now = time.monotonic()
-                self.session_tick(now)
-                self._ready_tick(now)
-                if now >= self._next_flush:
-                    self._next_flush = now + self.cfg.batch_interval_s
-                    self.flush()
+                self.tick(dict(poller.poll(100)), time.monotonic())
                 self.notifier.watchdog()
             self.flush()  # the last second of results
             if self.epoch:  # stopping on purpose: the controller retires our endpoints now
@@ -402,6 +414,20 @@ class OverlayAgent(AgentBase):
         finally:
             self.notifier.stopping()
             self.close()
+
+    def tick(self, events: dict[Any, int], now: float) -> None:
+        """One turn of the loop: what arrived (``events`` of a poll over the DEALER and SUB
+        sockets), the session's timers, and the results when due. ``run`` calls it; a process
+        hosting many agents may poll all their sockets at once and tick each."""
+        if self.dealer in events:
+            self.handle_dealer()
+        if self.sub in events:
+            self.handle_sub()
+        self.session_tick(now)
+        self._ready_tick(now)
+        if now >= self._next_flush:
+            self._next_flush = now + self.cfg.batch_interval_s
+            self.flush()
 
     def close(self) -> None:
         for _spec, eng in self.engines:
@@ -457,6 +483,48 @@ class OverlayAgent(AgentBase):
                 ),
             },
         )
+
+
+def enrol_sidecar(
+    cfg: AgentConfig,
+    security: SecurityConfig,
+    *,
+    stop: threading.Event | None = None,
+    retry_s: float = 1.0,
+    attempts: int = 0,
+) -> str:
+    """Make this sidecar's key (``security.client_secret_key``, when absent) and have the
+    host's underlay agent vouch for it at ``agent.enrol_socket``; retry every ``retry_s``
+    (``attempts`` = 0: until ``stop``) while the agent or the controller is not there yet.
+    Returns the agent name the key is bound to. Raises ConfigError when the controller
+    refuses (wrong host, name taken) or the attempts run out."""
+    from skh.orchestrator.enrol import enrol
+
+    if not cfg.enrol_socket or security.insecure:
+        raise ConfigError("enrolment needs agent.enrol_socket and CURVE keys")
+    key = ensure_keypair(security.client_secret_key)
+    n = 0
+    while True:
+        n += 1
+        try:
+            answer = enrol(
+                cfg.enrol_socket,
+                job=cfg.job,
+                container=cfg.container,
+                name=cfg.agent_name,
+                key=key,
+            )
+        except (OSError, ProtocolError) as exc:
+            answer = {"ok": False, "error": f"{exc}", "retry": True}
+        if answer.get("ok"):
+            log.info("%s: key enrolled through %s", cfg.agent_name, cfg.enrol_socket)
+            return str(answer.get("name", cfg.agent_name))
+        if not answer.get("retry"):
+            raise ConfigError(f"enrolment refused: {answer.get('error', 'no reason')}")
+        if (attempts and n >= attempts) or (stop is not None and stop.wait(retry_s)):
+            raise ConfigError(f"enrolment did not succeed: {answer.get('error', '')}")
+        if stop is None:
+            time.sleep(retry_s)
 
 
 def _as_dict(stats: Any) -> dict[str, Any]:

@@ -11,6 +11,11 @@ host with the collectors of :mod:`skh.collect`:
 * ``overlay_state``: routes, neighbours, bridge FDB, link kinds and oper-down links;
 * ``host_report``: the port state of this host's RNICs.
 
+Every command's arguments are checked before a handler sees them
+(:mod:`skh.orchestrator.commands`); a ``netns`` must moreover be one of this host's containers
+(``agent.containers``, the sources' namespaces). With ``agent.enrol_socket`` set, the agent
+vouches for the keys of its host's sidecars (:mod:`skh.orchestrator.enrol`).
+
 Counters are sampled on the wall clock's grid, ``sample_phase_s`` into each second, so every host
 samples at the same instants: training traffic comes in bursts that often start on whole seconds
 (iteration boundaries of a job launched by one clock), and a 1 Hz sample at a random phase
@@ -34,10 +39,12 @@ import zmq
 from skh.collect.linux import read_linux_state
 from skh.collect.ovs import parse_dpctl_flows, parse_ofctl_flows
 from skh.collect.trace import paris_trace
+from skh.errors import ProtocolError, RequestRefused, RequestTimeout
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.counters import CounterSampler, make_source
 from skh.orchestrator.daemon import make_socket
+from skh.orchestrator.enrol import EnrolServer
 from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
 from skh.orchestrator.security import SecurityConfig
 from skh.wire import Envelope, MsgType, counter_batch_body
@@ -179,9 +186,17 @@ class UnderlayAgent(AgentBase):
         self.ep_ids: dict[str, int] = {}
         self.push = make_socket(self._ctx, zmq.PUSH, hwm=cfg.hwm)
         self.push.setsockopt(zmq.IMMEDIATE, 1)
-        security.client(self.push)
+        security.client(self.push, analyzer=True)
         self.push.connect(cfg.analyzer)
         self.handlers.update(default_handlers())
+        #: the namespaces a command may name: this host's containers' and the sources'
+        self.known_netns = {c.netns for c in cfg.containers if c.netns} | {
+            s.netns for s in cfg.sources if s.netns
+        }
+        self.enrol: EnrolServer | None = None
+        self._enrol_client: Any = None  # the enrolment thread's own connection
+        if cfg.enrol_socket:
+            self.enrol = EnrolServer(cfg.enrol_socket, cfg.containers, self._vouch)
         self._next_sample = time.monotonic() + (cfg.sample_phase_s - time.time()) % 1.0
         if metrics is not None:
             metrics.register(
@@ -205,6 +220,35 @@ class UnderlayAgent(AgentBase):
                     },
                 )
             )
+
+    def check_args(self, name: str, args: Any) -> dict[str, Any]:
+        out = super().check_args(name, args)
+        if out.get("netns") and out["netns"] not in self.known_netns:
+            raise ProtocolError(f"{name}: netns {out['netns']!r} is not a container of this host")
+        return out
+
+    def _vouch(self, req: dict[str, str]) -> dict[str, Any]:
+        """Ask the controller to bind an attested sidecar's key (on the enrolment thread, with
+        a connection of its own under this agent's key, kept for the next one)."""
+        from skh.orchestrator.admin import ControllerClient
+
+        if self._enrol_client is None:
+            self._enrol_client = ControllerClient(
+                self.cfg.controller,
+                self.security,
+                ctx=self._ctx,
+                timeout_s=self.cfg.request_timeout_s,
+                retries=1,
+                name=self.name,
+            )
+        try:
+            data = self._enrol_client.request(MsgType.ENROL, {"agent": self.name, **req})
+        except RequestRefused as exc:
+            return {"ok": False, "error": str(exc)}
+        except RequestTimeout as exc:  # the sidecar asks again later
+            return {"ok": False, "error": str(exc), "retry": True}
+        self.counters["sidecars_vouched"] += 1
+        return {"ok": True, "name": data["name"]}
 
     def _unresolved(self) -> list[str]:
         return [s.endpoint for s in self.sampler.sources if s.endpoint not in self.ep_ids]
@@ -257,20 +301,32 @@ class UnderlayAgent(AgentBase):
         self.notifier.ready(f"{len(self.sampler.sources)} counter sources")
         try:
             while not stop.is_set():
-                if self.dealer.poll(100, zmq.POLLIN):
-                    self.handle_dealer()
-                now = time.monotonic()
-                self.session_tick(now)
-                if now >= self._next_sample:
-                    # re-aimed at the wall clock's grid each time: a slow tick shifts no later
-                    # sample, and the monotonic clock drifting from the wall clock cannot either
-                    self._next_sample = now + next_sample_delay_s(
-                        time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s)
-                    )
-                    self.sample_and_ship()
+                readable = bool(self.dealer.poll(100, zmq.POLLIN))
+                self.tick(readable, time.monotonic())
                 self.notifier.watchdog()
         finally:
             self.notifier.stopping()
-            self.sampler.close()
-            self.push.close(0)
-            self.close_base()
+            self.close()
+
+    def tick(self, readable: bool, now: float) -> None:
+        """One turn of the loop (``readable``: the DEALER has input); a process hosting many
+        agents may poll all their sockets at once and tick each."""
+        if readable:
+            self.handle_dealer()
+        self.session_tick(now)
+        if now >= self._next_sample:
+            # re-aimed at the wall clock's grid each time: a slow tick shifts no later sample,
+            # and the monotonic clock drifting from the wall clock cannot either
+            self._next_sample = now + next_sample_delay_s(
+                time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s)
+            )
+            self.sample_and_ship()
+
+    def close(self) -> None:
+        if self.enrol is not None:
+            self.enrol.close()
+            if self._enrol_client is not None:
+                self._enrol_client.close()
+        self.sampler.close()
+        self.push.close(0)
+        self.close_base()

@@ -18,8 +18,17 @@ records as ``.npy``.
 Every pushed batch enters at :meth:`Analyzer._on_batch` and every REP request at
 :meth:`Analyzer._answer`: the sender becomes a :class:`~skh.orchestrator.authz.Principal` (PULL and
 REP carry no routing id: the connection's ZAP ``User-Id`` names it), the analyzer's
-:class:`~skh.orchestrator.authz.Policy` authorizes the decoded message, then its type's handler
-runs.
+:class:`~skh.orchestrator.authz.Policy` authorizes the decoded message (with CURVE on: results
+and heartbeats only for the endpoints the sender's key owns, which a key mirror thread reads from
+the controller), then its type's handler runs. Subscriptions to the alerts pass the policy too
+(the operator and read-only subscribers).
+
+Nothing a sender does grows the analyzer without bound: a round holds at most
+``max_round_records`` records and each sender at most ``max_sender_records`` of them (the rest
+are dropped and counted); replay answers are paged in bytes; an answer or an alert too large to
+encode is answered or published cut, never raised; the spool keeps ``spool_max_bytes``. At
+start the analyzer hands the hook the alerts still open in the durable log
+(``restore(records)``), so a fault open before a restart resolves after it.
 """
 
 from __future__ import annotations
@@ -37,9 +46,17 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from skh.errors import ProtocolError, Unauthorized
+from skh.errors import ProtocolError, RequestRefused, RequestTimeout, Unauthorized
 from skh.orchestrator.alerts import MAX_REPLAY, AlertLog, Retention
-from skh.orchestrator.authz import AllowAll, Policy, Principal, transport_user_id
+from skh.orchestrator.authz import (
+    AllowAll,
+    AnalyzerPolicy,
+    KeyBook,
+    Policy,
+    Principal,
+    guard_subscriptions,
+    transport_user_id,
+)
 from skh.orchestrator.config import AnalyzerConfig
 from skh.orchestrator.daemon import bind, make_socket
 from skh.orchestrator.metrics import (
@@ -49,15 +66,23 @@ from skh.orchestrator.metrics import (
     Histograms,
 )
 from skh.orchestrator.sdnotify import Notifier
-from skh.orchestrator.security import SecurityConfig, ServerSecurity
+from skh.orchestrator.security import Identity, SecurityConfig, ServerSecurity
 from skh.records import empty_counters, empty_probes
-from skh.wire import ALERTS_TOPIC, Codec, Envelope, MsgType, decode_counters, decode_probes
+from skh.wire import (
+    ALERTS_TOPIC,
+    Codec,
+    Envelope,
+    MsgType,
+    decode_counters,
+    decode_probes,
+)
 
 __all__ = ["Analyzer", "RoundHook", "DetectorHook", "load_detector_hook"]
 
 log = logging.getLogger(__name__)
 
 _DRAIN = 5000  # frames per poll wake-up before timers get a turn
+_EP_JOB_MAX = 4_000_000  # endpoint -> job names the detector hook keeps
 
 
 class RoundHook(Protocol):
@@ -97,6 +122,8 @@ class DetectorHook:
 
     def on_retire(self, eps: list[int]) -> None:
         self.detector.retire(eps)
+        for e in eps:
+            self.ep_job.pop(e, None)
 
     def on_round(
         self, probes: np.ndarray, counters: np.ndarray, now_ns: int
@@ -126,6 +153,89 @@ class DetectorHook:
         }
 
 
+def _cut(alert: Mapping[str, Any]) -> dict[str, Any]:
+    """An alert too large for one frame as its scalar fields (ids, kind, state, job, layer,
+    component, type, severity, times), marked ``truncated``."""
+    out = {k: v for k, v in alert.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    out = {k: (v[:1024] if isinstance(v, str) else v) for k, v in out.items()}
+    out["truncated"] = True
+    return out
+
+
+class _KeyMirror:
+    """The analyzer's copy of the controller's key bindings and what each key owns: polls
+    KEYS every ``interval_s`` (an unchanged version costs one small answer), pages through a
+    changed set, and installs it into the key book (who may connect) and the policy (what
+    each key owns). A thread with a connection of its own under the analyzer's key."""
+
+    def __init__(
+        self,
+        address: str,
+        security: SecurityConfig,
+        book: KeyBook,
+        policy: AnalyzerPolicy,
+        ctx: zmq.Context,
+        *,
+        interval_s: float = 0.5,
+    ) -> None:
+        self.address, self.security, self.book, self.policy = address, security, book, policy
+        self.ctx, self.interval_s = ctx, interval_s
+        self.version = -1
+        self.fetches = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="skh-keys", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from skh.orchestrator.admin import ControllerClient
+
+        with ControllerClient(
+            self.address, self.security, ctx=self.ctx, timeout_s=2.0, retries=0, name="analyzer"
+        ) as client:
+            while not self._stop.is_set():
+                try:
+                    self.fetch(client)
+                except (ProtocolError, RequestRefused, RequestTimeout, KeyError, TypeError) as exc:
+                    log.warning("key bindings not read from the controller: %s", exc)
+                self._stop.wait(self.interval_s)
+
+    def fetch(self, client: Any) -> bool:
+        data = client.request(MsgType.KEYS, {"since": self.version})
+        if data.get("same"):
+            return False
+        version, after, idents, revoked = data["version"], "", [], list(data["revoked"])
+        while True:
+            idents += data["identities"]
+            if data["next"] is None:
+                break
+            after = data["next"]
+            data = client.request(MsgType.KEYS, {"since": -1, "after": after})
+            if data["version"] != version:  # changed while paging: start again next time
+                return False
+        owned = {i["key"]: i["eps"] for i in idents}
+        job_eps: dict[str, list[int]] = {}
+        dynamic = []
+        for i in idents:
+            if i["role"] == "overlay":
+                job_eps.setdefault(i["job"], []).extend(i["eps"])
+            if not self.book.is_static(i["key"]):
+                dynamic.append(
+                    Identity(i["key"], i["name"], i["role"], i["host"], i["container"], i["job"])
+                )
+        self.policy.update(owned, job_eps)
+        self.book.set_dynamic(dynamic, revoked)
+        self.version = version
+        self.fetches += 1
+        return True
+
+
 def load_detector_hook() -> DetectorHook | None:
     """The streaming detector of :mod:`skh.analysis.detect`, if that module is installed."""
     try:
@@ -147,9 +257,18 @@ class Analyzer:
         policy: Policy | None = None,
     ) -> None:
         self.cfg = cfg
-        self.policy: Policy = policy if policy is not None else AllowAll()
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
         self.counters: Counter[str] = Counter()
+        self.keys: KeyBook | None = None
+        self._mirror: _KeyMirror | None = None
+        if not security.insecure:
+            # with its own key it reads what each key owns from the controller (a bus serving
+            # alert subscribers alone needs none: without it every pushed batch is refused)
+            security.check(server=True, client=bool(security.client_secret_key))
+            self.keys = KeyBook(security.authorized_keys_dir)
+        if policy is None:
+            policy = AllowAll() if self.keys is None else AnalyzerPolicy(self.keys)
+        self.policy: Policy = policy
         self.hook = hook if hook is not None or cfg.detector == "none" else load_detector_hook()
         self.alerts = AlertLog(
             cfg.alert_log,
@@ -179,24 +298,50 @@ class Analyzer:
             }
         )
         self._ctx = ctx or zmq.Context.instance()
-        self._security = ServerSecurity(security, self._ctx)
-        self.pull = make_socket(self._ctx, zmq.PULL, hwm=cfg.hwm)
-        self.pub = make_socket(self._ctx, zmq.PUB, hwm=cfg.hwm)
-        self.rep = make_socket(self._ctx, zmq.REP, hwm=cfg.hwm)
+        self._security = ServerSecurity(security, self._ctx, domain="analyzer", provider=self.keys)
+        self.pull = make_socket(self._ctx, zmq.PULL, hwm=cfg.hwm, max_msg_bytes=cfg.max_frame_bytes)
+        self.pub = make_socket(self._ctx, zmq.XPUB, hwm=cfg.hwm, max_msg_bytes=4096)
+        self.pub.setsockopt(zmq.XPUB_MANUAL, 1)
+        self.rep = make_socket(self._ctx, zmq.REP, hwm=cfg.hwm, max_msg_bytes=64 * 1024)
         for s in (self.pull, self.pub, self.rep):
             self._security.apply(s)
+        if isinstance(self.policy, AnalyzerPolicy):
+            if security.client_secret_key and cfg.controller:
+                self._mirror = _KeyMirror(
+                    cfg.controller, security, self.keys, self.policy, self._ctx
+                )
+            else:
+                log.warning(
+                    "no client key or controller: the analyzer cannot learn which endpoints "
+                    "each key owns, and refuses every result batch"
+                )
         self.ctl_sub: zmq.Socket | None = None
         if cfg.controller_pub:
-            self.ctl_sub = make_socket(self._ctx, zmq.SUB, hwm=cfg.hwm)
+            self.ctl_sub = make_socket(
+                self._ctx, zmq.SUB, hwm=cfg.hwm, max_msg_bytes=cfg.max_frame_bytes
+            )
             security.client(self.ctl_sub)
             self.ctl_sub.setsockopt(zmq.SUBSCRIBE, b"j:")  # every job's topic
             self.ctl_sub.connect(cfg.controller_pub)
         self._probes: list[np.ndarray] = []
         self._counter_batches: list[np.ndarray] = []
+        self._round_records = 0
+        self._sender_records: Counter[str] = Counter()
         self._next_round = time.monotonic() + cfg.round_s
         self._spool = Path(cfg.spool_dir) if cfg.spool_dir else None
+        self._spooled: list[tuple[Path, int]] = []
         if self._spool is not None:
             self._spool.mkdir(parents=True, exist_ok=True)
+            self._spooled = sorted(
+                ((p, p.stat().st_size) for p in self._spool.glob("*.npy")),
+                key=lambda x: x[0].name.split("-")[-1],
+            )
+        restore = getattr(self.hook, "restore", None)
+        if restore is not None:
+            opened = self.alerts.open_alerts()
+            if opened:
+                log.info("%d alert(s) open in the log: handed to the hook", len(opened))
+            restore(opened)
         self.last_round_records = 0
         self.pairs_seen = 0
         self.notifier = Notifier()
@@ -221,16 +366,23 @@ class Analyzer:
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.rep, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
         if self.ctl_sub is not None:
             poller.register(self.ctl_sub, zmq.POLLIN)
+        if self._mirror is not None:
+            self._mirror.start()
         self.notifier.ready(f"alert log at seq {self.alerts.last_seq}")
         try:
             while not stop.is_set():
                 events = dict(poller.poll(100))
+                if self.pub in events:
+                    guard_subscriptions(self.pub, self.policy, self.counters)
                 if self.pull in events:
                     self.ingest()
                 if self.rep in events:
                     self.serve_rep()
+                if self.keys is not None:
+                    self.keys.refresh()
                 if self.ctl_sub is not None and self.ctl_sub in events:
                     self.follow_controller()
                 if time.monotonic() >= self._next_round:
@@ -242,6 +394,8 @@ class Analyzer:
             self.close()
 
     def close(self) -> None:
+        if self._mirror is not None:
+            self._mirror.stop()
         for s in (self.pull, self.pub, self.rep, self.ctl_sub):
             if s is not None:
                 s.close(0)
@@ -268,7 +422,7 @@ class Analyzer:
             return
         try:
             who = self.policy.identify(b"", transport_user_id(frames[0]))
-            env = self.codec.decode(frames[0].buffer)
+            env = self.codec.decode(frames[0].buffer, max_elements=who.max_elements)
             handler = self._batch_handlers.get(env.type)
             if handler is None:
                 self.codec.rejected["unexpected"] += 1
@@ -283,13 +437,30 @@ class Analyzer:
             self.counters["bad_batches"] += 1
             log.debug("rejected batch: %s", exc)
 
+    def _admit(self, who: Principal, n: int) -> bool:
+        """Room in this round for ``n`` more records of ``who``; counted when there is not."""
+        sender = who.user_id or who.name
+        if (
+            self._round_records + n > self.cfg.max_round_records
+            or self._sender_records[sender] + n > self.cfg.max_sender_records
+        ):
+            self.counters["records_dropped"] += n
+            return False
+        self._round_records += n
+        self._sender_records[sender] += n
+        return True
+
     def _on_probes(self, who: Principal, env: Envelope) -> None:
+        self._heartbeat(env.body.get("eps"))
+        if not self._admit(who, int(env.body["n"])):
+            return
         recs = decode_probes(env.body)
         self._probes.append(recs)
         self.counters["probe_records"] += recs.size
-        self._heartbeat(env.body.get("eps"))
 
     def _on_counters(self, who: Principal, env: Envelope) -> None:
+        if not self._admit(who, int(env.body["n"])):
+            return
         recs = decode_counters(env.body)
         self._counter_batches.append(recs)
         self.counters["counter_records"] += recs.size
@@ -316,8 +487,12 @@ class Analyzer:
                     raise ProtocolError("a topic message is two frames")
                 env = self.codec.decode(frames[1])
                 if env.type is MsgType.READY_ANNOUNCE and hasattr(self.hook, "ep_job"):
+                    names = self.hook.ep_job  # type: ignore[union-attr]
                     for d in env.body["endpoints"]:
-                        self.hook.ep_job[int(d["ep"])] = str(env.body["job"])  # type: ignore[union-attr]
+                        if len(names) < _EP_JOB_MAX or int(d["ep"]) in names:
+                            names[int(d["ep"])] = str(env.body["job"])
+                        else:
+                            self.counters["ep_job_full"] += 1
                 elif env.type is MsgType.ENDPOINTS_DOWN and env.body["reason"] == "stopped":
                     retire = getattr(self.hook, "on_retire", None)
                     if retire is not None:
@@ -340,6 +515,8 @@ class Analyzer:
             np.concatenate(self._counter_batches) if self._counter_batches else empty_counters()
         )
         self._probes, self._counter_batches = [], []
+        self._round_records = 0
+        self._sender_records.clear()
         now_ns = time.time_ns()
         self.counters["rounds"] += 1
         self.last_round_records = int(probes.size)
@@ -374,12 +551,26 @@ class Analyzer:
                 with open(tmp, "wb") as f:
                     np.save(f, arr)
                 os.replace(tmp, final)
+                self._spooled.append((final, final.stat().st_size))
+        # retention: the oldest rounds go once the spool holds more than its share of disk
+        total = sum(n for _p, n in self._spooled)
+        while self._spooled and total > self.cfg.spool_max_bytes:
+            p, n = self._spooled.pop(0)
+            p.unlink(missing_ok=True)
+            total -= n
+            self.counters["spool_files_deleted"] += 1
 
     def publish(self, alert: Mapping[str, Any]) -> dict[str, Any]:
         rec = self.alerts.append(alert)
-        self.pub.send_multipart(
-            (ALERTS_TOPIC, self.codec.encode(MsgType.ALERT, "analyzer", rec["seq"], rec))
-        )
+        try:
+            frame = self.codec.encode(MsgType.ALERT, "analyzer", rec["seq"], rec)
+        except ProtocolError:
+            # logged whole; announced cut (subscribers see the sequence number either way)
+            self.counters["alerts_cut"] += 1
+            frame = self.codec.encode(
+                MsgType.ALERT, "analyzer", rec["seq"], {**rec, "alert": _cut(rec["alert"])}
+            )
+        self.pub.send_multipart((ALERTS_TOPIC, frame))
         self.counters["alerts"] += 1
         self._observe_latency(rec)
         return rec
@@ -410,7 +601,15 @@ class Analyzer:
             except zmq.Again:
                 return
             mtype, body = self._answer(frames)
-            self.rep.send(self.codec.encode(mtype, "analyzer", self.counters["replies"], body))
+            seq = self.counters["replies"]
+            try:
+                frame = self.codec.encode(mtype, "analyzer", seq, body)
+            except ProtocolError as exc:
+                self.counters["encode_errors"] += 1
+                frame = self.codec.encode(
+                    MsgType.ACK, "analyzer", seq, {"ok": False, "error": f"answer: {exc}"[:4000]}
+                )
+            self.rep.send(frame)
             self.counters["replies"] += 1
 
     def _answer(self, frames: list[zmq.Frame]) -> tuple[MsgType, dict[str, Any]]:
@@ -420,7 +619,7 @@ class Analyzer:
                 self.codec.rejected["malformed"] += 1
                 raise ProtocolError(f"a request is one frame, got {len(frames)}")
             who = self.policy.identify(b"", transport_user_id(frames[0]))
-            env = self.codec.decode(frames[0].buffer)
+            env = self.codec.decode(frames[0].buffer, max_elements=4096)
             handler = self._rep_handlers.get(env.type)
             if handler is None:
                 self.codec.rejected["unexpected"] += 1
@@ -432,8 +631,13 @@ class Analyzer:
             return MsgType.ACK, {"ok": False, "error": str(exc)}
         except ProtocolError as exc:
             return MsgType.ACK, {"ok": False, "error": str(exc)}
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # e.g. an unreadable log line
+            self.counters["request_errors"] += 1
+            log.warning("request failed: %r", exc)
+            return MsgType.ACK, {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:4000]}
 
     def _on_replay(self, who: Principal, env: Envelope) -> tuple[MsgType, dict[str, Any]]:
+        """One page of the log after ``since`` (bounded in records and bytes by the log)."""
         return MsgType.REPLAY_REPLY, self.alerts.replay(
             int(env.body["since"]), int(env.body.get("limit", MAX_REPLAY))
         )

@@ -41,6 +41,7 @@ from skh.wire import DEFAULT_MAX_FRAME_BYTES
 __all__ = [
     "EndpointSpec",
     "SourceSpec",
+    "ContainerSpec",
     "ControllerConfig",
     "AnalyzerConfig",
     "AgentConfig",
@@ -77,6 +78,18 @@ class SourceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """A container on the underlay agent's host, for enrolment (:mod:`skh.orchestrator.enrol`):
+    how to recognize its processes: its network namespace (a name under /run/netns, or a path
+    such as /proc/PID/ns/net) or its host uid (user-namespaced containers)."""
+
+    job: str
+    container: str
+    netns: str = ""
+    uid: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerConfig:
     bind: str = "tcp://127.0.0.1:5550"  # ROUTER: agents and admin requests
     pub_bind: str = "tcp://127.0.0.1:5551"  # PUB: per-job topics
@@ -85,6 +98,8 @@ class ControllerConfig:
     heartbeat_misses: int = 3
     command_timeout_s: float = 5.0
     command_retries: int = 2
+    #: commands relayed and not answered yet; beyond it a command is refused and counted
+    max_pending_commands: int = 4096
     hwm: int = 100_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     metrics: str = ""  # host:port, "" = off
@@ -104,6 +119,10 @@ class AnalyzerConfig:
     alert_log_retention_bytes: int = 1024 * 1024 * 1024
     round_s: float = 1.0
     spool_dir: str = ""  # write each round's raw batches as .npy ("" = off)
+    spool_max_bytes: int = 1024**3  # the oldest spooled rounds go beyond this
+    #: records one round holds, and one sender's share of them (the rest dropped, counted)
+    max_round_records: int = 4_000_000
+    max_sender_records: int = 524_288
     #: pipeline: skeleton inference, detection, localization and alerts (needs ``controller``
     #: and a fabric); detect: the streaming detector alone (network and agent suspects, no
     #: localization); none: ingest and spool only
@@ -135,7 +154,17 @@ class AgentConfig:
     analyzer: str = "tcp://127.0.0.1:5560"
     endpoints: tuple[EndpointSpec, ...] = ()
     sources: tuple[SourceSpec, ...] = ()
+    #: underlay: a Unix socket path where this host's sidecars enrol their keys, and the
+    #: containers on this host; overlay: the socket to enrol through ("" = no enrolment: the
+    #: key is provisioned, docs/trust.md)
+    enrol_socket: str = ""
+    containers: tuple[ContainerSpec, ...] = ()
     transport: str = "udp"
+    #: class of service of the probes: IP TOS / RoCE GRH traffic class byte (DSCP << 2) and
+    #: priority (UDP SO_PRIORITY, verbs service level); set to the training traffic's class so
+    #: probes share its queue (commonly DSCP 26, priority 3: 104 and 3; docs/engine.md)
+    traffic_class: int = 0
+    priority: int = 0
     #: per skeleton peer: a 2 % loss shows in a second only at this rate (R-Pingmesh also wants
     #: >= 10 probes/s on every link); the analyzer keeps one RTT per pair and second anyway
     probe_interval_s: float = 0.1
@@ -178,7 +207,7 @@ _SECTIONS = {
     "agent": AgentConfig,
     "security": SecurityConfig,
 }
-_ITEM_TYPES = {"endpoints": EndpointSpec, "sources": SourceSpec}
+_ITEM_TYPES = {"endpoints": EndpointSpec, "sources": SourceSpec, "containers": ContainerSpec}
 
 
 def _coerce(where: str, tp: Any, value: Any) -> Any:
@@ -276,9 +305,13 @@ def _validate(cfg: Config) -> None:
         ("controller.heartbeat_interval_s", c.heartbeat_interval_s),
         ("controller.command_timeout_s", c.command_timeout_s),
         ("controller.heartbeat_misses", c.heartbeat_misses),
+        ("controller.max_pending_commands", c.max_pending_commands),
         ("controller.hwm", c.hwm),
         ("analyzer.round_s", a.round_s),
         ("analyzer.hwm", a.hwm),
+        ("analyzer.spool_max_bytes", a.spool_max_bytes),
+        ("analyzer.max_round_records", a.max_round_records),
+        ("analyzer.max_sender_records", a.max_sender_records),
         ("agent.probe_interval_s", g.probe_interval_s),
         ("agent.probe_timeout_s", g.probe_timeout_s),
         ("agent.batch_interval_s", g.batch_interval_s),
@@ -306,6 +339,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"The 'agent.role' setting must be 'overlay' or 'underlay'. Got {g.role!r} instead."
         )
+    if not 0 <= g.traffic_class <= 255 or not 0 <= g.priority <= 7:
+        raise ConfigError(
+            "The 'agent.traffic_class' setting must be in 0..255 and 'agent.priority' in 0..7."
+            f" Got {g.traffic_class} and {g.priority} instead."
+        )
     if g.transport not in ("udp", "verbs"):
         raise ConfigError(
             f"The 'agent.transport' setting must be 'udp' or 'verbs'. Got {g.transport!r} instead."
@@ -322,6 +360,12 @@ def _validate(cfg: Config) -> None:
     for e in g.endpoints:
         if not 0 <= e.rail < 256 or not 0 <= e.port < 65536:
             raise ConfigError(f"agent.endpoints: rail {e.rail} / port {e.port} out of range")
+    for spec in g.containers:
+        if not spec.job or not spec.container or (not spec.netns and spec.uid < 0):
+            raise ConfigError(
+                "agent.containers: each needs job, container and a netns or a uid. "
+                f"Got {spec!r} instead."
+            )
     for s in g.sources:
         if s.kind not in ("netdev", "vf", "rdma"):
             raise ConfigError(

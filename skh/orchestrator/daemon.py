@@ -1,5 +1,5 @@
-"""What every skh daemon shares: SIGTERM/SIGINT handling, socket set-up with high-water marks,
-and bind addresses that may ask for an ephemeral port (``tcp://127.0.0.1:0``)."""
+"""What every skh daemon shares: SIGTERM/SIGINT handling, socket set-up with high-water marks and
+a message-size cap, and bind addresses that may ask for an ephemeral port (``tcp://127.0.0.1:0``)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,16 @@ def install_stop_signals(stop: threading.Event) -> Callable[[], None]:
     return restore
 
 
-def make_socket(ctx: zmq.Context, kind: int, *, hwm: int, linger_ms: int = 0) -> zmq.Socket:
+def make_socket(
+    ctx: zmq.Context, kind: int, *, hwm: int, linger_ms: int = 0, max_msg_bytes: int = -1
+) -> zmq.Socket:
+    """A socket with its high-water marks and linger set. ``max_msg_bytes`` (ZMQ_MAXMSGSIZE):
+    a peer announcing a larger message is disconnected before anything is allocated for it."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
     return sock
 
 

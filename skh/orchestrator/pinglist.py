@@ -16,6 +16,7 @@ change bumps ``version`` by one, so an agent that sees a gap asks for a fresh sn
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +25,9 @@ import numpy as np
 
 from skh.errors import ProtocolError, TopologyError
 from skh.model import same_rail_pairs
-from skh.wire import MsgType, pack_pairs, unpack_pairs
+from skh.wire import NAME_MAX, PAGE_MAX, MsgType, pack_pairs, unpack_pairs
 
-__all__ = ["EndpointInfo", "JobPingLists"]
+__all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,27 +88,59 @@ class EndpointInfo:
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> EndpointInfo:
+        """An endpoint record off the wire: every field of its type, names and addresses within
+        their caps (an address or name of megabytes is refused, not stored)."""
         try:
             info = cls(
-                ep=int(d["ep"]),
-                job=str(d["job"]),
-                container=str(d["container"]),
-                host=str(d["host"]),
-                rail=int(d["rail"]),
-                ip=str(d.get("ip", "")),
-                port=int(d.get("port", 0)),
-                gid=str(d.get("gid", "")),
-                qpn=int(d.get("qpn", 0)),
-                netdev=str(d.get("netdev", "")),
+                ep=_int_field(d["ep"]),
+                job=_str_field(d["job"], NAME_MAX),
+                container=_str_field(d["container"], NAME_MAX),
+                host=_str_field(d["host"], NAME_MAX),
+                rail=_int_field(d["rail"]),
+                ip=_str_field(d.get("ip", ""), 64),
+                port=_int_field(d.get("port", 0)),
+                gid=_str_field(d.get("gid", ""), 64),
+                qpn=_int_field(d.get("qpn", 0)),
+                netdev=_str_field(d.get("netdev", ""), 64),
                 ready=bool(d.get("ready", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed endpoint record: {exc!r}") from None
-        if not 0 <= info.ep < 2**32 or not 0 <= info.port < 65536 or not 0 <= info.rail < 256:
+            raise ProtocolError(f"malformed endpoint record: {exc!r}"[:300]) from None
+        if (
+            not 0 <= info.ep < 2**32
+            or not 0 <= info.port < 65536
+            or not 0 <= info.rail < 256
+            or not 0 <= info.qpn < 2**24
+        ):
             raise ProtocolError(
-                f"endpoint record out of range: ep={info.ep} rail={info.rail} port={info.port}"
+                f"endpoint record out of range: ep={info.ep} rail={info.rail} port={info.port} "
+                f"qpn={info.qpn}"
             )
         return info
+
+
+def _int_field(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{type(v).__name__} is not an int")
+    return v
+
+
+def _str_field(v: Any, cap: int) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{type(v).__name__} is not a str")
+    if len(v) > cap:
+        raise ValueError(f"a field of {len(v)} characters (at most {cap})")
+    return v
+
+
+def merge_snapshot_pages(pages: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One JOB_SNAPSHOT body from its pages (each carries the job's version and skeleton; a
+    change between pages means the copy is stale: ProtocolError, ask again)."""
+    first = pages[0]
+    for p in pages[1:]:
+        if (p["job"], p["version"]) != (first["job"], first["version"]):
+            raise ProtocolError(f"job {first['job']} changed while its snapshot was paged")
+    return {**first, "endpoints": [e for p in pages for e in p["endpoints"]], "next": None}
 
 
 class JobPingLists:
@@ -121,10 +154,13 @@ class JobPingLists:
         self.skeleton_version = 0
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._wire: dict[int, dict[str, Any]] = {}  # snapshot entries, kept next to endpoints
+        self._order: list[int] | None = None  # endpoint ids sorted, for paging
 
     def store(self, info: EndpointInfo) -> None:
         """Put one endpoint record; every change goes through here so the snapshot entries (wire
         dicts) stay current without rebuilding them per snapshot."""
+        if info.ep not in self.endpoints:
+            self._order = None
         self.endpoints[info.ep] = info
         self._wire[info.ep] = info.to_wire()
         self._arrays = None
@@ -204,14 +240,22 @@ class JobPingLists:
             "pairs": pack_pairs(self.skeleton),
         }
 
-    def snapshot(self) -> dict[str, Any]:
-        """The JOB_SNAPSHOT body: everything an agent needs to build its lists."""
+    def snapshot(self, after: int = -1, limit: int = PAGE_MAX) -> dict[str, Any]:
+        """One page of the JOB_SNAPSHOT body: everything an agent needs to build its lists, the
+        endpoints with ids above ``after`` (at most ``limit``); ``next`` is where the next page
+        starts (None: this was the last)."""
+        if self._order is None:
+            self._order = sorted(self.endpoints)
+        i = bisect.bisect_right(self._order, after)
+        ids = self._order[i : i + limit]
+        more = i + limit < len(self._order)
         return {
             "job": self.job,
             "version": self.version,
-            "endpoints": list(self._wire.values()),
+            "endpoints": [self._wire[ep] for ep in ids],
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
+            "next": ids[-1] if more else None,
         }
 
     # -- agent side ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 from skh.errors import ConfigError
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
+from skh.orchestrator.security import Identity
 from skh.wire import pack_pairs, unpack_pairs
 
 __all__ = ["Registry", "AgentRecord"]
@@ -34,6 +35,10 @@ CREATE TABLE IF NOT EXISTS endpoints(
     UNIQUE(job, container, rail));
 CREATE TABLE IF NOT EXISTS agents(
     agent TEXT PRIMARY KEY, role TEXT NOT NULL, host TEXT NOT NULL, registered_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS keys(
+    key TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, host TEXT NOT NULL,
+    container TEXT NOT NULL, job TEXT NOT NULL, bound_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS revoked(key TEXT PRIMARY KEY, revoked_ns INTEGER NOT NULL);
 """
 
 
@@ -72,6 +77,17 @@ class Registry:
         if self._in_tx:
             self._db.execute("COMMIT")
             self._in_tx = False
+
+    # one request is all or nothing: a savepoint inside the batch's transaction
+    def savepoint(self) -> None:
+        self._tx().execute("SAVEPOINT request")
+
+    def release(self) -> None:
+        self._db.execute("RELEASE request")
+
+    def rollback_request(self) -> None:
+        self._db.execute("ROLLBACK TO request")
+        self._db.execute("RELEASE request")
 
     # -- writes --------------------------------------------------------------------------------
     def put_job(self, name: str, shape: dict[str, Any] | None = None) -> None:
@@ -132,6 +148,32 @@ class Registry:
             (rec.agent, rec.role, rec.host, time.time_ns()),
         )
 
+    def put_key(self, ident: Identity) -> None:
+        self._tx().execute(
+            "INSERT OR REPLACE INTO keys(key, name, role, host, container, job, bound_ns)"
+            " VALUES(?,?,?,?,?,?,?)",
+            (
+                ident.key,
+                ident.name,
+                ident.role,
+                ident.host,
+                ident.container,
+                ident.job,
+                time.time_ns(),
+            ),
+        )
+
+    def delete_key(self, key: str) -> None:
+        self._tx().execute("DELETE FROM keys WHERE key=?", (key,))
+
+    def put_revoked(self, key: str) -> None:
+        self._tx().execute(
+            "INSERT OR IGNORE INTO revoked(key, revoked_ns) VALUES(?,?)", (key, time.time_ns())
+        )
+
+    def delete_agent(self, agent: str) -> None:
+        self._tx().execute("DELETE FROM agents WHERE agent=?", (agent,))
+
     def delete_job(self, name: str) -> None:
         db = self._tx()
         db.execute("DELETE FROM endpoints WHERE job=?", (name,))
@@ -163,6 +205,16 @@ class Registry:
             for a, role, host in self._db.execute("SELECT agent, role, host FROM agents")
         }
         return jobs, owner, agents
+
+    def load_keys(self) -> tuple[list[Identity], list[str]]:
+        """Bindings made at run time (enrolled sidecars) and the revoked keys."""
+        self.commit()
+        bound = [
+            Identity(*row)
+            for row in self._db.execute("SELECT key, name, role, host, container, job FROM keys")
+        ]
+        revoked = [k for (k,) in self._db.execute("SELECT key FROM revoked")]
+        return bound, revoked
 
     def max_ep(self) -> int:
         (m,) = self._db.execute("SELECT COALESCE(MAX(ep), -1) FROM endpoints").fetchone()

@@ -75,7 +75,7 @@ class Bus:
 def start_bus(d: Path, *, speed: float = 40.0) -> Bus:
     keys = d / "keys"
     _server_pub, server_secret = generate_keypair(keys, "analyzer")
-    generate_keypair(keys / "clients", "subscriber")
+    generate_keypair(keys / "clients", "subscriber", metadata={"role": "subscriber"})
     cfg = d / "skh.toml"
     cfg.write_text(
         f"""

@@ -19,12 +19,12 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0
 
 def assert_accounted(s: EngineStats) -> None:
     """Every probe and every received datagram is in exactly one counter."""
-    assert s.sent + s.send_errors == s.decided + s.in_flight, s
+    assert s.sent + s.send_errors == s.decided + s.in_flight + s.awaiting_direction, s
     assert s.decided == s.records + s.ring_overflow, s
     assert s.received == s.probes_received + s.acks_received + s.icmp_errors + s.drops, s
 
 
 def quiesce(eng: Engine, timeout_s: float = 5.0) -> EngineStats:
-    """Stops probing-side activity from mattering: waits until nothing is in flight."""
-    wait_for(lambda: eng.stats().in_flight == 0, timeout_s)
+    """Stops probing-side activity from mattering: waits until every probe has its record."""
+    wait_for(lambda: eng.stats().in_flight == 0 and eng.stats().awaiting_direction == 0, timeout_s)
     return eng.stats()

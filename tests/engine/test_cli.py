@@ -53,7 +53,7 @@ def test_probe_prints_ping_lines_and_summary(responder):
         if re.match(rf"127\.0\.0\.1:{port}: seq=\d+ rtt=[\d.]+ µs .* clock=kernel$", ln)
     ]
     assert len(seq_lines) == 5, out.stdout
-    assert "5 probes, 5 answered, 0 lost (0.0% loss)" in out.stdout
+    assert "5 probes, 5 answered, 0 lost (0.0% loss: 0 requests, 0 replies, 0 either)" in out.stdout
     assert re.search(
         r"network rtt min/p50/p99/max = [\d.]+/[\d.]+/[\d.]+/[\d.]+ µs \(clock kernel\)", out.stdout
     )
@@ -96,6 +96,26 @@ def test_probe_json_and_exit_status_when_nobody_answers(responder):
         timeout=30,
     )
     assert out.returncode == 1 and "2 refused" in out.stdout
+
+
+def test_probe_in_a_traffic_class(responder):
+    _, port = responder
+    out = subprocess.run(
+        [*PY, "probe", f"127.0.0.1:{port}", "-c", "3", "-i", "0.02", "--dscp", "26"]
+        + ["--priority", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["targets"][0]["ok"] == 3
+    out = subprocess.run(
+        [*PY, "probe", f"127.0.0.1:{port}", "--dscp", "26", "--traffic-class", "104"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode != 0 and "--traffic-class or --dscp, not both" in out.stderr
 
 
 @pytest.mark.parametrize(

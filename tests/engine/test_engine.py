@@ -177,7 +177,9 @@ class FakeResponder:
         data, addr = self.sock.recvfrom(2048)
         return fp.proto_decode(data), addr
 
-    def answer(self, probe, addr, *kinds, resp_session=99, session=None):
+    def answer(self, probe, addr, *kinds, resp_session=99, session=None, receipts=None):
+        """Sends the ACKs of ``kinds`` (2: ACK1, 3: ACK2); ``receipts`` = the set of tseqs of
+        the probe's stream to claim as received (ACK1 then carries them)."""
         for kind in kinds:
             kw = dict(
                 session=probe["session"] if session is None else session,
@@ -188,6 +190,11 @@ class FakeResponder:
             )
             if kind == 3:
                 kw.update(flags=1, ts_source=TsSource.USER, t3=1000, t4=1500)
+            if kind == 2 and receipts is not None:
+                q = probe["tseq"]
+                span = min(q, 128)
+                bits = sum(1 << i for i in range(span) if q - 1 - i in receipts)
+                kw.update(flags=2, rcpt_span=span, rcpt_bits=bits)
             self.sock.sendto(fp.proto_encode(kind, **kw), addr)
 
     def close(self):
@@ -220,12 +227,104 @@ def test_prober_drops_replays_late_and_unsolicited_acks(make_engine):
         fake.close()
     rows = prober.drain()
     by_seq = dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True))
+    # seq 1: no answer in time, from a responder without receipts: direction unknown
     assert by_seq[0] == ProbeStatus.OK and by_seq[1] == ProbeStatus.LOST
-    assert (
-        by_seq[2] == ProbeStatus.INVALID
-    )  # ACK1 arrived, ACK2 never paired: path works, stamps do not
+    # seq 2: ACK1 arrived, ACK2 never paired: the request got there, an answer did not come back
+    assert by_seq[2] == ProbeStatus.REPLY_LOST
     assert rows[rows["seq"] == 0]["rtt_ns"][0] > 0
     assert s.acks_received == 3
+    assert_accounted(s)
+
+
+def test_receipts_tell_which_direction_lost_a_probe(make_engine):
+    """A responder that acknowledges what it received (receipts in ACK1) lets the prober tell a
+    lost request from a lost reply; a probe that got one answer only is reply loss."""
+    fake = FakeResponder()
+    received: set[int] = set()
+    # tseq -> (claim it arrived, ACKs sent back)
+    script = {1: (False, ()), 2: (True, ()), 3: (True, (3,)), 4: (True, (2,))}
+    try:
+        prober = make_engine(timeout_s=0.2)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.05, count=8)
+        streams = set()
+        for tseq in range(8):
+            probe, addr = fake.next_probe()
+            assert probe["tseq"] == tseq  # the probe asks for receipts of its stream
+            streams.add(probe["stream"])
+            arrived, kinds = script.get(probe["tseq"], (True, (2, 3)))
+            if arrived:
+                received.add(probe["tseq"])
+            fake.answer(probe, addr, *kinds, receipts=received - {probe["tseq"]})
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    assert len(streams) == 1 and 0 not in streams
+    rows = prober.drain()
+    by_seq = dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True))
+    assert by_seq == {
+        0: ProbeStatus.OK,
+        1: ProbeStatus.REQUEST_LOST,  # a later ACK1 said it never arrived
+        2: ProbeStatus.REPLY_LOST,  # a later ACK1 said it arrived, no answer came back
+        3: ProbeStatus.REPLY_LOST,  # ACK2 only
+        4: ProbeStatus.REPLY_LOST,  # ACK1 only
+        5: ProbeStatus.OK,
+        6: ProbeStatus.OK,
+        7: ProbeStatus.OK,
+    }, by_seq
+    assert (s.request_lost, s.reply_lost, s.lost) == (1, 3, 0)
+    assert_accounted(s)
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "status"), [(0.0, ProbeStatus.LOST), (0.5, ProbeStatus.REQUEST_LOST)]
+)
+def test_a_record_may_wait_for_the_next_answer_to_learn_its_direction(make_engine, wait_s, status):
+    """Probing slower than the timeout, the receipts that tell come with the next probe's answer:
+    with direction_wait_s the record waits for them, without it the direction is unknown."""
+    fake = FakeResponder()
+    try:
+        prober = make_engine(timeout_s=0.2, direction_wait_s=wait_s)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.5, count=3)
+        for tseq in range(3):
+            probe, addr = fake.next_probe()
+            if tseq != 1:  # probe 1 "never arrives"
+                fake.answer(probe, addr, 2, 3, receipts={0, 1, 2} - {1, tseq})
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    rows = prober.drain()
+    assert dict(zip(rows["seq"].tolist(), rows["status"].tolist(), strict=True)) == {
+        0: ProbeStatus.OK,
+        1: status,
+        2: ProbeStatus.OK,
+    }
+    assert_accounted(s)
+
+
+def test_direction_nobody_can_tell_stays_lost(make_engine):
+    """Probes whose later probes also go unanswered (the responder vanished) are LOST, and wait
+    no longer than direction_wait_s past their timeout for an answer that could tell."""
+    fake = FakeResponder()
+    try:
+        prober = make_engine(timeout_s=0.1, direction_wait_s=0.25)
+        prober.start()
+        prober.add_target(5, "127.0.0.1", fake.port, interval_s=0.02, count=6)
+        for _ in range(2):
+            probe, addr = fake.next_probe()
+            fake.answer(probe, addr, 2, 3, receipts={0})
+        t0 = time.monotonic()
+        assert wait_for(lambda: prober.stats().decided >= 6, timeout_s=5)
+        waited = time.monotonic() - t0
+        s = quiesce(prober)
+    finally:
+        fake.close()
+    rows = prober.drain()
+    assert sorted(rows["status"].tolist()) == [ProbeStatus.OK] * 2 + [ProbeStatus.LOST] * 4
+    # the last probe (sent ~0.1 s in) waits its timeout and then at most direction_wait_s
+    assert waited < 0.1 + 0.1 + 0.25 + 0.2, waited
+    assert s.awaiting_direction == 0
     assert_accounted(s)
 
 
@@ -430,3 +529,69 @@ def test_path_sockets_are_bounded(make_engine):
         eng.add_target(64, "127.0.0.1", 9, interval_s=10, path_id=64)
     assert info.value.errno == errno.ENOSPC
     eng.add_target(65, "127.0.0.1", 9, interval_s=10, path_id=7)  # an existing path is reused
+
+
+def _recv_tos(sock: socket.socket) -> tuple[bytes, int]:
+    data, anc, _, _ = sock.recvmsg(2048, 64)
+    tos = [d[0] for level, kind, d in anc if level == socket.IPPROTO_IP and kind == socket.IP_TOS]
+    return data, tos[0] if tos else -1
+
+
+def test_probes_carry_the_traffic_class_and_replies_keep_the_probes_dscp(make_engine):
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    sink.settimeout(2)
+    try:
+        # DSCP 26 (the usual RoCE class) with ECT(0), priority 3
+        prober = make_engine(traffic_class=26 << 2 | 2, priority=3)
+        prober.start()
+        prober.add_target(1, "127.0.0.1", sink.getsockname()[1], interval_s=1, count=1, path_id=4)
+        data, tos = _recv_tos(sink)
+        assert fp.proto_decode(data)["path_id"] == 4 and tos == 106  # a path socket too
+    finally:
+        sink.close()
+
+    responder = make_engine(traffic_class=1)  # its own ECN bits: ECT(1)
+    responder.start()
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 46 << 2)  # EF
+    peer.settimeout(2)
+    try:
+        peer.sendto(fp.proto_encode(1, session=5, seq=1, t1=9), ("127.0.0.1", responder.local_port))
+        tos = {fp.proto_decode(d)["type"]: t for d, t in (_recv_tos(peer), _recv_tos(peer))}
+    finally:
+        peer.close()
+    assert tos == {2: 46 << 2 | 1, 3: 46 << 2 | 1}  # both replies: the probe's DSCP, our ECN
+
+
+def test_traffic_class_validation():
+    with pytest.raises(InvalidProbeSpec, match="'traffic_class'"):
+        Engine(traffic_class=256)
+    with pytest.raises(InvalidProbeSpec, match="'priority'"):
+        Engine(priority=8)
+
+
+def test_agent_config_sets_the_engines_traffic_class():
+    from skh.errors import ConfigError
+    from skh.orchestrator.agent_overlay import default_engine_factory
+    from skh.orchestrator.config import EndpointSpec, load_config
+
+    cfg = load_config(None, {"agent.traffic_class": 104, "agent.priority": 3})
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    sink.settimeout(2)
+    eng = default_engine_factory(EndpointSpec(rail=0, ip="127.0.0.1"), cfg.agent)
+    try:
+        assert (eng.traffic_class, eng.priority) == (104, 3)
+        eng.start()
+        eng.add_target(1, "127.0.0.1", sink.getsockname()[1], interval_s=1, count=1)
+        assert _recv_tos(sink)[1] == 104
+    finally:
+        eng.close()
+        sink.close()
+    with pytest.raises(ConfigError, match="agent.traffic_class"):
+        load_config(None, {"agent.traffic_class": 300})

@@ -134,3 +134,45 @@ def test_paths_across_veth_and_their_icmp_errors(veth, pair):
     assert (ok["ts_source"] == TsSource.KERNEL).all()
     assert len(refused) == 15 and (refused["status"] == ProbeStatus.REFUSED).all()
     assert sorted(set(refused["path_id"].tolist())) == [0, 3, 4]
+
+
+@pytest.mark.parametrize("direction", ["request", "reply"])
+def test_loss_by_direction_across_veth(veth, pair, direction):
+    """nftables on the responder's side drops 20 % of the probes (input) or 20 % of the replies
+    (output), at random: the records say which direction, and the counts match what the
+    responder saw."""
+    prober, responder = pair
+    port = responder.local_port
+    hook, match = ("input", f"udp dport {port}") if direction == "request" else ("output", "")
+    match = match or f"udp sport {port}"
+    veth.sh(
+        veth.ns_b,
+        "nft",
+        f"add table inet skhe; add chain inet skhe c {{ type filter hook {hook} priority 0; }}; "
+        f"add rule inet skhe c {match} numgen random mod 100 < 20 drop",
+    )
+    n = 600
+    try:
+        rows = run(prober, veth.ip_b, port, n, interval_s=0.002)
+    finally:
+        veth.sh(veth.ns_b, "nft", "delete table inet skhe")
+    s = quiesce(prober)
+    r = quiesce(responder)
+    assert_accounted(s)
+    counts = {st: int((rows["status"] == st).sum()) for st in ProbeStatus}
+    answered = counts[ProbeStatus.OK] + counts[ProbeStatus.INVALID]
+    # only a probe whose later probes all went unanswered too can stay LOST: the last one or two
+    assert counts[ProbeStatus.LOST] <= 3, counts
+    if direction == "request":
+        dropped = s.sent - r.probes_received  # exactly the requests that never arrived
+        assert counts[ProbeStatus.REPLY_LOST] == 0, counts
+        assert dropped - 3 <= counts[ProbeStatus.REQUEST_LOST] <= dropped, (dropped, counts)
+        assert answered == r.probes_received
+        # binomial(600, 0.2): mean 120, sd 9.8
+        assert 70 <= counts[ProbeStatus.REQUEST_LOST] <= 170, counts
+    else:
+        assert r.probes_received == s.sent  # every request arrived
+        assert counts[ProbeStatus.REQUEST_LOST] == 0, counts
+        assert counts[ProbeStatus.REPLY_LOST] + counts[ProbeStatus.LOST] == n - answered
+        # a probe loses an answer with probability 1 - 0.8^2 = 0.36: mean 216, sd 11.8
+        assert 150 <= counts[ProbeStatus.REPLY_LOST] <= 280, counts

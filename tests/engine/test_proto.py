@@ -48,6 +48,10 @@ def test_roundtrip_and_replies_never_exceed_the_probe():
         t1=4,
         t3=0,
         t4=0,
+        stream=0,
+        tseq=0,
+        rcpt_span=0,
+        rcpt_bits=0,
     )
     ack1 = fp.proto_encode(ACK1, session=1, seq=2)
     ack2 = fp.proto_encode(ACK2, flags=1, ts_source=2, session=1, seq=2, t3=5, t4=6)
@@ -162,3 +166,69 @@ def test_rtt_labels_the_weaker_clock_and_rejects_broken_stamps():
     assert (
         fp.proto_rtt(1, 2, 2, 10, 11, 2, 2 + 61 * 10**9, 3 + 61 * 10**9)[0] == ProbeStatus.INVALID
     )
+
+
+# ------------------------------------------------------------------------------------ receipts
+RCPT = 0x02
+RCPT_EXT = struct.Struct(">IIII")  # magic, stream, tseq, reserved: bytes 48..63 of a PROBE
+
+
+def test_receipt_request_rides_in_the_probe_padding_old_responders_never_read():
+    plain = fp.proto_encode(PROBE, session=7, seq=9, path_id=3, t1=11)
+    asking = fp.proto_encode(PROBE, session=7, seq=9, path_id=3, t1=11, stream=0xABC, tseq=41)
+    # the 48-byte header is byte for byte a version-1 probe's: a responder that ignores the
+    # padding (every version-1 one) answers it as before
+    assert asking[:48] == plain[:48] and len(asking) == len(plain) == 96
+    assert asking[48:64] == RCPT_EXT.pack(0x52435054, 0xABC, 41, 0)
+    assert asking[64:] == bytes(32)
+    got = fp.proto_decode(asking)
+    assert (got["stream"], got["tseq"]) == (0xABC, 41)
+    assert fp.proto_decode(plain)["stream"] == 0
+    # padding that does not start with the marker stays opaque
+    other = plain[:48] + b"\xff" * 48
+    assert fp.proto_decode(other)["stream"] == 0
+
+
+def test_ack1_receipts_layout():
+    bits = (1 << 127) | (1 << 64) | 0b101
+    ack = fp.proto_encode(
+        ACK1, flags=RCPT, session=7, seq=9, resp_session=5, t1=11, rcpt_span=128, rcpt_bits=bits
+    )
+    assert len(ack) == 48
+    raw = HDR.unpack(ack)
+    assert raw[3] == RCPT and raw[8] == 128  # flags, span in the reserved field
+    assert (raw[11], raw[12]) == (bits & (2**64 - 1), bits >> 64)
+    got = fp.proto_decode(ack)
+    assert (got["rcpt_span"], got["rcpt_bits"], got["t3"], got["t4"]) == (128, bits, 0, 0)
+    # the ACK1 of a probe that did not ask is the plain one
+    assert fp.proto_decode(fp.proto_encode(ACK1, session=7, seq=9))["flags"] == 0
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # receipts only in ACK1
+        reference_encode(ACK2, flags=RCPT),
+        reference_encode(PROBE, flags=RCPT, length=96),
+        # span beyond the 128 bits, bits beyond the span, a clock on an ACK1
+        reference_encode(ACK1, flags=RCPT)[:18] + struct.pack(">H", 129) + bytes(28),
+        reference_encode(ACK1, flags=RCPT)[:18] + struct.pack(">H12xQQ", 3, 0b1000, 0),
+        reference_encode(ACK1, flags=RCPT, ts=1),
+        # a receipt request without a stream, or with its reserved word set
+        reference_encode(PROBE, length=96)[:48] + RCPT_EXT.pack(0x52435054, 0, 1, 0) + bytes(32),
+        reference_encode(PROBE, length=96)[:48] + RCPT_EXT.pack(0x52435054, 1, 1, 9) + bytes(32),
+    ],
+)
+def test_malformed_receipts_are_dropped(data):
+    assert fp.proto_decode(data) == -MALFORMED
+
+
+def test_encoder_refuses_inconsistent_receipts():
+    for kw in (
+        dict(rcpt_span=2, rcpt_bits=0b100),
+        dict(rcpt_span=129),
+    ):
+        with pytest.raises(OSError):
+            fp.proto_encode(ACK1, flags=RCPT, **kw)
+    with pytest.raises(OSError):
+        fp.proto_encode(ACK2, flags=RCPT)

@@ -125,3 +125,44 @@ def wait_for(pred, timeout_s=10.0, interval_s=0.05, what="condition"):
 @pytest.fixture
 def wait():
     return wait_for
+
+
+#: the identities of a small two-host, two-tenant cluster: operator, analyzer, alert subscriber,
+#: one underlay agent per host and one statically provisioned sidecar per tenant
+IDENTITIES = {
+    "admin": {"role": "admin"},
+    "analyzer": {"role": "analyzer"},
+    "alerts-bridge": {"role": "subscriber"},
+    "ul-h0": {"role": "underlay", "host": "h0"},
+    "ul-h1": {"role": "underlay", "host": "h1"},
+    "tenant-a": {"role": "overlay", "host": "h0", "job": "ja", "container": "ca"},
+    "tenant-b": {"role": "overlay", "host": "h1", "job": "jb", "container": "cb"},
+}
+
+
+@pytest.fixture
+def keyring(tmp_path):
+    """CURVE keys for :data:`IDENTITIES`: ``server`` is the daemons' SecurityConfig (the trusted
+    public certificates, with each identity in their metadata, in ``trusted/``), and one client
+    SecurityConfig per identity."""
+    from skh.orchestrator.security import SecurityConfig, generate_keypair
+
+    root = tmp_path / "keys"
+    trusted, secret = root / "trusted", root / "secret"
+    trusted.mkdir(parents=True)
+    generate_keypair(root, "server")
+    for name, meta in IDENTITIES.items():
+        pub, _sec = generate_keypair(secret, name, metadata=meta)
+        (trusted / f"{name}.key").write_bytes(pub.read_bytes())
+    server = SecurityConfig(
+        server_secret_key=str(root / "server.key_secret"),
+        authorized_keys_dir=str(trusted),
+    )
+    clients = {
+        name: SecurityConfig(
+            server_public_key=str(root / "server.key"),
+            client_secret_key=str(secret / f"{name}.key_secret"),
+        )
+        for name in IDENTITIES
+    }
+    return server, clients

@@ -80,10 +80,14 @@ class Daemons:
         self.env.pop("NOTIFY_SOCKET", None)
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    def start(
+        self, name: str, *args: str, stdout=subprocess.DEVNULL, key: str = ""
+    ) -> subprocess.Popen:
+        """Start a daemon; ``key``: its own secret certificate (each has its own identity)."""
+        own = ["--set", f"security.client_secret_key={key}"] if key else []
         with open(self.tmp / f"{name}.log", "ab") as err:
             p = subprocess.Popen(
-                [sys.executable, "-m", "skh", *args, *self.curve],
+                [sys.executable, "-m", "skh", *args, *self.curve, *own],
                 cwd=ROOT,
                 env=self.env,
                 stdout=stdout,
@@ -132,7 +136,8 @@ class Daemons:
 def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     generate_keypair(d, "server")
-    generate_keypair(d / "clients", "admin")
+    generate_keypair(d / "clients", "admin", metadata={"role": "admin"})
+    generate_keypair(d / "clients", "u0", metadata={"role": "underlay", "host": "host0"})
     generate_keypair(d / "other", "server")  # a server key the controller does not hold
     sec = SecurityConfig(
         server_secret_key=str(d / "server.key_secret"),
@@ -169,6 +174,7 @@ def cluster(tmp_path_factory, keys):
             router,
             "--analyzer",
             "tcp://127.0.0.1:9",
+            key=str(Path(sec.authorized_keys_dir) / "u0.key_secret"),
         )
         with ControllerClient(router, sec, timeout_s=5) as ctl:
             deadline = time.monotonic() + 20
@@ -276,7 +282,7 @@ def test_submit_from_flags_and_status(cluster, capsys):
 
 def test_relay_reaches_the_agent_and_reports_failures(cluster, capsys):
     router, sec, _ = cluster
-    rc, out, err = _cli(capsys, router, sec, "relay", "u0", "stats", "verbose=true", "--json")
+    rc, out, err = _cli(capsys, router, sec, "relay", "u0", "stats", "--json")
     assert rc == 0, err
     reply = json.loads(out)
     assert reply["ok"] and reply["result"]["agent"] == "u0"
@@ -288,9 +294,14 @@ def test_relay_reaches_the_agent_and_reports_failures(cluster, capsys):
     with ControllerClient(router, sec, timeout_s=2) as ctl:
         r = ctl.relay("ghost", "stats")
         assert not r.ok and "'ghost' is not alive" in r.error
-        # a handler's failure is the command's answer, not a transport error
+        # arguments are checked before anything is relayed
         r = ctl.relay("u0", "traceroute", {})
-        assert not r.ok and "KeyError" in r.error
+        assert not r.ok and "missing argument 'dst'" in r.error
+        r = ctl.relay("u0", "stats", {"verbose": True})
+        assert not r.ok and "unknown argument" in r.error
+        # a handler's failure is the command's answer, not a transport error
+        r = ctl.relay("u0", "host_report", {"netns": "absent"})
+        assert not r.ok and "not a container of this host" in r.error
 
 
 def test_remove_job_and_unknown_job(cluster, capsys):
@@ -495,3 +506,14 @@ def test_bad_client_settings(tmp_path):
     for kwargs in ({"timeout_s": 0}, {"retries": -1}):
         with pytest.raises(ConfigError, match="parameter of ControllerClient"):
             ControllerClient("tcp://127.0.0.1:9", **kwargs)
+
+
+def test_the_operator_lists_the_key_bindings(cluster, capsys):
+    router, sec, _ = cluster
+    rc, out, err = _cli(capsys, router, sec, "keys", "list")
+    assert rc == 0, err
+    keys = {k["name"]: k for k in json.loads(out)}
+    assert keys["u0"]["role"] == "underlay" and keys["u0"]["host"] == "host0"
+    assert keys["admin"]["role"] == "admin"
+    rc, out, err = _cli(capsys, router, sec, "keys", "revoke", "nobody")
+    assert rc == 2 and "no such key" in err

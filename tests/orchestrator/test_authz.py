@@ -35,7 +35,7 @@ class Recording(AllowAll):
 def curve(tmp_path):
     """Server keys, and one authorized client key (its Z85 public key alongside)."""
     generate_keypair(tmp_path, "server")
-    generate_keypair(tmp_path / "clients", "tenant")
+    generate_keypair(tmp_path / "clients", "tenant", metadata={"role": "admin"})
     sec = SecurityConfig(
         server_secret_key=str(tmp_path / "server.key_secret"),
         server_public_key=str(tmp_path / "server.key"),

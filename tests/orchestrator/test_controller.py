@@ -15,10 +15,10 @@ def _ep(job, container, rail, port):
     return {"job": job, "container": container, "rail": rail, "ip": "127.0.0.1", "port": port}
 
 
-def _register(c, name, host, eps):
+def _register(c, name, host, eps, role="overlay"):
     env = c.request(
         MsgType.REGISTER,
-        {"agent": name, "role": "overlay", "host": host, "endpoints": eps},
+        {"agent": name, "role": role, "host": host, "endpoints": eps},
         want={MsgType.REGISTER_ACK},
     )
     return env.body
@@ -116,7 +116,7 @@ def test_commands_are_relayed_retried_and_time_out(cfg, ctx, client, run_daemon)
     router, _ = ctl.bind()
     with run_daemon(ctl):
         agent = client(router, "agent")
-        _register(agent, "agent", "h0", [])
+        _register(agent, "agent", "h0", [], role="underlay")
         admin = client(router, "admin")
         admin.send(
             MsgType.COMMAND,
@@ -131,7 +131,12 @@ def test_commands_are_relayed_retried_and_time_out(cfg, ctx, client, run_daemon)
         )
         cmd = agent.recv(want={MsgType.COMMAND})
         assert cmd.body["name"] == "dump_flows" and cmd.body["args"] == {"bridge": "br0"}
-        agent.send(MsgType.COMMAND_REPLY, {"cmd_id": "x1", "ok": True, "result": {"flows": 3}})
+        # the agent sees the controller's own id for the command (requesters may pick the same)
+        assert cmd.body["cmd_id"].endswith(".x1")
+        agent.send(
+            MsgType.COMMAND_REPLY,
+            {"cmd_id": cmd.body["cmd_id"], "ok": True, "result": {"flows": 3}},
+        )
         rep = admin.recv(want={MsgType.COMMAND_REPLY})
         assert rep.body == {"cmd_id": "x1", "ok": True, "result": {"flows": 3}}
         # a silent agent: one retry, then a timeout answer
@@ -141,19 +146,19 @@ def test_commands_are_relayed_retried_and_time_out(cfg, ctx, client, run_daemon)
                 "cmd_id": "x2",
                 "agent": "agent",
                 "name": "traceroute",
-                "args": {},
+                "args": {"dst": "10.0.0.2"},
                 "timeout_s": 0.3,
                 "retries": 1,
             },
         )
         first = agent.recv(want={MsgType.COMMAND})
         again = agent.recv(want={MsgType.COMMAND})
-        assert first.body["cmd_id"] == again.body["cmd_id"] == "x2"
+        assert first.body["cmd_id"] == again.body["cmd_id"] and first.body["cmd_id"].endswith(".x2")
         rep = admin.recv(want={MsgType.COMMAND_REPLY})
         assert not rep.body["ok"] and "timeout after 2" in rep.body["error"]
         rep = admin.request(
             MsgType.COMMAND,
-            {"cmd_id": "x3", "agent": "ghost", "name": "x", "args": {}},
+            {"cmd_id": "x3", "agent": "ghost", "name": "stats", "args": {}},
             want={MsgType.COMMAND_REPLY},
         )
         assert not rep.body["ok"]
@@ -206,3 +211,29 @@ def test_a_stopping_agent_deregisters_and_its_endpoints_go_down(cfg, ctx, client
         assert kinds == [(MsgType.READY_ANNOUNCE, None), (MsgType.ENDPOINTS_DOWN, "stopped")]
         assert not ctl.agents["a"].alive and ctl.counters["agents_lost"] == 0
         sub.close(0)
+
+
+def test_a_job_larger_than_a_page_is_read_in_pages(cfg, ctx, client, run_daemon):
+    """A snapshot of 9,000 endpoints comes in pages (SYNC ``after``); a registering agent of
+    such a job gets no snapshot in its REGISTER_ACK and asks for the pages."""
+    from skh.orchestrator.admin import ControllerClient
+    from skh.wire import PAGE_MAX
+
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    for i in range(9000):
+        ctl._upsert(_ep("big", f"c{i // 8}", i % 8, 7000 + i % 1000), f"h{i // 64}", "")
+    ctl.registry.commit()
+    router, _ = ctl.bind()
+    with run_daemon(ctl):
+        first = client(router, "x").request(
+            MsgType.SYNC, {"job": "big"}, want={MsgType.JOB_SNAPSHOT}
+        )
+        assert len(first.body["endpoints"]) == PAGE_MAX and first.body["next"] is not None
+        with ControllerClient(router, cfg.security, ctx=ctx) as admin:
+            snap = admin.snapshot("big")
+            assert sorted(e["ep"] for e in snap["endpoints"]) == list(range(9000))
+            members, _version = admin.members(job="big")
+            assert len(members) == 9000
+        a = client(router, "a")
+        ack = _register(a, "a", "h0", [_ep("big", "c0", 0, 7000)])
+        assert ack["endpoints"] == [0] and ack["snapshots"] == []

@@ -100,7 +100,7 @@ def test_config_check_cli(tmp_path):
 def test_curve_admits_authorized_agents_only(tmp_path, ctx, client, run_daemon):
     keys = tmp_path / "keys"
     generate_keypair(keys, "server")
-    generate_keypair(keys / "authorized", "agent")
+    generate_keypair(keys / "authorized", "agent", metadata={"role": "admin"})
     generate_keypair(keys / "other", "intruder")
     server = SecurityConfig(
         server_secret_key=str(keys / "server.key_secret"),

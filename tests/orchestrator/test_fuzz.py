@@ -132,8 +132,18 @@ def _pool(seed=0, size=4000):
             pool.append(b"\xdd\x7f\xff\xff\xff" + base)  # an array claiming 2 G elements
         else:
             pool.append(b"\xdf\xff\xff\xff\xff" + base)  # a map claiming 4 G entries
-    pool.append(b"\x00" * (2 * 1024 * 1024))  # oversized for the 1 MiB limits below
     return pool
+
+
+def _oversized(ctx, kind, addr, prefix=()):
+    """A frame over the daemon's 1 MiB limit: the transport (ZMQ_MAXMSGSIZE) drops the
+    connection when the frame's header announces it, before anything is read or allocated."""
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(addr)
+    s.send_multipart([*prefix, b"\x00" * (2 * 1024 * 1024)])
+    time.sleep(0.3)
+    s.close(0)
 
 
 POOL = _pool()
@@ -172,6 +182,7 @@ def test_controller_router_survives(cfg, ctx, client, run_daemon, wait):
                 s.recv()
 
         assert _blast(s, drain=drain) >= N_FRAMES
+        _oversized(ctx, zmq.DEALER, router)
         admin = client(router, "admin")
         # (the fuzzer's socket stays open until then: closing it with linger 0 would drop its queue)
         wait(
@@ -202,6 +213,7 @@ def test_analyzer_pull_and_rep_survive(cfg, ctx, client, run_daemon, wait):
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect(pull)
         _blast(push, n=N_FRAMES // 2)
+        _oversized(ctx, zmq.PUSH, pull)
         good = Codec().encode(MsgType.PROBE_BATCH, "ok", 1, probe_batch_body("ok", empty_probes(7)))
         push.send(good)
         # garbage that stays valid adds batches of 3 records: only the good one makes it 3k + 7
@@ -223,6 +235,7 @@ def test_analyzer_pull_and_rep_survive(cfg, ctx, client, run_daemon, wait):
                 answers[0] += 1
 
         _blast(d, prefix=(b"",), n=N_FRAMES // 2, drain=drain, chunk=500)
+        _oversized(ctx, zmq.DEALER, rep, prefix=(b"",))
         wait(
             lambda: drain() or answers[0] >= N_FRAMES // 2 * 0.99, timeout_s=120, what="REP answers"
         )

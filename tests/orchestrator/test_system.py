@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import zmq
 
-from skh.orchestrator.security import SecurityConfig, generate_keypair
+from skh.orchestrator.keyring import make_keyring, security_args
 from skh.wire import MsgType
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
@@ -95,8 +95,20 @@ def procs(tmp_path):
 
 
 def _status(admin):
-    env = admin.request(MsgType.STATUS, {"detail": True}, timeout_s=10, want={MsgType.ACK})
-    return env.body["data"]
+    """The controller's status, each job with its endpoint records (read page by page)."""
+    st = admin.request(MsgType.STATUS, {}, timeout_s=10, want={MsgType.ACK}).body["data"]
+    for job in st["jobs"].values():
+        job["members"] = []
+    after = -1
+    while True:
+        page = admin.request(
+            MsgType.MEMBERS, {"after": after}, timeout_s=10, want={MsgType.ACK}
+        ).body["data"]
+        for m in page["members"]:
+            st["jobs"][m["job"]]["members"].append(m)
+        if page["next"] is None:
+            return st
+        after = page["next"]
 
 
 def _expected_lists(status, job="train"):
@@ -125,7 +137,8 @@ def _agent_lists(admin, agent_names, attempt):
             timeout_s=15,
             want={MsgType.COMMAND_REPLY},
         )
-        assert env.body["ok"], env.body
+        if not env.body["ok"]:  # e.g. not reconnected yet since the controller restarted
+            return None
         out.update({int(ep): dsts for ep, dsts in env.body["result"]["lists"].items()})
     return out
 
@@ -145,6 +158,8 @@ def _converged(admin, agent_names, wait, what, check=None):
         want = _expected_lists(st)
         got = _agent_lists(admin, agent_names, attempt[0])
         seen.update(want=want, got=got, status=st)
+        if got is None:
+            return False
         return all(got[ep] == want[ep] for ep in got) and (check is None or check(st, got))
 
     try:
@@ -161,29 +176,17 @@ def _spooled(spool: Path) -> np.ndarray:
 
 def test_sixteen_agents_on_four_rails(procs, tmp_path, client, wait):
     db, spool = tmp_path / "registry.db", tmp_path / "spool"
-    # CURVE on every link: one server key (controller and analyzer), one authorized agent key
-    keys = tmp_path / "keys"
-    generate_keypair(keys, "server")
-    generate_keypair(keys / "agents", "agent")
-    sec = SecurityConfig(
-        server_secret_key=str(keys / "server.key_secret"),
-        server_public_key=str(keys / "server.key"),
-        client_secret_key=str(keys / "agents" / "agent.key_secret"),
-        authorized_keys_dir=str(keys / "agents"),
+    # CURVE on every link, a key per daemon and per agent, each bound to its identity
+    ring = make_keyring(
+        tmp_path / "keys",
+        sidecars=[
+            (f"agent{i:02d}", "train", f"c{i:02d}", f"host{i // 2}") for i in range(N_AGENTS)
+        ],
     )
-    curve = [
-        x
-        for k in (
-            "server_secret_key",
-            "server_public_key",
-            "client_secret_key",
-            "authorized_keys_dir",
-        )
-        for x in ("--set", f"security.{k}={getattr(sec, k)}")
-    ]
+    sec = ring.admin()
     ctl_args = [
         "controller",
-        *curve,
+        *security_args(ring.controller()),
         "--db",
         str(db),
         "--heartbeat-interval",
@@ -203,7 +206,9 @@ def test_sixteen_agents_on_four_rails(procs, tmp_path, client, wait):
     a = procs.start(
         "analyzer",
         "analyzer",
-        *curve,
+        *security_args(ring.analyzer()),
+        "--controller",
+        ctl["router"],
         "--bind",
         "tcp://127.0.0.1:0",
         "--alerts-bind",
@@ -228,7 +233,7 @@ def test_sixteen_agents_on_four_rails(procs, tmp_path, client, wait):
         name = f"agent{i:02d}"
         args = [
             "agent",
-            *curve,
+            *security_args(ring.client(name)),
             "--role",
             "overlay",
             "--name",
@@ -311,7 +316,7 @@ def test_sixteen_agents_on_four_rails(procs, tmp_path, client, wait):
         noticed_s = time.monotonic() - killed_at
         assert noticed_s >= 2 * HB_S  # missed heartbeats, not a shortcut
         # the analyzer's detector blames the dead agent itself, not the network (DESIGN §6)
-        replay = client(an["replay"], "replay", kind=zmq.REQ, security=sec)
+        replay = client(an["replay"], "replay", kind=zmq.REQ, security=ring.subscriber())
 
         def agent_alert():
             env = replay.request(MsgType.REPLAY, {"since": 0}, timeout_s=10)

@@ -42,15 +42,16 @@ _plain = st.recursive(
 )
 
 
-def _field(types):
+def _field(types, max_len=0):
     if types is _ANY:
         return _plain
     if types is _NUM:
         return st.one_of(st.integers(0, 2**32), st.floats(allow_nan=False, allow_infinity=False))
     if isinstance(types, tuple):
-        return st.one_of(*[_field(t) for t in types])
+        return st.one_of(*[_field(t, max_len) for t in types])
+    n = min(30, max_len or 30)
     return {
-        str: st.text(max_size=30),
+        str: st.text(max_size=n),
         int: st.integers(0, 2**63),
         bool: st.booleans(),
         bytes: st.binary(max_size=64),
@@ -62,8 +63,8 @@ def _field(types):
 
 def _body(mtype):
     schema = _SCHEMAS[mtype]
-    required = {k: _field(t) for k, (t, req) in schema.items() if req}
-    optional = {k: _field(t) for k, (t, req) in schema.items() if not req}
+    required = {k: _field(t, n) for k, (t, req, n) in schema.items() if req}
+    optional = {k: _field(t, n) for k, (t, req, n) in schema.items() if not req}
     return st.fixed_dictionaries(required, optional=optional)
 
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 IN_VM = os.environ.get("RXEVM") == "1"
 
 
@@ -33,41 +30,6 @@ def _verbs_gate(request):
         pytest.fail(f"RXEVM=1 but rxe0/rxe1 are missing (found {devs}): the VM set-up is broken")
 
 
-def build_c(tmp_dir: Path, name: str, sources: list[str], *flags: str) -> Path:
-    """Compiles csrc sources into a shared library for ctypes (the code that ships, unmodified)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.fail("no C compiler: the project cannot build without one")
-    out = tmp_dir / f"lib{name}.so"
-    cmd = [
-        cc,
-        "-std=gnu11",
-        "-O2",
-        "-fPIC",
-        "-shared",
-        "-D_GNU_SOURCE",
-        f"-I{ROOT / 'csrc'}",
-        "-Wall",
-        "-Wextra",
-        "-Wno-unused-parameter",
-        "-Wno-comment",
-        "-Werror",
-        *flags,
-        "-o",
-        str(out),
-        *[str(ROOT / s) if s.startswith("csrc/") else s for s in sources],
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return out
-
-
 @pytest.fixture(scope="session")
-def c_builder():
-    """``build_c`` as a fixture (test modules cannot import conftest under importlib mode)."""
-    return build_c
-
-
-@pytest.fixture(scope="session")
-def verbs_util(tmp_path_factory) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build_c(tmp_path_factory.mktemp("vu"), "vu", ["csrc/verbs_util.c"])))
-    return lib
+def verbs_util(tmp_path_factory, c_builder) -> ctypes.CDLL:
+    return ctypes.CDLL(str(c_builder(tmp_path_factory.mktemp("vu"), "vu", ["csrc/verbs_util.c"])))

@@ -17,6 +17,7 @@ from skh.errors import CapabilityError
 from skh.probe import Engine, capabilities
 
 SO = Path(_fastprobe.__file__)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Ops(ctypes.Structure):  # the head of struct skh_transport_ops
@@ -45,7 +46,12 @@ def _transport(c_builder, tmp_path, *flags) -> ctypes.CDLL:
     lib = ctypes.CDLL(
         str(
             c_builder(
-                tmp_path, "verbs", ["csrc/verbs.c", "csrc/verbs_util.c", "csrc/proto.c"], *flags
+                tmp_path,
+                "verbs",
+                [str(p.relative_to(ROOT)) for p in sorted((ROOT / "csrc").glob("verbs*.c"))]
+                + ["csrc/proto.c"],
+                "-lpthread",
+                *flags,
             )
         )
     )

@@ -33,7 +33,7 @@ class TickClock(ctypes.Structure):
         ("mask", ctypes.c_uint64),
         ("khz", ctypes.c_uint64),
         ("last_raw", ctypes.c_uint64),
-        ("last_ext", ctypes.c_uint64),
+        ("last_ext", ctypes.c_int64),
         ("primed", ctypes.c_int),
     ]
 
@@ -228,6 +228,30 @@ def test_tick_clock_extends_across_many_wraps(vu):
     assert true_ticks > 50 * (mask + 1)
 
 
+MLX5_MASK = 0x7FFF_FFFF_FFFF_FFFF  # mlx5_ib_query_device: props->timestamp_mask
+# device_frequency_khz of real devices: 156.25 MHz, 625 MHz, 1 GHz
+REAL_KHZ = (156_250, 625_000, 1_000_000)
+
+
+@pytest.mark.parametrize("khz", REAL_KHZ)
+@pytest.mark.parametrize("start", [0, 1 << 40, MLX5_MASK - 10**9, MLX5_MASK])
+def test_tick_clock_at_mlx5_mask_is_positive_and_exact(vu, khz, start):
+    """The raw counter may sit anywhere in its 63 bits (near the top it is past INT64_MAX once in
+    ns): only ticks since the first stamp are converted, so stamps stay positive and exact,
+    across the wrap of the 63-bit counter too."""
+    c = TickClock()
+    assert vu.skh_tick_clock_init(ctypes.byref(c), MLX5_MASK, khz) == 0
+    first = vu.skh_tick_clock_ns(ctypes.byref(c), start)
+    assert first > 0
+    ticks = 0
+    rng = random.Random(khz ^ start)
+    for _ in range(500):
+        ticks += rng.randrange(1, 3 * 10**9)  # up to ~20 s at 156.25 MHz between stamps
+        got = vu.skh_tick_clock_ns(ctypes.byref(c), (start + ticks) & MLX5_MASK)
+        assert got > first
+        assert got - first == ticks * 10**6 // khz
+
+
 def test_tick_clock_places_a_slightly_older_stamp_behind(vu):
     c = TickClock()
     vu.skh_tick_clock_init(ctypes.byref(c), 0xFFFF, 1_000_000)
@@ -372,41 +396,59 @@ def proto(tmp_path_factory, c_builder):
     return lib
 
 
-def test_nic_ticks_across_wraps_give_valid_rtts(proto):
-    """Two NICs, different core clocks, unrelated origins, 24-bit counters that wrap during the run:
-    every probe must come out OK with the true RTT (rpingmesh PR #27 got zero valid ones)."""
-    rng = random.Random(27)
-    mask = (1 << 24) - 1
+NARROW = (1 << 24) - 1
+RTT_CASES = {
+    # 24-bit counters at unrelated random origins wrap many times (rpingmesh PR #27 got zero
+    # valid RTTs from such counters)
+    "24bit": (NARROW, 1_000_000, 156_250, 8_007_217, 3_402_871, 3000, 3_000_000),
+    # mlx5's real mask at the frequencies real devices report, counters 0.5 s / 0.2 s below the
+    # 63-bit wrap
+    **{
+        f"mlx5-{p // 1000}MHz": (
+            MLX5_MASK,
+            p,
+            r,
+            MLX5_MASK - p * 500,
+            MLX5_MASK - r * 200,
+            2000,
+            10**6,
+        )
+        for p, r in zip(REAL_KHZ, REAL_KHZ[-1:] + REAL_KHZ[:-1], strict=True)
+    },
+}
+
+
+@pytest.mark.parametrize("case", RTT_CASES.values(), ids=RTT_CASES.keys())
+def test_nic_ticks_across_wraps_give_valid_rtts(proto, case):
+    """Two NICs, different core clocks and origins, counters that wrap during the run: every probe
+    is OK with the true RTT, within one tick of each side."""
+    mask, p_khz, r_khz, p_off, r_off, n, max_gap = case
+    rng = random.Random(p_khz ^ mask)
     pc, rc_ = TickClock(), TickClock()
-    p_khz, r_khz = 1_000_000, 156_250  # 1 ns and 6.4 ns ticks
     assert proto.skh_tick_clock_init(ctypes.byref(pc), mask, p_khz) == 0
     assert proto.skh_tick_clock_init(ctypes.byref(rc_), mask, r_khz) == 0
-    p_off, r_off = rng.randrange(mask), rng.randrange(mask)
+    tick_bound = -(-(10**6) // p_khz) + -(-(10**6) // r_khz)
     t_true = 0  # true time in ns
-    valid = 0
 
     def ns(c, off, khz, t):
         return proto.skh_tick_clock_ns(ctypes.byref(c), (off + t * khz // 10**6) & mask)
 
-    for _ in range(3000):
-        t_true += rng.randrange(1_000, 3_000_000)
+    for _ in range(n):
+        t_true += rng.randrange(1_000, max_gap)
         one_way, resp = rng.randrange(2_000, 20_000), rng.randrange(500, 50_000)
-        t2 = t_true
-        t3, t4 = t2 + one_way, t2 + one_way + resp
-        t5 = t4 + one_way
-        s2 = ns(pc, p_off, p_khz, t2)
-        s3, s4 = ns(rc_, r_off, r_khz, t3), ns(rc_, r_off, r_khz, t4)
-        s5 = ns(pc, p_off, p_khz, t5)
+        t3, t5 = t_true + one_way, t_true + 2 * one_way + resp
+        s2, s3 = ns(pc, p_off, p_khz, t_true), ns(rc_, r_off, r_khz, t3)
+        s4, s5 = ns(rc_, r_off, r_khz, t3 + resp), ns(pc, p_off, p_khz, t5)
         out = Rtt()
         st = proto.skh_proto_rtt(
-            t2 - 100, s2, TS_HW, s3, s4, TS_HW, s5, t5 + 100, ctypes.byref(out)
+            t_true - 100, s2, TS_HW, s3, s4, TS_HW, s5, t5 + 100, ctypes.byref(out)
         )
-        if st == ST_OK:
-            valid += 1
-            assert abs(out.rtt_ns - 2 * one_way) <= 13  # quantisation: one 6.4 ns tick per side
-            assert out.ts_source == TS_HW
-    assert valid == 3000, f"only {valid} of 3000 probes had a valid RTT"
-    assert t_true * p_khz // 10**6 > 20 * (mask + 1)  # the counters did wrap, many times
+        assert st == ST_OK and out.ts_source == TS_HW
+        assert abs(out.rtt_ns - 2 * one_way) <= tick_bound
+    # both counters wrapped (the narrow ones many times)
+    assert t_true * min(p_khz, r_khz) // 10**6 > (mask - max(p_off, r_off)) % (mask + 1)
+    if mask == NARROW:
+        assert t_true * p_khz // 10**6 > 20 * (mask + 1)
 
 
 def test_raw_ticks_without_conversion_are_not_ns(proto):

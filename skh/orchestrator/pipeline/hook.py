@@ -23,27 +23,53 @@ __all__ = ["PipelineHook"]
 log = logging.getLogger(__name__)
 
 
+_MAX_QUEUED_ROUNDS = 30  # rounds waiting for a busy worker (each may hold millions of records)
+_MAX_QUEUED = 200_000  # heartbeats, retirements and rounds waiting in all
+
+
 class PipelineHook:
     """The analyzer daemon's round hook: rounds (and the heartbeats and retirements the daemon
     hears between them) are queued to a worker thread running the :class:`Pipeline` against the
     controller; the alerts it produced are returned by the next :meth:`on_round` (published by
-    the daemon)."""
+    the daemon). What waits for a busy worker is bounded (``_MAX_QUEUED_ROUNDS`` rounds,
+    ``_MAX_QUEUED`` items); beyond, items are dropped and counted (``dropped``)."""
 
     def __init__(self, cfg: PipelineConfig, security: Any = None) -> None:
         if not cfg.controller:
             raise ConfigError("the pipeline hook needs the controller's address ('controller')")
         self.cfg = cfg
         self._security = security
-        self._in: queue.Queue[tuple[str, Any, Any, int] | None] = queue.Queue()
+        self._in: queue.Queue[tuple[str, Any, Any, int] | None] = queue.Queue(_MAX_QUEUED)
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._rounds_queued = 0
+        self._lock = threading.Lock()  # guards _rounds_queued (daemon thread and worker)
+        self.dropped: dict[str, int] = {}
         self._round_s: queue.SimpleQueue[float] = queue.SimpleQueue()  # for the histogram
         self._thread = threading.Thread(target=self._work, name="skh-pipeline", daemon=True)
         self._thread.start()
 
+    def _put(self, item: tuple[str, Any, Any, int]) -> bool:
+        try:
+            self._in.put_nowait(item)
+            return True
+        except queue.Full:
+            self.dropped[item[0]] = self.dropped.get(item[0], 0) + 1
+            return False
+
+    def restore(self, records: list[dict[str, Any]]) -> None:
+        """Alerts the durable log holds open: the pipeline tracks them again (and resolves
+        those whose fault cleared while the analyzer was down)."""
+        self._in.put(("restore", list(records), None, 0))
+
     def on_round(
         self, probes: np.ndarray, counters: np.ndarray, now_ns: int
     ) -> list[dict[str, Any]]:
-        self._in.put(("round", probes, counters, now_ns))
+        if self._rounds_queued >= _MAX_QUEUED_ROUNDS:
+            self.dropped["round"] = self.dropped.get("round", 0) + 1
+            log.warning("pipeline busy: a round of %d records dropped", probes.size)
+        elif self._put(("round", probes, counters, now_ns)):
+            with self._lock:
+                self._rounds_queued += 1
         out = []
         while True:
             try:
@@ -52,7 +78,7 @@ class PipelineHook:
                 return out
 
     def on_heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
-        self._in.put(("heartbeat", np.asarray(eps), None, int(t_ns)))
+        self._put(("heartbeat", np.asarray(eps), None, int(t_ns)))
 
     def drain_round_s(self) -> list[float]:
         """How long the worker's rounds took since the last call (the analyzer's histogram)."""
@@ -62,7 +88,7 @@ class PipelineHook:
         return out
 
     def on_retire(self, eps: list[int]) -> None:
-        self._in.put(("retire", list(eps), None, 0))
+        self._put(("retire", list(eps), None, 0))
 
     def close(self) -> None:
         self._in.put(None)
@@ -84,6 +110,8 @@ class PipelineHook:
             cfg, source_factory=lambda cl: AgentStateSource(client, cl, cfg), apply_skeleton=apply
         )
         next_status = 0.0
+        members: list[dict[str, Any]] = []
+        members_version = -1
         try:
             while True:
                 # catch up: what queued while the last round localized is merged into one round
@@ -99,20 +127,26 @@ class PipelineHook:
                         return
                     kind, a, b, t_ns = item
                     if kind == "heartbeat":
-                        pipe.detector.heartbeat(a, t_ns)
+                        pipe.heartbeat(a, t_ns)
                     elif kind == "retire":
-                        pipe.detector.retire(a)
+                        pipe.retire(a)
+                    elif kind == "restore":
+                        pipe.restore(a)
                     else:
+                        with self._lock:
+                            self._rounds_queued -= 1
                         rounds.append((a, b, t_ns))
                 if not rounds:
                     continue
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + 5.0
                     try:
-                        st = client.status(detail=True)
-                        pipe.set_endpoints(
-                            m for j in st["jobs"].values() for m in j.get("members", ())
-                        )
+                        # the members are read (page by page) only when they changed
+                        st = client.status()
+                        versions = {j: int(d["skeleton_version"]) for j, d in st["jobs"].items()}
+                        if st["members_version"] != members_version:
+                            members, members_version = client.members()
+                        pipe.set_endpoints(members, versions)
                     except (
                         ProtocolError,
                         RequestRefused,

@@ -1,5 +1,12 @@
 """One analyzer round, synchronously: :class:`Pipeline` infers skeletons from counters, runs
-detection on probe records, localizes what detection suspects and tracks the alerts' life cycle."""
+detection on probe records, localizes what detection suspects and tracks the alerts' life cycle.
+
+The controller numbers endpoints for good (a removed job leaves a gap); the localizer's model
+numbers them densely. :meth:`Pipeline.set_endpoints` maps one onto the other, and everything
+crossing the pipeline's edge is translated: records, heartbeats and retirements in, skeletons and
+alerts out (controller ids outside, model ids inside). What survives an analyzer restart comes
+back from outside: skeleton versions from the controller (:meth:`Pipeline.set_endpoints`), open
+alerts from the durable log (:meth:`Pipeline.restore`)."""
 
 from __future__ import annotations
 
@@ -13,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from skh.analysis.detect import Detector, SuspectEvent
-from skh.analysis.localize import AlertTracker, Localizer, StateSource, Suspect, Verdict
+from skh.analysis.localize import (
+    AlertTracker,
+    FailureType,
+    Localizer,
+    Severity,
+    StateSource,
+    Suspect,
+    Verdict,
+)
 from skh.analysis.skeleton import Skeleton, infer_skeleton, traffic_changed
 from skh.errors import ConfigError
 from skh.model import Cluster, Fabric
@@ -89,6 +104,11 @@ class Pipeline:
         #: what the last localization could not explain and is not published yet: (verdict, its
         #: event, when it was first found unexplained)
         self._pending: tuple[Verdict, SuspectEvent | None, int] | None = None
+        # controller id <-> model id (the model's are dense, the controller's need not be)
+        self._to_model = np.zeros(0, np.int64)
+        self._to_ctl = np.zeros(0, np.int64)
+        self._restored: list[Mapping[str, Any]] = []  # open alerts waiting for the model
+        self._versions: dict[str, int] = {}  # skeleton version per job at the controller
         self.stats: dict[str, int] = {
             "rounds": 0,
             "events": 0,
@@ -98,14 +118,21 @@ class Pipeline:
         }
 
     # -- the model ----------------------------------------------------------------------------
-    def set_endpoints(self, members: Iterable[Mapping[str, Any]]) -> bool:
-        """Adopt the endpoints the controller knows (``ep, job, container, host, rail, ip``).
-        Endpoint ids must be dense from 0 (the localizer's model indexes by id)."""
+    def set_endpoints(
+        self,
+        members: Iterable[Mapping[str, Any]],
+        skeleton_versions: Mapping[str, int] | None = None,
+    ) -> bool:
+        """Adopt the endpoints the controller knows (``ep, job, container, host, rail, ip``),
+        whatever gaps their ids have, and the skeleton version each job has there (a restarted
+        analyzer goes on from it)."""
         rows = sorted(members, key=lambda m: int(m["ep"]))
-        if not rows or [int(m["ep"]) for m in rows] != list(range(len(rows))):
-            log.warning(
-                "endpoint ids are not dense from 0: localization waits for a complete registry"
-            )
+        for job, v in (skeleton_versions or {}).items():
+            st = self.jobs.get(job)
+            if st is not None and int(v) > st.skeleton_version:
+                st.skeleton_version = int(v)
+        self._versions.update(skeleton_versions or {})
+        if not rows:
             return False
         sig = tuple(
             (int(m["ep"]), str(m["host"]), int(m["rail"]), str(m.get("ip", ""))) for m in rows
@@ -113,6 +140,10 @@ class Pipeline:
         if sig == self._members_sig:
             return True
         self._members_sig = sig
+        ctl = np.array([int(m["ep"]) for m in rows], np.int64)
+        to_model = np.full(int(ctl.max()) + 1, -1, np.int64)
+        to_model[ctl] = np.arange(ctl.size)
+        self._to_model, self._to_ctl = to_model, ctl
         cluster = Cluster(self.fabric)
         for m in rows:
             cluster.add_endpoint(
@@ -146,7 +177,7 @@ class Pipeline:
                 np.array([e.rail for e in eps], np.int64),
                 np.array([rank_of[e.container] for e in eps], np.int64),
                 old.applied_digest if old else None,
-                old.skeleton_version if old else 0,
+                max(old.skeleton_version if old else 0, int(self._versions.get(job, 0))),
                 old.skeleton if old else None,
             )
         return True
@@ -166,6 +197,89 @@ class Pipeline:
             for e in cluster.endpoints
         )
 
+    # -- the edge: controller ids <-> model ids -----------------------------------------------
+    def _model(self, ids: np.ndarray) -> np.ndarray:
+        """Model ids of controller ids (-1: not in the model)."""
+        ids = np.asarray(ids, np.int64)
+        out = np.full(ids.shape, -1, np.int64)
+        ok = (ids >= 0) & (ids < self._to_model.size)
+        out[ok] = self._to_model[ids[ok]]
+        return out
+
+    def _ctl(self, ids: Any) -> np.ndarray:
+        return self._to_ctl[np.asarray(ids, np.int64)]
+
+    def _records_in(self, recs: np.ndarray, fields: tuple[str, ...]) -> np.ndarray:
+        """Records with their endpoint fields in model ids; those of unknown endpoints go."""
+        if self.cluster is None or not recs.size:
+            return recs
+        keep = np.ones(recs.size, bool)
+        mapped = {f: self._model(recs[f]) for f in fields}
+        for m in mapped.values():
+            keep &= m >= 0
+        out = recs[keep].copy()
+        for f, m in mapped.items():
+            out[f] = m[keep]
+        return out
+
+    def heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
+        """Endpoints (controller ids) whose agents reported in."""
+        m = self._model(eps) if self.cluster is not None else np.asarray(eps, np.int64)
+        self.detector.heartbeat(m[m >= 0], t_ns)
+
+    def retire(self, eps: Iterable[int]) -> None:
+        """Endpoints (controller ids) stopped on purpose."""
+        a = np.fromiter(eps, np.int64)
+        m = self._model(a) if self.cluster is not None else a
+        self.detector.retire(m[m >= 0].tolist())
+
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Alerts the log holds open (records ``{seq, ts_ns, alert}``): tracked again from the
+        next round, so each resolves once detection no longer holds it."""
+        self._restored += [
+            r["alert"]
+            for r in records
+            if isinstance(r.get("alert"), Mapping) and r["alert"].get("kind") == "fault"
+        ]
+
+    def _reopen(self, now_ns: int) -> None:
+        for a in self._restored:
+            try:
+                pairs = np.asarray(a.get("pairs") or np.zeros((0, 2)), np.int64).reshape(-1, 2)
+                if self.cluster is not None and pairs.size:
+                    pairs = self._model(pairs)
+                    pairs = pairs[(pairs >= 0).all(axis=1)]
+                v = Verdict(
+                    job=str(a.get("job", "")),
+                    pairs=tuple((int(x), int(y)) for x, y in pairs),
+                    layer=a["layer"],
+                    component=str(a["component"]),
+                    component_kind=str(a.get("component_kind", "")),
+                    failure_type=FailureType(int(a["failure_type_id"])),
+                    symptom=a.get("symptom", "loss"),
+                    severity=Severity[str(a.get("severity", "major")).upper()],
+                    first_seen_ns=int(a["first_seen_ns"]),
+                    detected_at_ns=int(a["detected_at_ns"]),
+                    evidence=dict(a.get("evidence") or {}),
+                    candidates=tuple(str(c) for c in a.get("candidates", ())),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("open alert %s not restored: %r", a.get("alert_id"), exc)
+                continue
+            self.tracker.update([v], now_ns)  # open again, not announced again
+            self._events[v.key] = None
+            agent = v.layer == "agent"  # a dead agent's alert is held by its endpoints
+            self._watch[v.key] = (set(v.pairs), {e for p in v.pairs for e in p} if agent else set())
+            self.stats["restored"] = self.stats.get("restored", 0) + 1
+        self._restored = []
+
+    def _alert_out(self, v: Verdict) -> Verdict:
+        """A verdict with its pairs in controller ids."""
+        if self.cluster is None or not v.pairs:
+            return v
+        ctl = self._ctl(np.asarray(v.pairs, np.int64))
+        return dataclasses.replace(v, pairs=tuple((int(a), int(b)) for a, b in ctl))
+
     # -- one round ----------------------------------------------------------------------------
     def process(
         self,
@@ -179,14 +293,13 @@ class Pipeline:
         :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
         alerts: list[dict[str, Any]] = []
-        self.counters.add(counters)
+        if self._restored:
+            self._reopen(now_ns)
+        self.counters.add(self._records_in(counters, ("ep",)))
         if heartbeats is not None and heartbeats.size:
-            self.detector.heartbeat(heartbeats, now_ns)
+            self.heartbeat(heartbeats, now_ns)
         if probes.size:
-            probes = np.asarray(probes, PROBE_DTYPE)
-            if self.cluster is not None:
-                n = len(self.cluster.endpoints)
-                probes = probes[(probes["src_ep"] < n) & (probes["dst_ep"] < n)]
+            probes = self._records_in(np.asarray(probes, PROBE_DTYPE), ("src_ep", "dst_ep"))
             self.detector.ingest(probes)
             self._recent.append((now_ns, probes))
         self._recent = [(t, p) for t, p in self._recent if t >= now_ns - 15_000_000_000]
@@ -238,7 +351,14 @@ class Pipeline:
             if not sk.replaces(st.applied_digest):
                 continue
             version = st.skeleton_version + 1
-            if not self.apply_skeleton(job, sk, version):
+            out_sk = sk
+            if self.cluster is not None:  # the controller's ids
+                out_sk = dataclasses.replace(
+                    sk,
+                    pairs=self._ctl(sk.pairs).astype(np.uint32).reshape(-1, 2),
+                    ep_id=self._ctl(sk.ep_id).astype(np.uint32),
+                )
+            if not self.apply_skeleton(job, out_sk, version):
                 continue
             st.applied_digest, st.skeleton_version = sk.digest, version
             self.stats["skeletons"] += 1
@@ -250,7 +370,7 @@ class Pipeline:
                 len(sk.pairs),
                 sk.confidence,
             )
-            out.append(skeleton_alert(job, sk, version))
+            out.append(skeleton_alert(job, out_sk, version))
         return out
 
     def _unheld(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
@@ -431,7 +551,9 @@ class Pipeline:
             ev = by_key.get(v.key)
             self._events[v.key] = ev
             self._watch[v.key] = (set(v.pairs), set(ev.endpoints) if ev is not None else set())
-            out.append(verdict_alert(v, "open", ev, localization=self._localization))
+            out.append(
+                verdict_alert(self._alert_out(v), "open", ev, localization=self._localization)
+            )
         for v in upd.ongoing:
             if v.key in fresh:
                 old_p, old_e = self._watch.get(v.key, (set(), set()))
@@ -444,7 +566,9 @@ class Pipeline:
             self._watch.pop(v.key, None)
             out.append(
                 verdict_alert(
-                    resolved_verdict(v, now_ns), "resolved", self._events.pop(v.key, None)
+                    resolved_verdict(self._alert_out(v), now_ns),
+                    "resolved",
+                    self._events.pop(v.key, None),
                 )
             )
         return out

@@ -59,6 +59,19 @@ def _linux_state(result: Any) -> Any:
     )
 
 
+_BAD_ANSWER = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def _parsed(what: str, parse: Any, *args: Any) -> Any:
+    """An agent's answer parsed, or None (logged) when it does not parse: one bad answer costs
+    its own evidence, never the round."""
+    try:
+        return parse(*args)
+    except _BAD_ANSWER as exc:
+        log.warning("unusable %s answer: %r", what, exc)
+        return None
+
+
 class AgentStateSource:
     """The localizer's questions answered by host agents through the controller's relay.
 
@@ -194,7 +207,7 @@ class AgentStateSource:
             return
         replies = self._run([c for _p, c in todo.values()])
         for (key, (pair, _c)), reply in zip(todo.items(), replies, strict=True):
-            self._traces[key] = self._trace_from(pair, key, reply)
+            self._traces[key] = _parsed("traceroute", self._trace_from, pair, key, reply)
 
     # -- host state ---------------------------------------------------------------------------
     def prefetch_hosts(self, hosts: Iterable[str]) -> None:
@@ -209,8 +222,8 @@ class AgentStateSource:
             ]
         replies = self._run(calls) if calls else []
         for i, h in enumerate(hosts):
-            self._tables[h] = self._tables_from(h, replies[2 * i])
-            self._reports[h] = self._report_from(h, replies[2 * i + 1])
+            self._tables[h] = _parsed("overlay_state", self._tables_from, h, replies[2 * i])
+            self._reports[h] = _parsed("host_report", self._report_from, h, replies[2 * i + 1])
 
     def _tables_from(self, host: str, reply: dict[str, Any]) -> OverlayTables | None:
         from skh.collect.linux import LocalEndpoint, linux_overlay_tables
@@ -263,10 +276,13 @@ class AgentStateSource:
             self._flows[key] = (
                 None
                 if not isinstance(r, Mapping)
-                else FlowTables(
-                    tuple(_rule(d) for d in r.get("expected", ())),
-                    tuple(_rule(d) for d in r.get("offloaded", ())),
-                    bool(r.get("megaflow", False)),
+                else _parsed(
+                    "rnic_flows",
+                    lambda: FlowTables(
+                        tuple(_rule(d) for d in r.get("expected", ())),
+                        tuple(_rule(d) for d in r.get("offloaded", ())),
+                        bool(r.get("megaflow", False)),
+                    ),
                 )
             )
         return self._flows[key]
