@@ -7,11 +7,12 @@ its RNIC and its container runtime.
 slow-path relay) means flows the RNIC no longer carries: the offloaded table then lacks the rule.
 
 ``host_report`` adds what a container runtime tells a host agent about the containers on its host
-(``--host-container NAME=NETNS``): a container whose network namespace lost its VFs has exited, one
-with no live agent process has lost its agent, and one whose agent is stopped has a hung agent
-(here: the testbed's container is a network namespace and the processes in it).
+(``agent.containers``, ``--host-container job=J,container=C,netns=NS``): a container whose
+network namespace lost its VFs has exited, one with no live agent process has lost its agent,
+and one whose agent is stopped has a hung agent (here: the testbed's container is a network
+namespace and the processes in it).
 
-Run as ``python -m skh.demo.agent`` with the options of ``skh agent`` and ``--host-container``.
+Run as ``python -m skh.demo.agent`` with the options of ``skh agent``.
 """
 
 from __future__ import annotations
@@ -101,15 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("-v", "--verbose", action="count", default=0)
     sub = top.add_subparsers(dest="command", required=True)
     cli_agent.add_parser(sub)
-    sub.choices["agent"].add_argument(
-        "--host-container",
-        action="append",
-        default=[],
-        metavar="NAME=NETNS",
-        help="a container on this host and its network namespace (repeatable)",
-    )
     args = top.parse_args(["agent", *(sys.argv[1:] if argv is None else argv)])
-    containers = dict(c.split("=", 1) for c in args.host_container)
     configure_logging(verbosity=args.verbose)
     cfg = config_from(
         args,
@@ -121,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             "agent.controller_pub": args.controller_pub,
             "agent.analyzer": args.analyzer,
             "agent.sources": args.source or None,
+            "agent.containers": args.host_container or None,
         },
     )
+    containers = {c.container: c.netns for c in cfg.agent.containers if c.netns}
     stop = threading.Event()
     install_stop_signals(stop)
     agent = UnderlayAgent(cfg.agent, cfg.security)

@@ -528,7 +528,10 @@ class LiveDemo:
                     ]
             for c in L.placements:
                 if c.host == g:
-                    argv += ["--host-container", f"{c.name}={L.container_ns(c.host, c.slot)}"]
+                    argv += [
+                        "--host-container",
+                        f"job={c.job},container={c.name},netns={L.container_ns(c.host, c.slot)}",
+                    ]
             self.procs[f"ul-{host}"] = tb.spawn(argv, ns=L.host_ns(g), role=f"ul-{host}")
         for c in L.placements:
             argv = [
