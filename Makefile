@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.skh-setup
 
-.PHONY: setup develop lint test test-host test-verbs demo demo-all bench bench-quick debug clean
+.PHONY: setup develop lint test test-host test-verbs test-systemd demo demo-all bench bench-quick debug clean
 
 setup: $(SETUP_STAMP)
 
@@ -16,7 +16,7 @@ $(SETUP_STAMP): pyproject.toml setup.py tools/setup-debian.sh
 develop: setup
 	$(PY) -m pip install -q --no-build-isolation -e '.[test,bench]'
 
-test: develop lint test-verbs
+test: develop lint test-verbs test-systemd
 	$(PY) -m pytest -q tests
 
 # ruff (pinned in the test extra: formatting differs between releases) is configured in
@@ -30,6 +30,13 @@ lint: develop
 # the VM's cached read-only root (RXEVM_SHARE_CWD=0): imports are ~1/3 faster than over the rw share.
 test-verbs: develop
 	RXEVM_SHARE_CWD=0 tools/rxe-vm/run-in-rxe-vm.sh $(PY) -m pytest -q -p no:cacheprovider -m verbs tests/verbs
+
+# The deploy/systemd units under a real systemd: a throw-away qemu VM whose PID 1 is systemd runs
+# the `systemd`-marked tests against the skh wheel built from this tree, installed as a system
+# package (tools/systemd-vm/stage-skh.sh).
+test-systemd: develop
+	tools/systemd-vm/stage-skh.sh $(PY) build/systemd-vm
+	SYSVM_SHARE_CWD=0 tools/systemd-vm/run-in-systemd-vm.sh $(PY) -m pytest -q -p no:cacheprovider -p no:hypothesispytest -m systemd tests/deploy
 
 demo: develop
 	$(PY) -m skh demo

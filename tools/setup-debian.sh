@@ -8,7 +8,7 @@ APT_PKGS=(
   build-essential python3-dev python3-venv pkg-config make git
   iproute2 nftables traceroute iputils-ping ethtool procps psmisc
   libibverbs-dev ibverbs-providers rdma-core ibverbs-utils python3-pyverbs linuxptp
-  qemu-system-x86 busybox-static cpio kmod xz-utils
+  qemu-system-x86 busybox-static cpio kmod xz-utils systemd
   openvswitch-switch chromium
   libzmq3-dev libmsgpack-dev prometheus-alertmanager
 )

@@ -54,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
     from skh.orchestrator.analyzer import Analyzer
     from skh.orchestrator.daemon import install_stop_signals
     from skh.orchestrator.metrics import CollectorRegistry, serve
-    from skh.orchestrator.pipeline import PipelineConfig, PipelineHook
 
     cfg = config_from(
         args,
@@ -73,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     full = cfg.analyzer.detector == "pipeline"
+    if full:  # scipy and scikit-learn come with it: seconds of start-up the other modes skip
+        from skh.orchestrator.pipeline import PipelineConfig, PipelineHook
     pcfg = PipelineConfig.from_analyzer(cfg.analyzer) if full else None
     # the pipeline is also the controller's client (registry, skeletons, relayed commands)
     cfg.security.check(server=True, client=full)

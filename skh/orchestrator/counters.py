@@ -23,6 +23,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# pyroute2 is imported with the agent, before it reports READY=1, not by the first sample inside
+# its watchdog-guarded loop (on an emulated CPU that first import outlasted WatchdogSec=30)
+from pyroute2 import IPRoute, NetNS
+
 from skh.errors import ConfigError
 from skh.orchestrator.config import SourceSpec
 from skh.records import empty_counters
@@ -62,8 +66,6 @@ class LinkDumps:
     def _handle(self, netns: str) -> Any:
         h = self._handles.get(netns)
         if h is None:
-            from pyroute2 import IPRoute, NetNS
-
             h = self._handles[netns] = NetNS(netns) if netns else IPRoute()
         return h
 
