@@ -66,9 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--keys",
         metavar="DIR",
         help=(
-            "CURVE keys for the daemons (server.key, server.key_secret, client.key,"
-            " client.key_secret; 'skh config keygen DIR NAME' writes them);"
-            " without it the demo's links run in plain text (--insecure)"
+            "the keyring's directory (docs/trust.md layout; made there, or completed, and kept);"
+            " default: a fresh one in the run directory. Every link runs CURVE with a key per"
+            " daemon, host agent and sidecar unless --insecure"
         ),
     )
     p.add_argument("--seed", type=int, default=1, help="--sim: simulator seed")
@@ -161,6 +161,7 @@ def run_live(args: argparse.Namespace, console) -> int:
         port_base=args.port_base,
         faults=kinds,
         keys_dir=args.keys or "",
+        insecure=args.insecure,
     )
     out = Path(args.out)
     run_dir = out / "run"

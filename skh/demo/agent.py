@@ -10,7 +10,8 @@ slow-path relay) means flows the RNIC no longer carries: the offloaded table the
 (``agent.containers``, ``--host-container job=J,container=C,netns=NS``): a container whose
 network namespace lost its VFs has exited, one with no live agent process has lost its agent,
 and one whose agent is stopped has a hung agent (here: the testbed's container is a network
-namespace and the processes in it).
+namespace and the processes in it). The same list is what it vouches for when a sidecar enrols
+its key (``--enrol-socket``, docs/trust.md).
 
 Run as ``python -m skh.demo.agent`` with the options of ``skh agent``.
 """
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             "agent.analyzer": args.analyzer,
             "agent.sources": args.source or None,
             "agent.containers": args.host_container or None,
+            "agent.enrol_socket": args.enrol_socket,
         },
     )
     containers = {c.container: c.netns for c in cfg.agent.containers if c.netns}

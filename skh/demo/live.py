@@ -12,6 +12,8 @@ import contextlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from skh.errors import ConfigError, TestbedError
 from skh.model import JobShape
 from skh.orchestrator.admin import ControllerClient, unpack_skeleton
 from skh.orchestrator.alerts import AlertFollower
+from skh.orchestrator.keyring import Keyring, make_keyring, security_args
 from skh.orchestrator.security import SecurityConfig
 from skh.testbed.faults import KINDS
 
@@ -34,8 +37,8 @@ log = logging.getLogger(__name__)
 
 #: ``skh demo --all-faults``: every kind the testbed injects, in its order
 ALL_FAULTS: tuple[str, ...] = KINDS
-#: the files of a keys directory (``skh config keygen DIR server`` and ``... DIR client``)
-KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
+#: the longest path a Unix socket may have (``sun_path`` holds 108 bytes with its NUL)
+_SUN_PATH_MAX = 107
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +63,11 @@ class DemoSpec:
     settle_s: float = 4.0
     slow_path_delay_ms: float = 5.0
     faults: tuple[str, ...] = ("link_down", "fdb_blackhole", "slow_path", "agent_crash")
-    #: CURVE keys for every link (:data:`KEY_FILES`); empty: plain text (``--insecure``)
+    #: the keyring's root (docs/trust.md layout: made there, or completed if some keys exist);
+    #: empty: ``RUN_DIR/keys``, made afresh for each run
     keys_dir: str = ""
+    #: plain-text links and no identities (``--insecure``): for comparison only, never the default
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.faults if k not in KINDS]
@@ -70,14 +76,8 @@ class DemoSpec:
                 f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}:"
                 f" the testbed injects {', '.join(KINDS)}"
             )
-        if self.keys_dir:
-            missing = [f for f in KEY_FILES if not (Path(self.keys_dir) / f).is_file()]
-            if missing:
-                raise ConfigError(
-                    f"the keys directory {self.keys_dir} lacks {', '.join(missing)}"
-                    f" (write them with: skh config keygen {self.keys_dir} server;"
-                    f" skh config keygen {self.keys_dir} client)"
-                )
+        if self.insecure and self.keys_dir:
+            raise ConfigError("a keys directory and --insecure exclude each other")
         if not isinstance(self.hosts, int) or self.hosts < 4 or self.hosts % 2:
             raise ConfigError(
                 "The 'hosts' parameter of DemoSpec must be an even int >= 4."
@@ -109,30 +109,6 @@ class DemoSpec:
                 JobSpec("job1", JobShape(tp=r, pp=1, dp=self.hosts)),
             ),
         )
-
-    def security(self) -> SecurityConfig:
-        """The demo's own links (its controller client and alert follower)."""
-        if not self.keys_dir:
-            return SecurityConfig(insecure=True)
-        d = Path(self.keys_dir).resolve()
-        return SecurityConfig(
-            server_public_key=str(d / "server.key"), client_secret_key=str(d / "client.key_secret")
-        )
-
-    def security_args(self, *, server: bool, client: bool) -> list[str]:
-        """The daemons' security options: CURVE with the keys directory, else ``--insecure``.
-        The servers (controller, analyzer) accept the clients whose public keys lie in it."""
-        if not self.keys_dir:
-            return ["--insecure"]
-        d = Path(self.keys_dir).resolve()
-        out = []
-        if server:
-            out += [f"security.server_secret_key={d / 'server.key_secret'}"]
-            out += [f"security.authorized_keys_dir={d}"]
-        if client:
-            out += [f"security.server_public_key={d / 'server.key'}"]
-            out += [f"security.client_secret_key={d / 'client.key_secret'}"]
-        return [a for kv in out for a in ("--set", kv)]
 
     def pipeline_settings(self) -> dict[str, Any]:
         """Detection and skeleton timing scaled to a demo of minutes (the defaults are the
@@ -342,7 +318,14 @@ class _Bus:
 
 
 class LiveDemo:
-    """The whole system on a namespace testbed. Root only."""
+    """The whole system on a namespace testbed. Root only.
+
+    Secure unless the spec says ``insecure``: :meth:`make_keys` writes a keyring in the layout of
+    docs/trust.md (a key pair for the controller, the analyzer, each host's underlay agent, the
+    demo's own operator client and one alert subscriber); each sidecar makes its own key in its
+    container and enrols it through its host's underlay agent, which vouches for it by the
+    network namespace the kernel reports for the caller. No two processes share a secret.
+    """
 
     def __init__(
         self, spec: DemoSpec, run_dir: Path, *, say: Callable[[str], None] = print
@@ -364,6 +347,9 @@ class LiveDemo:
             "alerts": f"tcp://{ip}:{p + 11}",
             "replay": f"tcp://{ip}:{p + 12}",
         }
+        self.ring: Keyring | None = None
+        self.enrol_dir = self.run_dir / "enrol"
+        self._own_enrol_dir = False  # a temporary directory of ours (the run's path is too long)
         self.procs: dict[str, Any] = {}
         self.bus: _Bus | None = None
         self.client: ControllerClient | None = None
@@ -373,14 +359,39 @@ class LiveDemo:
         self.t_start_ns = 0
         self.t_end_ns = 0
 
-    # -- set-up -------------------------------------------------------------------------------
-    def mark(self, what: str) -> None:
-        self.timeline.append((time.time_ns(), what))
-        self.say(what)
+    # -- identities ---------------------------------------------------------------------------
+    def make_keys(self) -> None:
+        """The run's keyring (nothing when insecure) and the directory of the enrolment
+        sockets."""
+        if self.spec.insecure:
+            return
+        hosts = [self.tb.layout.host_name(g) for g in range(self.spec.hosts)]
+        root = Path(self.spec.keys_dir) if self.spec.keys_dir else self.run_dir / "keys"
+        self.ring = make_keyring(root.resolve(), hosts=hosts)
+        self.enrol_dir = self.run_dir.resolve() / "enrol"
+        longest = max(len(str(self.enrol_dir / f"{h}.sock")) for h in hosts)
+        if longest > _SUN_PATH_MAX:
+            self.enrol_dir = Path(tempfile.mkdtemp(prefix="skh-enrol-"))
+            self._own_enrol_dir = True
+
+    def _keys(self, who: Callable[[Keyring], SecurityConfig]) -> list[str]:
+        return ["--insecure"] if self.ring is None else security_args(who(self.ring))
+
+    def _enrol(self, host: str) -> list[str]:
+        return [] if self.ring is None else ["--enrol-socket", str(self.enrol_dir / f"{host}.sock")]
+
+    def admin_security(self) -> SecurityConfig:
+        """The demo's own controller client: the operator."""
+        return SecurityConfig(insecure=True) if self.ring is None else self.ring.admin()
+
+    def subscriber_security(self) -> SecurityConfig:
+        """The demo's alert follower, and the printed ``skh alerts tail``: a subscriber, which
+        may read the alert log and topic and nothing else."""
+        return SecurityConfig(insecure=True) if self.ring is None else self.ring.subscriber()
 
     def tail_command(self) -> str:
-        """How to follow this run's alerts from another terminal (with its keys, if any)."""
-        sec = self.spec.security()
+        """How to follow this run's alerts from another terminal, with a subscriber's keys."""
+        sec = self.subscriber_security()
         keys = (
             "--insecure"
             if sec.insecure
@@ -389,6 +400,126 @@ class LiveDemo:
         return (
             f"skh alerts tail {keys} --replay {self.addr['replay']} --alerts {self.addr['alerts']}"
         )
+
+    # -- the daemons' command lines -----------------------------------------------------------
+    def controller_argv(self) -> list[str]:
+        return [
+            "python",
+            "-m",
+            "skh",
+            "controller",
+            *self._keys(Keyring.controller),
+            "--bind",
+            self.addr["router"],
+            "--pub-bind",
+            self.addr["pub"],
+            "--db",
+            str(self.run_dir / "registry.db"),
+            "--heartbeat-interval",
+            "0.5",
+            "--print-endpoints",
+        ]
+
+    def analyzer_argv(self) -> list[str]:
+        return [
+            "python",
+            "-m",
+            "skh",
+            "-v",
+            "analyzer",
+            *self._keys(Keyring.analyzer),
+            "--pipeline",
+            str(self.run_dir / "pipeline.json"),
+            "--controller",
+            self.addr["router"],
+            "--print-endpoints",
+            "--bind",
+            self.addr["pull"],
+            "--alerts-bind",
+            self.addr["alerts"],
+            "--replay-bind",
+            self.addr["replay"],
+            "--alert-log",
+            str(self.run_dir / "alerts.log"),
+            "--spool-dir",
+            str(self.run_dir / "spool"),
+        ]
+
+    def _links(self) -> list[str]:
+        return [
+            "--controller",
+            self.addr["router"],
+            "--controller-pub",
+            self.addr["pub"],
+            "--analyzer",
+            self.addr["pull"],
+        ]
+
+    def underlay_argv(self, g: int) -> list[str]:
+        """Host ``g``'s agent: its counters' sources, and its containers by network namespace
+        (what it vouches for at enrolment and reports in ``host_report``)."""
+        L, host = self.tb.layout, self.tb.layout.host_name(g)
+        argv = [
+            "python",
+            "-m",
+            "skh.demo.agent",
+            *self._keys(lambda ring: ring.underlay(host)),
+            *self._enrol(host),
+            "--name",
+            f"ul-{host}",
+            "--host",
+            host,
+            *self._links(),
+        ]
+        for e in self.cluster.endpoints:
+            if e.host == host:
+                argv += [
+                    "--source",
+                    f"endpoint={e.name},kind=netdev,netdev={self.tb.representor(e)[1]}",
+                ]
+        for c in L.placements:
+            if c.host == g:
+                argv += [
+                    "--host-container",
+                    f"job={c.job},container={c.name},netns={L.container_ns(c.host, c.slot)}",
+                ]
+        return argv
+
+    def sidecar_argv(self, c: Any) -> list[str]:
+        """The overlay agent of container ``c`` (a testbed placement), run in its namespace."""
+        L, spec = self.tb.layout, self.spec
+        host = L.host_name(c.host)
+        argv = [
+            "python",
+            "-m",
+            "skh",
+            "agent",
+            *self._keys(lambda ring: ring.sidecar(c.job, c.name)),
+            *self._enrol(host),
+            "--role",
+            "overlay",
+            "--name",
+            f"ov-{c.name}",
+            "--host",
+            host,
+            "--job",
+            c.job,
+            "--container",
+            c.name,
+            "--probe-interval",
+            str(spec.probe_interval_s),
+            "--set",
+            f"agent.ok_sample_s={spec.probe_interval_s}",
+            *self._links(),
+        ]
+        for r in range(spec.rnics_per_host):
+            argv += ["--endpoint", f"rail={r},ip={L.vf_ip(c.host, c.slot, r)},netdev=vf{r}"]
+        return argv
+
+    # -- set-up -------------------------------------------------------------------------------
+    def mark(self, what: str) -> None:
+        self.timeline.append((time.time_ns(), what))
+        self.say(what)
 
     def _wait_log(self, rec: Any, needle: bytes, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -434,29 +565,18 @@ class LiveDemo:
         spool.mkdir(exist_ok=True)
         for f in spool.glob("*.npy"):
             f.unlink()
+        self.make_keys()
+        if self.ring is not None:
+            self.mark(
+                f"CURVE on every link: a key per daemon and host agent in {self.ring.root}; "
+                "each sidecar makes its own and enrols it through its host's agent"
+            )
         ctl = tb.spawn(
-            [
-                "python",
-                "-m",
-                "skh",
-                "controller",
-                *spec.security_args(server=True, client=False),
-                "--bind",
-                self.addr["router"],
-                "--pub-bind",
-                self.addr["pub"],
-                "--db",
-                str(self.run_dir / "registry.db"),
-                "--heartbeat-interval",
-                "0.5",
-                "--print-endpoints",
-            ],
-            role="controller",
-            log_path=self.run_dir / "controller.log",
+            self.controller_argv(), role="controller", log_path=self.run_dir / "controller.log"
         )
         self._wait_log(ctl, b'"router"')
         self.procs["controller"] = ctl
-        self.client = ControllerClient(self.addr["router"], spec.security())
+        self.client = ControllerClient(self.addr["router"], self.admin_security())
         for job in self.tb.spec.effective_jobs():
             # submitted in the model's order, so the controller numbers endpoints as the model does
             got = self.client.submit_job(self.cluster.jobs[job.name])
@@ -465,101 +585,23 @@ class LiveDemo:
                     raise TestbedError(
                         f"controller numbered {e.name} {got.get(e.name)}, the model {e.ep_id}"
                     )
-        an = tb.spawn(
-            [
-                "python",
-                "-m",
-                "skh",
-                "-v",
-                "analyzer",
-                *spec.security_args(server=True, client=True),
-                "--pipeline",
-                str(self._pipeline_config()),
-                "--controller",
-                self.addr["router"],
-                "--print-endpoints",
-                "--bind",
-                self.addr["pull"],
-                "--alerts-bind",
-                self.addr["alerts"],
-                "--replay-bind",
-                self.addr["replay"],
-                "--alert-log",
-                str(self.run_dir / "alerts.log"),
-                "--spool-dir",
-                str(spool),
-            ],
-            role="analyzer",
-            log_path=self.run_dir / "analyzer.log",
-        )
+        self._pipeline_config()
+        an = tb.spawn(self.analyzer_argv(), role="analyzer", log_path=self.run_dir / "analyzer.log")
         self._wait_log(an, b'"pull"')
         self.procs["analyzer"] = an
-        self.bus = _Bus(self.addr["replay"], self.addr["alerts"], spec.security())
+        self.bus = _Bus(self.addr["replay"], self.addr["alerts"], self.subscriber_security())
         self.mark(
             "controller and analyzer up; follow the alerts from another terminal: "
             f"{self.tail_command()}"
         )
-        link = [
-            "--controller",
-            self.addr["router"],
-            "--controller-pub",
-            self.addr["pub"],
-            "--analyzer",
-            self.addr["pull"],
-        ]
         for g in range(spec.hosts):
             host = L.host_name(g)
-            argv = [
-                "python",
-                "-m",
-                "skh.demo.agent",
-                *spec.security_args(server=False, client=True),
-                "--name",
-                f"ul-{host}",
-                "--host",
-                host,
-                *link,
-            ]
-            for e in self.cluster.endpoints:
-                if e.host == host:
-                    argv += [
-                        "--source",
-                        f"endpoint={e.name},kind=netdev,netdev={tb.representor(e)[1]}",
-                    ]
-            for c in L.placements:
-                if c.host == g:
-                    argv += [
-                        "--host-container",
-                        f"job={c.job},container={c.name},netns={L.container_ns(c.host, c.slot)}",
-                    ]
-            self.procs[f"ul-{host}"] = tb.spawn(argv, ns=L.host_ns(g), role=f"ul-{host}")
+            self.procs[f"ul-{host}"] = tb.spawn(
+                self.underlay_argv(g), ns=L.host_ns(g), role=f"ul-{host}"
+            )
         for c in L.placements:
-            argv = [
-                "python",
-                "-m",
-                "skh",
-                "agent",
-                *spec.security_args(server=False, client=True),
-                "--role",
-                "overlay",
-                "--name",
-                f"ov-{c.name}",
-                "--host",
-                L.host_name(c.host),
-                "--job",
-                c.job,
-                "--container",
-                c.name,
-                "--probe-interval",
-                str(spec.probe_interval_s),
-                "--set",
-                f"agent.ok_sample_s={spec.probe_interval_s}",
-                *link,
-            ]
-            for r in range(spec.rnics_per_host):
-                argv += ["--endpoint", f"rail={r},ip={L.vf_ip(c.host, c.slot, r)},netdev=vf{r}"]
             self.procs[f"ov-{c.name}"] = tb.spawn(
-                argv, ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}"
+                self.sidecar_argv(c), ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}"
             )
         self._wait_ready()
         from skh.testbed.traffic import TrafficConfig
@@ -751,6 +793,8 @@ class LiveDemo:
                 with contextlib.suppress(Exception):
                     self.tb.stop(rec, grace_s=5.0)
         counts = self.tb.down()
+        if self._own_enrol_dir:
+            shutil.rmtree(self.enrol_dir, ignore_errors=True)
         self.mark("testbed torn down")
         return counts
 

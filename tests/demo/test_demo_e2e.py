@@ -5,9 +5,11 @@ it takes about three minutes.
 
 Checked: the skeleton inferred from real counters equals the traffic generator's true groups;
 each fault kind is detected and placed on the right layer and component (link, FDB hop,
-slow-path RNIC, agent); clearing each fault resolves its alert; ``skh alerts tail`` replays the
-run's alerts from another process; teardown leaves no namespace, interface or process behind;
-the HTML report of the run renders in headless Chromium.
+slow-path RNIC, agent); clearing each fault resolves its alert; every link runs CURVE with a key
+per process (sidecars enrol theirs through their host's agent); ``skh alerts tail``, as the demo
+prints it with a subscriber's key, replays the run's alerts from another process (and the
+controller refuses that key); teardown leaves no namespace, interface or process behind; the HTML
+report of the run renders in headless Chromium.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from skh.demo.live import DemoSpec, LiveDemo, matches
+from skh.orchestrator.admin import ControllerClient
 
 pytestmark = [
     pytest.mark.root,
@@ -83,6 +86,8 @@ def run(tmp_path_factory):
     log: list[str] = []
     demo = LiveDemo(spec, run_dir, say=log.append)
     tail: list[dict] = []
+    refused = "not refused"
+    argv: dict[str, list[str]] = {}
     try:
         demo.start()
         demo.run_script()
@@ -99,12 +104,25 @@ def run(tmp_path_factory):
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         tail = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+        # that subscriber key is good for alerts alone: the controller refuses it
+        stranger = ControllerClient(
+            demo.addr["router"], demo.subscriber_security(), retries=0, timeout_s=3.0
+        )
+        try:
+            stranger.status()
+        except Exception as exc:
+            refused = f"{type(exc).__name__}: {exc}"
+        finally:
+            stranger.close()
+        argv = {name: list(rec.argv) for name, rec in demo.procs.items()}
     finally:
         counts = demo.stop()
     yield {
         "demo": demo,
         "log": log,
         "tail": tail,
+        "refused": refused,
+        "argv": argv,
         "counts": counts,
         "run_dir": run_dir,
         "left": _ours(PREFIX, run_dir),
@@ -157,6 +175,22 @@ def test_clearing_the_fault_resolves_its_alert(run, kind):
         and out.injected_ns <= a["ts_ns"] <= out.resolved["ts_ns"]
     ]
     assert len(opened) == 1
+
+
+def test_every_link_runs_curve_with_an_identity_per_process(run):
+    demo = run["demo"]
+    assert demo.ring is not None and demo.ring.root == (run["run_dir"] / "keys").resolve()
+    assert len(run["argv"]) == 2 + demo.spec.hosts + len(demo.tb.layout.placements)
+    for name, argv in run["argv"].items():
+        assert "--insecure" not in argv, name
+        assert any(a.startswith("security.") and "secret_key=" in a for a in argv), name
+    # every sidecar made its own key in its container and was bound through its host's agent
+    # (it could not have registered, let alone probed, without)
+    sidecars = demo.ring.root / "sidecars"
+    made = sorted(p.relative_to(sidecars).as_posix() for p in sidecars.rglob("*.key_secret"))
+    assert made == sorted(f"{c.job}/{c.name}.key_secret" for c in demo.tb.layout.placements)
+    # the printed tail command's subscriber identity reads alerts (below) and nothing else
+    assert run["refused"].startswith("RequestRefused"), run["refused"]
 
 
 def test_alerts_tail_replays_the_run_from_another_process(run):
