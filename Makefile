@@ -14,7 +14,7 @@ $(SETUP_STAMP): pyproject.toml setup.py tools/setup-debian.sh
 
 # Rebuild the extension after editing csrc/ or .pyx (editable installs do not rebuild on import).
 develop: setup
-	$(PY) -m pip install -q --no-build-isolation -e '.[test,bench]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test,bench,ray]'
 
 test: develop lint test-verbs test-systemd
 	$(PY) -m pytest -q tests
@@ -49,7 +49,7 @@ bench-quick: develop
 	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done
 
 debug: setup
-	SKH_DEBUG=1 $(PY) -m pip install -q --no-build-isolation -e '.[test,bench]'
+	SKH_DEBUG=1 $(PY) -m pip install -q --no-build-isolation -e '.[test,bench,ray]'
 
 clean:
 	rm -rf build *.egg-info skh/*.so skh/_fastprobe.c $(VENV)

@@ -74,7 +74,7 @@ def c_worker(args: argparse.Namespace) -> None:
     )
     eng.start()
     for i in range(N_TARGETS):
-        eng.add_target(i, args.host, args.port, interval_s=N_TARGETS / args.rate)
+        eng.add_target(i, args.host, args.port, interval_s=N_TARGETS / args.rate, paths=args.paths)
     time.sleep(args.warmup)
     eng.drain()
     s0, cpu0, t0 = eng.stats(), _cpu_s(), time.monotonic()
@@ -103,6 +103,7 @@ def c_worker(args: argparse.Namespace) -> None:
                 "cpu_s": cpu,
                 "wall_s": wall,
                 "rss_mb": rss,
+                "rss_anon_mb": _rss_mb("RssAnon"),
                 "wakeups": s1.wakeups - s0.wakeups,
                 "net_rtt_us": {"p50": pct(net, 50), "p99": pct(net, 99)},
                 "app_rtt_us": {"p50": pct(app, 50), "p99": pct(app, 99)},
@@ -197,9 +198,11 @@ def c_agent(
     drain_every=1.0,
     ring=None,
     window=2048,
+    paths=1,
 ) -> dict:
     """The engine as an agent process. Its ring is sized as an agent sizes it, to four result
-    batches at its rate (every ring slot gets touched as records cycle: 48 B of RSS each)."""
+    batches at its rate (every ring slot gets touched as records cycle: 48 B of RSS each); each
+    target's probes rotate over ``paths`` path ids (UDP: one source port each)."""
     if ring is None:
         ring = max(1024, 1 << int(4 * rate * drain_every - 1).bit_length())
     cmd = [
@@ -226,6 +229,8 @@ def c_agent(
         str(ring),
         "--window",
         str(window),
+        "--paths",
+        str(paths),
         "--bind",
         "::" if ":" in host else "0.0.0.0",
     ]
@@ -500,6 +505,7 @@ def main() -> None:
     ap.add_argument("--drain-every", type=float, default=1.0, help=argparse.SUPPRESS)
     ap.add_argument("--ring", type=int, default=8192, help=argparse.SUPPRESS)
     ap.add_argument("--window", type=int, default=2048, help=argparse.SUPPRESS)
+    ap.add_argument("--paths", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "respond":
         signal_block_sigterm()

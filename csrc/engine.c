@@ -123,7 +123,8 @@ struct txmap_entry {
 
 struct target {
     uint32_t dst_ep;
-    uint16_t path_id;
+    uint16_t path_id; /* the first path id of the rotation */
+    uint16_t n_paths; /* probe k takes path_id + k % n_paths (its stream's k: tgt_seq) */
     uint8_t active;
     uint8_t on_grid; /* next_due follows the interval's grid (batching), set after the first probe */
     uint32_t seq;
@@ -131,7 +132,7 @@ struct target {
     uint32_t remaining; /* probes left to send; 0 = no limit */
     int64_t interval_ns;
     int64_t next_due;
-    skh_addr addr;
+    skh_addr *addrs; /* one per path of the rotation (kept while inactive; freed when replaced) */
 };
 
 struct outq { /* datagrams queued for one send() batch */
@@ -780,12 +781,13 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
             s->tgt_seq = t->seq++;
             s->stream = t->stream;
             s->tidx = (uint32_t)i;
-            s->path_id = t->path_id;
+            unsigned k = t->n_paths > 1 ? s->tgt_seq % t->n_paths : 0;
+            s->path_id = (uint16_t)(t->path_id + k);
             s->off1 = rt_offset(NULL, &s->t_wall, &s->t1); /* T1: the last clock read */
             struct skh_msg m = {.type = SKH_MSG_PROBE, .session = e->session, .seq = seq,
-                                .path_id = t->path_id, .t1 = (uint64_t)s->t1, .stream = t->stream,
+                                .path_id = s->path_id, .t1 = (uint64_t)s->t1, .stream = t->stream,
                                 .tseq = s->tgt_seq};
-            queue(e, TX_PROBE, seq, &t->addr, &m, 1);
+            queue(e, TX_PROBE, seq, &t->addrs[k], &m, 1);
             budget--;
             if (t->remaining && --t->remaining == 0) {
                 t->active = 0;
@@ -1305,6 +1307,8 @@ void skh_engine_destroy(struct skh_engine *e)
     pthread_mutex_destroy(&e->tlock);
     pthread_mutex_destroy(&e->dlock);
     skh_rcpt_destroy(e->rcpt);
+    for (size_t i = 0; i < e->n_targets; i++)
+        free(e->targets[i].addrs);
     free(e->targets);
     free(e->tstate);
     free(e->ring);
@@ -1318,15 +1322,23 @@ void skh_engine_destroy(struct skh_engine *e)
 }
 
 int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
-                          const char *gid, uint32_t qpn, uint16_t path_id, int64_t interval_ns,
-                          uint32_t count)
+                          const char *gid, uint32_t qpn, uint16_t path_id, uint16_t n_paths,
+                          int64_t interval_ns, uint32_t count)
 {
-    skh_addr addr;
-    if (interval_ns <= 0)
+    if (interval_ns <= 0 || n_paths == 0 || (uint32_t)path_id + n_paths - 1u > UINT16_MAX)
         return -EINVAL;
-    int rc = e->ops->parse_addr(e->tr, host, port, gid, qpn, path_id, &addr);
-    if (rc)
-        return rc;
+    /* every path's address is made here, on the caller's thread: a transport may open a socket
+     * (UDP) or resolve an address handle (verbs) per path, which the engine thread must not wait for */
+    skh_addr *addrs = calloc(n_paths, sizeof(*addrs));
+    if (!addrs)
+        return -ENOMEM;
+    for (unsigned k = 0; k < n_paths; k++) {
+        int rc = e->ops->parse_addr(e->tr, host, port, gid, qpn, (uint16_t)(path_id + k), &addrs[k]);
+        if (rc) {
+            free(addrs);
+            return rc;
+        }
+    }
     pthread_mutex_lock(&e->tlock);
     struct target *t = NULL;
     for (size_t i = 0; i < e->n_targets; i++)
@@ -1341,6 +1353,7 @@ int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *hos
             struct target *nt = realloc(e->targets, cap * sizeof(*nt));
             if (!nt) {
                 pthread_mutex_unlock(&e->tlock);
+                free(addrs);
                 return -ENOMEM;
             }
             e->targets = nt;
@@ -1356,15 +1369,18 @@ int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *hos
             ++e->next_stream;
         t->stream = e->next_stream;
     }
+    skh_addr *old = t->addrs;
     t->dst_ep = dst_ep;
     t->path_id = path_id;
-    t->addr = addr;
+    t->n_paths = n_paths;
+    t->addrs = addrs;
     t->interval_ns = interval_ns;
     t->remaining = count;
     t->next_due = mono();
     t->on_grid = 0;
     t->active = 1;
     pthread_mutex_unlock(&e->tlock);
+    free(old); /* only the engine thread reads addresses, and only under tlock */
     wake(e);
     return 0;
 }

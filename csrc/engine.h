@@ -111,10 +111,14 @@ int skh_engine_stop(struct skh_engine *e); /* joins the thread; pending probes s
 void skh_engine_destroy(struct skh_engine *e);
 
 /* Adds (or replaces, same dst_ep) a target probed every interval_ns, first probe at once; after
- * count probes (0 = no limit) the target retires by itself. */
+ * count probes (0 = no limit) the target retires by itself. Its probes rotate over the n_paths path
+ * ids path_id .. path_id + n_paths - 1 (ECMP paths: UDP source ports, RoCE flow labels), probe k of
+ * its stream on path_id + k % n_paths; a target added again keeps its stream and its place in the
+ * rotation. -EINVAL for n_paths 0 or ids past 65535; a transport's limit on paths (UDP: 64 path ids
+ * per engine, -ENOSPC) fails the whole call. */
 int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
-                          const char *gid, uint32_t qpn, uint16_t path_id, int64_t interval_ns,
-                          uint32_t count);
+                          const char *gid, uint32_t qpn, uint16_t path_id, uint16_t n_paths,
+                          int64_t interval_ns, uint32_t count);
 /* -ENOENT when absent. Probes already in flight are still decided and recorded. */
 int skh_engine_remove_target(struct skh_engine *e, uint32_t dst_ep);
 

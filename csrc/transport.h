@@ -74,7 +74,16 @@ struct skh_transport_cfg {
      * return path rides the prober's class) with this engine's ECN bits and priority. */
     uint8_t traffic_class;
     uint8_t priority;
+    /* verbs: address handles kept at most (0 = SKH_ADDRESS_HANDLES_DEFAULT) */
+    uint32_t address_handles;
 };
+
+/* Address handles a verbs transport keeps by default: one per (peer, flow label, class) in use, for
+ * its probes and for its replies, and agents rotate each target over its ECMP paths (4,096 covers
+ * 32 targets x 64 path ids both ways). A handle costs ~100 B of cache plus the driver's object;
+ * past the limit the least recently used idle one is destroyed and made again when needed. */
+#define SKH_ADDRESS_HANDLES_DEFAULT 4096u
+#define SKH_ADDRESS_HANDLES_MAX (1u << 20)
 
 /* One datagram to send. The engine fills buf/len/dst; send() fills tx_id for those it sent. */
 struct skh_txpkt {

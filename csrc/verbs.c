@@ -136,7 +136,7 @@ static int verbs_open(const struct skh_transport_cfg *cfg, struct skh_transport 
     if (!(t->mr = skh_ibv.reg_mr(t->pd, t->buf, t->buf_len, IBV_ACCESS_LOCAL_WRITE)))
         FAIL(-errno ? -errno : -EIO, "%s: ibv_reg_mr of %zu bytes: %s (RLIMIT_MEMLOCK?)", dev,
              t->buf_len, strerror(errno));
-    if ((rc = skh_ah_cache_create(t->pd, &t->ahc)) < 0)
+    if ((rc = skh_ah_cache_create(t->pd, cfg->address_handles, &t->ahc)) < 0)
         FAIL(rc, "%s: address handle resolver: %s", dev, strerror(-rc));
     if (!(t->channel = skh_ibv.create_comp_channel(t->ctx)))
         FAIL(-errno ? -errno : -EIO, "%s: ibv_create_comp_channel: %s", dev, strerror(errno));

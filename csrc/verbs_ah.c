@@ -7,8 +7,9 @@
  * targets are resolved ahead, at add_target (skh_ah_resolve, on the caller's thread); replies to a
  * new prober wait for their handle in the engine's retry queue.
  *
- * The cache holds at most SKH_AH_POOL handles; when full, the least recently used one that no send
- * in flight holds is destroyed to make room (sends hold theirs until their completion, so a handle
+ * The cache holds at most its capacity of handles (SKH_AH_DEFAULT unless the engine says otherwise:
+ * probes that rotate over ECMP paths need one per target and flow label); when full, the least
+ * recently used one that no send in flight holds is destroyed to make room (sends hold theirs until their completion, so a handle
  * never disappears under the NIC). Pool entries never move; an open-addressing index over them is
  * kept with backward-shift deletion.
  */
@@ -21,7 +22,6 @@
 #include <string.h>
 #include <time.h>
 
-#define HASH_SLOTS 1024u /* power of two, > SKH_AH_POOL */
 #define HOP_LIMIT 64
 #define RETRY_FAILED_NS (1000LL * 1000LL * 1000LL) /* a failed resolution is tried again after 1 s */
 
@@ -43,11 +43,13 @@ struct skh_ah_cache {
     pthread_cond_t work, done; /* resolver: something to do; owner: a resolution finished */
     pthread_t thread;
     int thread_started, stop;
-    struct ah_ent pool[SKH_AH_POOL];
-    uint16_t index[HASH_SLOTS]; /* pool position + 1; 0 = empty */
-    uint32_t free_list[SKH_AH_POOL], n_free;
-    uint32_t queue[SKH_AH_POOL], q_head, q_tail; /* pool positions to resolve */
-    struct ibv_ah *doomed[SKH_AH_POOL]; /* evicted, to be destroyed by the resolver */
+    uint32_t cap; /* pool entries */
+    uint32_t slots_mask; /* index slots - 1: a power of two >= 2 x cap */
+    struct ah_ent *pool; /* [cap] */
+    uint32_t *index; /* [slots]: pool position + 1; 0 = empty */
+    uint32_t *free_list, n_free; /* [cap] */
+    uint32_t *queue, q_head, q_tail; /* [cap]: pool positions to resolve */
+    struct ibv_ah **doomed; /* [cap]: evicted, to be destroyed by the resolver */
     uint32_t n_doomed;
     uint64_t tick;
     uint64_t created, evicted, failures;
@@ -71,21 +73,21 @@ void skh_ah_key_of(const skh_addr *dst, struct skh_ah_key *k)
     k->port_num = dst->u.ud.port_num;
 }
 
-static uint32_t home(const struct skh_ah_key *k)
+static uint32_t home(const struct skh_ah_cache *c, const struct skh_ah_key *k)
 {
     uint32_t h = 2166136261u;
     const uint8_t *p = (const uint8_t *)k;
     for (size_t i = 0; i < sizeof(*k); i++)
         h = (h ^ p[i]) * 16777619u;
-    return h & (HASH_SLOTS - 1);
+    return h & c->slots_mask;
 }
 
 /* Index slot of k, or the empty slot where it belongs. Caller holds the lock. */
 static uint32_t find(const struct skh_ah_cache *c, const struct skh_ah_key *k)
 {
-    uint32_t i = home(k);
+    uint32_t i = home(c, k);
     while (c->index[i] && memcmp(&c->pool[c->index[i] - 1].key, k, sizeof(*k)) != 0)
-        i = (i + 1) & (HASH_SLOTS - 1);
+        i = (i + 1) & c->slots_mask;
     return i;
 }
 
@@ -93,8 +95,8 @@ static uint32_t find(const struct skh_ah_cache *c, const struct skh_ah_key *k)
 static void unindex(struct skh_ah_cache *c, uint32_t i)
 {
     c->index[i] = 0;
-    for (uint32_t j = (i + 1) & (HASH_SLOTS - 1); c->index[j]; j = (j + 1) & (HASH_SLOTS - 1)) {
-        uint32_t h = home(&c->pool[c->index[j] - 1].key);
+    for (uint32_t j = (i + 1) & c->slots_mask; c->index[j]; j = (j + 1) & c->slots_mask) {
+        uint32_t h = home(c, &c->pool[c->index[j] - 1].key);
         /* the entry at j may move to i when its home is not cyclically within (i, j] */
         int stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
         if (!stays) {
@@ -110,7 +112,7 @@ static void unindex(struct skh_ah_cache *c, uint32_t i)
 static int evict_one(struct skh_ah_cache *c)
 {
     uint32_t best = SKH_AH_NONE;
-    for (uint32_t p = 0; p < SKH_AH_POOL; p++) {
+    for (uint32_t p = 0; p < c->cap; p++) {
         const struct ah_ent *e = &c->pool[p];
         if ((e->state == AH_READY || e->state == AH_FAILED) && e->refs == 0 &&
             (best == SKH_AH_NONE || e->last_used < c->pool[best].last_used))
@@ -142,8 +144,8 @@ static uint32_t add_pending(struct skh_ah_cache *c, const struct skh_ah_key *k)
     e->key = *k;
     e->state = AH_PENDING;
     e->last_used = ++c->tick;
-    c->index[find(c, k)] = (uint16_t)(p + 1);
-    c->queue[c->q_tail++ % SKH_AH_POOL] = p;
+    c->index[find(c, k)] = p + 1;
+    c->queue[c->q_tail++ % c->cap] = p;
     pthread_cond_signal(&c->work);
     return p;
 }
@@ -151,7 +153,7 @@ static uint32_t add_pending(struct skh_ah_cache *c, const struct skh_ah_key *k)
 static void requeue(struct skh_ah_cache *c, uint32_t p)
 {
     c->pool[p].state = AH_PENDING;
-    c->queue[c->q_tail++ % SKH_AH_POOL] = p;
+    c->queue[c->q_tail++ % c->cap] = p;
     pthread_cond_signal(&c->work);
 }
 
@@ -185,7 +187,7 @@ static void *resolver(void *arg)
             pthread_mutex_lock(&c->lock);
             continue;
         }
-        uint32_t p = c->queue[c->q_head++ % SKH_AH_POOL];
+        uint32_t p = c->queue[c->q_head++ % c->cap];
         struct skh_ah_key k = c->pool[p].key; /* a PENDING entry is never evicted or moved */
         pthread_mutex_unlock(&c->lock);
         struct ibv_ah *ah = create(c->pd, &k); /* may block on neighbour resolution */
@@ -206,8 +208,12 @@ static void *resolver(void *arg)
     return NULL;
 }
 
-int skh_ah_cache_create(struct ibv_pd *pd, struct skh_ah_cache **out)
+int skh_ah_cache_create(struct ibv_pd *pd, uint32_t cap, struct skh_ah_cache **out)
 {
+    if (cap == 0)
+        cap = SKH_AH_DEFAULT;
+    if (cap > SKH_AH_MAX)
+        return -EINVAL;
     struct skh_ah_cache *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
@@ -215,9 +221,24 @@ int skh_ah_cache_create(struct ibv_pd *pd, struct skh_ah_cache **out)
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
-    for (uint32_t p = 0; p < SKH_AH_POOL; p++)
-        c->free_list[p] = SKH_AH_POOL - 1 - p;
-    c->n_free = SKH_AH_POOL;
+    uint32_t slots = 1;
+    while (slots < 2 * cap)
+        slots <<= 1;
+    c->cap = cap;
+    c->slots_mask = slots - 1;
+    /* calloc: pages of entries never used are never touched, so a large capacity costs no memory */
+    c->pool = calloc(cap, sizeof(*c->pool));
+    c->index = calloc(slots, sizeof(*c->index));
+    c->free_list = calloc(cap, sizeof(*c->free_list));
+    c->queue = calloc(cap, sizeof(*c->queue));
+    c->doomed = calloc(cap, sizeof(*c->doomed));
+    if (!c->pool || !c->index || !c->free_list || !c->queue || !c->doomed) {
+        skh_ah_cache_destroy(c);
+        return -ENOMEM;
+    }
+    for (uint32_t p = 0; p < cap; p++)
+        c->free_list[p] = cap - 1 - p;
+    c->n_free = cap;
     int rc = pthread_create(&c->thread, NULL, resolver, c);
     if (rc) {
         skh_ah_cache_destroy(c);
@@ -239,14 +260,19 @@ void skh_ah_cache_destroy(struct skh_ah_cache *c)
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->thread, NULL);
     }
-    for (uint32_t i = 0; i < c->n_doomed; i++)
+    for (uint32_t i = 0; c->doomed && i < c->n_doomed; i++)
         skh_ibv.destroy_ah(c->doomed[i]);
-    for (uint32_t p = 0; p < SKH_AH_POOL; p++)
+    for (uint32_t p = 0; c->pool && p < c->cap; p++)
         if (c->pool[p].ah)
             skh_ibv.destroy_ah(c->pool[p].ah);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->done);
+    free(c->pool);
+    free(c->index);
+    free(c->free_list);
+    free(c->queue);
+    free(c->doomed);
     free(c);
 }
 

@@ -71,7 +71,8 @@ struct ibv_device **skh_ibv_devices(int *n, int *rc);
 
 /* ---------------------------------------------------------------- verbs_ah.c */
 
-#define SKH_AH_POOL 768u /* address handles kept at most */
+#define SKH_AH_DEFAULT SKH_ADDRESS_HANDLES_DEFAULT
+#define SKH_AH_MAX SKH_ADDRESS_HANDLES_MAX
 #define SKH_AH_NONE UINT32_MAX
 
 struct skh_ah_key {
@@ -82,7 +83,7 @@ struct skh_ah_key {
 
 struct skh_ah_cache; /* opaque: verbs_ah.c */
 
-int skh_ah_cache_create(struct ibv_pd *pd, struct skh_ah_cache **out);
+int skh_ah_cache_create(struct ibv_pd *pd, uint32_t cap, struct skh_ah_cache **out);
 /* Stops the resolver thread and destroys every address handle. */
 void skh_ah_cache_destroy(struct skh_ah_cache *c);
 void skh_ah_key_of(const skh_addr *dst, struct skh_ah_key *k);

@@ -52,6 +52,11 @@ cdef extern from "transport.h" nogil:
         int no_kernel_stamps
         uint8_t traffic_class
         uint8_t priority
+        uint32_t address_handles
+
+    enum:
+        SKH_ADDRESS_HANDLES_DEFAULT
+        SKH_ADDRESS_HANDLES_MAX
 
     struct skh_transport_ops:
         const char *name
@@ -103,8 +108,8 @@ cdef extern from "engine.h" nogil:
     int skh_engine_stop(skh_engine *e)
     void skh_engine_destroy(skh_engine *e)
     int skh_engine_add_target(skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
-                              const char *gid, uint32_t qpn, uint16_t path_id, int64_t interval_ns,
-                              uint32_t count)
+                              const char *gid, uint32_t qpn, uint16_t path_id, uint16_t n_paths,
+                              int64_t interval_ns, uint32_t count)
     int skh_engine_remove_target(skh_engine *e, uint32_t dst_ep)
     size_t skh_engine_pending_records(skh_engine *e)
     size_t skh_engine_drain(skh_engine *e, skh_record *out, size_t max)

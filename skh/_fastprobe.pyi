@@ -10,6 +10,8 @@ CAP_TX_STAMPS: int
 CAP_RX_STAMPS: int
 MAX_IN_FLIGHT: int
 DEFAULT_IN_FLIGHT: int
+ADDRESS_HANDLES_DEFAULT: int
+ADDRESS_HANDLES_MAX: int
 DEFAULT_DIRECTION_WAIT_NS: int
 
 def stat_names() -> tuple[str, ...]: ...
@@ -61,6 +63,7 @@ class FastEngine:
         traffic_class: int = 0,
         priority: int = 0,
         direction_wait_ns: int = ...,
+        address_handles: int = 0,
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -79,6 +82,7 @@ class FastEngine:
         gid: str,
         qpn: int,
         path_id: int,
+        n_paths: int,
         interval_ns: int,
         count: int = 0,
     ) -> None: ...

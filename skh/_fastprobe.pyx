@@ -18,6 +18,8 @@ CAP_TX_STAMPS = SKH_TCAP_TX_STAMPS
 CAP_RX_STAMPS = SKH_TCAP_RX_STAMPS
 MAX_IN_FLIGHT = SKH_MAX_IN_FLIGHT
 DEFAULT_IN_FLIGHT = SKH_DEFAULT_IN_FLIGHT
+ADDRESS_HANDLES_DEFAULT = SKH_ADDRESS_HANDLES_DEFAULT
+ADDRESS_HANDLES_MAX = SKH_ADDRESS_HANDLES_MAX
 DEFAULT_DIRECTION_WAIT_NS = SKH_DEFAULT_DIRECTION_WAIT_NS
 
 if PROBE_DTYPE.itemsize != 48:  # skh_record is static-asserted to 48 bytes in engine.c
@@ -115,7 +117,8 @@ cdef class FastEngine:
                   int gid_index, int netns_fd, bint hw_timestamps, bint kernel_timestamps,
                   int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0,
                   int64_t batch_window_ns=0, uint8_t traffic_class=0, uint8_t priority=0,
-                  int64_t direction_wait_ns=SKH_DEFAULT_DIRECTION_WAIT_NS):
+                  int64_t direction_wait_ns=SKH_DEFAULT_DIRECTION_WAIT_NS,
+                  uint32_t address_handles=0):
         cdef skh_engine_cfg cfg
         cdef bytes b_transport = transport.encode()
         cdef bytes b_bind = bind.encode()
@@ -135,6 +138,7 @@ cdef class FastEngine:
         cfg.tcfg.no_kernel_stamps = not kernel_timestamps
         cfg.tcfg.traffic_class = traffic_class
         cfg.tcfg.priority = priority
+        cfg.tcfg.address_handles = address_handles
         cfg.timeout_ns = timeout_ns
         cfg.ring_records = ring_records
         cfg.probe_len = probe_len
@@ -193,14 +197,14 @@ cdef class FastEngine:
         return skh_engine_transport_caps(self._live())
 
     def add_target(self, uint32_t dst_ep, str host, int port, str gid, uint32_t qpn, uint16_t path_id,
-                   int64_t interval_ns, uint32_t count=0):
+                   uint16_t n_paths, int64_t interval_ns, uint32_t count=0):
         cdef bytes b_host = host.encode()
         cdef bytes b_gid = gid.encode()
         cdef const char *c_gid = NULL
         if gid:
             c_gid = b_gid
         rc = skh_engine_add_target(self._live(), dst_ep, b_host, <uint16_t>port, c_gid, qpn, path_id,
-                                   interval_ns, count)
+                                   n_paths, interval_ns, count)
         if rc < 0:
             raise_errno(rc, f"add_target({dst_ep}, {host!r})")
 

@@ -67,6 +67,9 @@ __all__ = [
     "TypeClass",
     "TYPE_CLASSES",
     "type_class",
+    "class_id",
+    "class_members",
+    "BECOMES",
 ]
 
 #: Table 1's rows mapped onto the monitor's layers (plus ``config`` and the monitor's ``agent``)
@@ -234,3 +237,27 @@ _CLASS_OF: dict[FailureType, str] = {t: c.name for c in TYPE_CLASSES for t in c.
 def type_class(t: FailureType) -> str:
     """The class the type score compares: the merged class's name, or the type's own name."""
     return _CLASS_OF.get(FailureType(t), FailureType(t).name)
+
+
+#: a type a fault first seen as the key may turn out to be, as it goes on: a port seen down
+#: comes back and goes down again. An alert refined so keeps its id.
+BECOMES: dict[FailureType, FailureType] = {
+    FailureType.SWITCH_PORT_DOWN: FailureType.SWITCH_PORT_FLAPPING,
+    FailureType.RNIC_PORT_DOWN: FailureType.RNIC_PORT_FLAPPING,
+}
+
+_MEMBERS: dict[FailureType, frozenset[FailureType]] = {
+    t: c.members for c in TYPE_CLASSES for t in c.members
+}
+
+
+def class_members(t: FailureType) -> frozenset[FailureType]:
+    """The types of ``t``'s class (``{t}`` for a type of its own)."""
+    t = FailureType(t)
+    return _MEMBERS.get(t, frozenset({t}))
+
+
+def class_id(t: FailureType) -> int:
+    """A stable number for ``t``'s class: its lowest member's number (the type's own number for
+    a type of its own). Alert ids carry it, so an alert refined within its class keeps its id."""
+    return min(int(m) for m in class_members(t))

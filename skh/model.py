@@ -35,6 +35,7 @@ __all__ = [
     "Job",
     "Cluster",
     "same_rail_pairs",
+    "same_rail_pair_count",
 ]
 
 Tier = Literal["tor", "spine", "core"]
@@ -511,3 +512,33 @@ def same_rail_pairs(ep_id: np.ndarray, rail: np.ndarray, host: np.ndarray) -> np
         return np.zeros((0, 2), np.uint32)
     pairs = np.concatenate(out)
     return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+
+
+def same_rail_pair_count(
+    rail: np.ndarray, host: np.ndarray, dst_ok: np.ndarray | None = None
+) -> int:
+    """How many pairs :func:`same_rail_pairs` lists, without listing them: per rail, every
+    source times every destination less those on the source's own host. ``dst_ok`` (a mask
+    over the endpoints) counts only pairs whose destination it holds (ready ones, say).
+
+    O(n log n) in the endpoints; the list itself is O(n²/rails) (32 M pairs, 1.2 GB, for a job
+    of 2,000 hosts x 8 RNICs)."""
+    rail = np.asarray(rail, np.int64)
+    host = np.asarray(host, np.int64)
+    ok = np.ones(rail.size, bool) if dst_ok is None else np.asarray(dst_ok, bool)
+    if rail.shape != host.shape or ok.shape != rail.shape:
+        raise TopologyError(
+            "same_rail_pair_count needs rail, host and dst_ok of one length. Got "
+            f"{rail.shape}, {host.shape} and {ok.shape} instead."
+        )
+    if rail.size == 0:
+        return 0
+    _, r = np.unique(rail, return_inverse=True)
+    _, h = np.unique(host, return_inverse=True)
+    _, rh = np.unique(r.ravel() * (int(h.max()) + 1) + h.ravel(), return_inverse=True)
+    r, rh = r.ravel(), rh.ravel()
+    src = np.bincount(r)
+    dst = np.bincount(r, weights=ok)
+    src_h = np.bincount(rh)
+    dst_h = np.bincount(rh, weights=ok)
+    return int(round(float(src @ dst - src_h @ dst_h)))

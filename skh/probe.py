@@ -181,6 +181,10 @@ class Engine:
     bounds the probes awaiting a decision (due probes wait for replies or timeouts beyond it); it
     should cover probes/s x timeout_s, and costs about 128 B of memory per unit.
 
+    ``address_handles`` (verbs) bounds the address handles kept, one per peer and flow label in
+    use (0: ``ADDRESS_HANDLES_DEFAULT``, 4,096); beyond it the least recently used idle one is
+    destroyed and made again when needed.
+
     ``traffic_class`` is the IP TOS / IPv6 traffic class byte of the probes (``DSCP << 2``; over
     verbs the GRH traffic class) and ``priority`` their priority (UDP: ``SO_PRIORITY``, i.e. the
     egress queue and VLAN PCP; verbs: the service level): set them to the training traffic's class
@@ -221,6 +225,7 @@ class Engine:
         traffic_class: int = 0,
         priority: int = 0,
         direction_wait_s: float = DEFAULT_DIRECTION_WAIT_S,
+        address_handles: int = 0,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -249,6 +254,9 @@ class Engine:
         traffic_class = _check_int(traffic_class, "traffic_class", owner, 0, 255)
         priority = _check_int(priority, "priority", owner, 0, 7)
         direction_wait_s = _check_seconds(direction_wait_s, "direction_wait_s", owner, 0.0)
+        address_handles = _check_int(
+            address_handles, "address_handles", owner, 0, _fastprobe.ADDRESS_HANDLES_MAX
+        )
         if batch_window_s >= timeout_s:
             raise _bad(
                 "batch_window_s", owner, f"shorter than timeout_s ({timeout_s:g} s)", batch_window_s
@@ -291,6 +299,7 @@ class Engine:
                 traffic_class=traffic_class,
                 priority=priority,
                 direction_wait_ns=int(direction_wait_s * 1e9),
+                address_handles=address_handles,
             )
         except EngineError as exc:
             # the machine lacks what was asked: an RDMA device/GID (any verbs open failure), NIC
@@ -358,21 +367,25 @@ class Engine:
         *,
         interval_s: float,
         path_id: int = 0,
+        paths: int = 1,
         qpn: int = 0,
         gid: str = "",
         count: int = 0,
     ) -> None:
         """Probes ``dst_ep`` every ``interval_s`` from now on (first probe at once); after ``count``
         probes (0: no limit) the target retires by itself. Adding an existing ``dst_ep`` again
-        replaces its address, interval and count.
+        replaces its address, interval, paths and count, and keeps its probe sequence.
 
         ``path_id`` pins the ECMP path and is echoed in the records: over UDP each non-zero path_id
         gets its own source port for the engine's life (at most 63 of them; path 0 is the bound
-        port), over verbs it is the flow label."""
+        port), over verbs it is the flow label. With ``paths`` > 1 the probes rotate over the path
+        ids ``path_id .. path_id + paths - 1``, probe *k* of the target on ``path_id + k % paths``,
+        so every ECMP path the ids hash onto is probed once per ``paths x interval_s``."""
         owner = "Engine.add_target"
         dst_ep = _check_int(dst_ep, "dst_ep", owner, 0, _U32)
         interval_s = _check_seconds(interval_s, "interval_s", owner)
         path_id = _check_int(path_id, "path_id", owner, 0, 65535)
+        paths = _check_int(paths, "paths", owner, 1, 65536 - path_id)
         qpn = _check_int(qpn, "qpn", owner, 0, (1 << 24) - 1)
         count = _check_int(count, "count", owner, 0, _U32)
         if self.transport == "verbs":
@@ -388,7 +401,7 @@ class Engine:
             port = _check_int(port, "port", owner, 1, 65535)
             host = self._resolve(host, owner)
         self._fe.add_target(
-            dst_ep, host, port, gid or "", qpn, path_id, int(interval_s * 1e9), count
+            dst_ep, host, port, gid or "", qpn, path_id, paths, int(interval_s * 1e9), count
         )
 
     def _resolve(self, host: Any, owner: str) -> str:

@@ -42,6 +42,7 @@ __all__ = [
     "decode_counters",
     "pack_pairs",
     "unpack_pairs",
+    "PackedList",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_ELEMENTS",
     "NAME_MAX",
@@ -208,6 +209,9 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
         "skeleton_version": (int, True, 0),
         "skeleton": ((bytes, type(None)), True, _BIG),
         "next": ((int, type(None)), False, 0),  # the next page starts after this endpoint id
+        # the controller's probe policy and the skeleton's probe plan (skh.probeplan)
+        "probing": (dict, False, 32),
+        "plan": (dict, False, 8),
     },
     MsgType.READY_ANNOUNCE: {
         "job": (str, True, NAME_MAX),
@@ -225,6 +229,8 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
         "version": (int, True, 0),
         "skeleton_version": (int, True, 0),
         "pairs": (bytes, True, _BIG),
+        "probing": (dict, False, 32),
+        "plan": (dict, False, 8),
     },
     MsgType.AGENT_STATE: {
         "agent": (str, True, NAME_MAX),
@@ -324,6 +330,32 @@ def _ext_hook(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not part of the protocol")
 
 
+class PackedList(list):
+    """A body field's list whose items are already msgpack-encoded (``bytes`` each): what many
+    frames share is encoded once (a job's endpoint records, served in every snapshot page) and
+    copied into each frame. :meth:`Codec.encode` writes the items as they are; the receiver
+    decodes an ordinary list."""
+
+    __slots__ = ()
+
+
+def _pack_envelope(envelope: dict[str, Any], body: Mapping[str, Any]) -> bytes:
+    """The envelope with its body packed field by field, :class:`PackedList` items copied."""
+    p = msgpack.Packer(use_bin_type=True)
+    parts = [p.pack_map_header(len(envelope) + 1)]
+    for k, v in envelope.items():
+        parts += (p.pack(k), p.pack(v))
+    parts += (p.pack("body"), p.pack_map_header(len(body)))
+    for k, v in body.items():
+        parts.append(p.pack(k))
+        if isinstance(v, PackedList):
+            parts.append(p.pack_array_header(len(v)))
+            parts += v
+        else:
+            parts.append(p.pack(v))
+    return b"".join(parts)
+
+
 class Codec:
     """Encode/decode envelopes with a frame-size limit, counting every rejection by reason.
 
@@ -363,17 +395,12 @@ class Codec:
         mtype = MsgType(mtype)
         body = dict(body)
         _check_body(mtype, body)
+        envelope = {"v": WIRE_VERSION, "type": mtype.value, "sender": sender, "seq": int(seq)}
         try:
-            frame = msgpack.packb(
-                {
-                    "v": WIRE_VERSION,
-                    "type": mtype.value,
-                    "sender": sender,
-                    "seq": int(seq),
-                    "body": body,
-                },
-                use_bin_type=True,
-            )
+            if any(isinstance(v, PackedList) for v in body.values()):
+                frame = _pack_envelope(envelope, body)
+            else:
+                frame = msgpack.packb({**envelope, "body": body}, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ProtocolError(f"{mtype.value}: body is not plain data: {exc}") from None
         if len(frame) > self.max_frame_bytes:

@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 
 from skh.errors import TopologyError
-from skh.model import Cluster, Container, Fabric, Job, JobShape, same_rail_pairs
+from skh.model import (
+    Cluster,
+    Container,
+    Fabric,
+    Job,
+    JobShape,
+    same_rail_pair_count,
+    same_rail_pairs,
+)
 
 
 def test_rail_optimized_clos_paths():
@@ -112,3 +120,19 @@ def test_job_shape_validation():
     assert JobShape(tp=8, pp=8, dp=8).gpus == 512
     with pytest.raises(TopologyError, match="'dp' parameter"):
         JobShape(dp=0)
+
+
+def test_same_rail_pairs_are_counted_without_listing_them():
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 17, 300):
+        rail = rng.integers(0, 4, n)
+        host = rng.integers(0, 9, n)
+        ok = rng.random(n) < 0.6
+        ep = np.arange(n, dtype=np.uint32)
+        pairs = same_rail_pairs(ep, rail, host)
+        assert same_rail_pair_count(rail, host) == len(pairs)
+        assert same_rail_pair_count(rail, host, ok) == int(np.isin(pairs[:, 1], ep[ok]).sum())
+    # a job of 2,000 hosts x 8 RNICs: 32 M pairs, counted from 16,000 endpoints
+    host = np.repeat(np.arange(2000), 8)
+    rail = np.tile(np.arange(8), 2000)
+    assert same_rail_pair_count(rail, host) == 8 * 2000 * 1999

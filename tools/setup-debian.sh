@@ -11,6 +11,7 @@ APT_PKGS=(
   qemu-system-x86 busybox-static cpio kmod xz-utils systemd
   openvswitch-switch chromium
   libzmq3-dev libmsgpack-dev prometheus-alertmanager
+  python3-torch
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -39,5 +40,5 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # The extension is built in the venv itself (no build isolation), so its build tools live there too.
 "$VENV/bin/python" -m pip install -q "setuptools>=77" wheel "Cython>=3.0,<4" "numpy>=1.26"
-"$VENV/bin/python" -m pip install -q --no-build-isolation -e '.[test,bench]'
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e '.[test,bench,ray]'
 echo "skh setup: ready ($("$VENV/bin/python" -c 'import skh, sys; print(skh.__version__, sys.version.split()[0])'))"

@@ -5,6 +5,7 @@ agents' counters, detection, localization through commands the controller relays
 agents, and alerts. That needs the controller's address and the fabric (``--controller``,
 ``--fabric``, and optionally ``--pipeline`` for the rest of the pipeline's settings);
 ``--detector detect`` runs the streaming detector alone (suspect events, no localization).
+``--ray ADDRESS`` runs the same pipeline sharded over a Ray cluster (:mod:`skh.orchestrator.shard`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--metrics", help="host:port of the Prometheus endpoint")
     p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="shard the pipeline over this Ray cluster ('local' starts one here, 'auto', "
+        "'ray://HOST:PORT'); default: one process",
+    )
+    p.add_argument("--ray-shards", type=int, help="detection shards on the Ray cluster")
+    p.add_argument(
         "--print-endpoints", action="store_true", help="print the bound addresses as JSON on stdout"
     )
     p.set_defaults(func=run)
@@ -69,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             "analyzer.pipeline": args.pipeline,
             "analyzer.metrics": args.metrics,
             "analyzer.controller_pub": args.controller_pub,
+            "analyzer.ray": args.ray,
+            "analyzer.ray_shards": args.ray_shards,
         },
     )
     full = cfg.analyzer.detector == "pipeline"
@@ -77,10 +87,16 @@ def run(args: argparse.Namespace) -> int:
     pcfg = PipelineConfig.from_analyzer(cfg.analyzer) if full else None
     # the pipeline is also the controller's client (registry, skeletons, relayed commands)
     cfg.security.check(server=True, client=full)
+    if pcfg is not None and cfg.analyzer.ray:
+        from skh.orchestrator.shard.daemon import sharded_hook
+
+        hook = sharded_hook(cfg.analyzer, pcfg, cfg.security)
+    else:
+        hook = PipelineHook(pcfg, cfg.security) if pcfg is not None else None
+    # after joining Ray, whose driver set-up installs its own SIGTERM handler
     stop = threading.Event()
     install_stop_signals(stop)
     registry = CollectorRegistry()
-    hook = PipelineHook(pcfg, cfg.security) if pcfg is not None else None
     try:
         an = Analyzer(cfg.analyzer, cfg.security, hook=hook, metrics=registry)
         pull, pub, rep = an.bind()
@@ -94,4 +110,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if hook is not None:
             hook.close()
+        if cfg.analyzer.ray:
+            import ray
+
+            ray.shutdown()
     return 0

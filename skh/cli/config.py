@@ -98,6 +98,7 @@ def run_keygen(args: argparse.Namespace) -> int:
 def run_keyring(args: argparse.Namespace) -> int:
     from skh.errors import ConfigError
     from skh.orchestrator.keyring import make_keyring
+    from skh.orchestrator.security import underlay_identity
 
     sidecars = []
     for spec in args.sidecar:
@@ -113,7 +114,7 @@ def run_keyring(args: argparse.Namespace) -> int:
         "analyzer": ring.analyzer(),
         "admin": ring.admin(),
         "subscriber": ring.subscriber(),
-        **{f"ul-{h}": ring.underlay(h) for h in args.host},
+        **{underlay_identity(h): ring.underlay(h) for h in args.host},
         **{name: ring.client(name) for name, *_ in sidecars},
     }
     print(json.dumps({k: _mapping(v) for k, v in out.items()}, indent=2))

@@ -51,6 +51,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_client_args(pl)
     pl.add_argument("name")
     pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--limit",
+        type=int,
+        default=1000,
+        help="show at most this many pairs (the first, by source; default 1000)",
+    )
+    pl.add_argument("--src", type=int, help="only the pairs of this source endpoint")
     pl.set_defaults(func=run_pinglist)
 
 
@@ -86,7 +93,7 @@ def run_submit(args: argparse.Namespace) -> int:
         print_json({"job": job.name, "version": lists.version, "endpoints": eps})
         return 0
     print(
-        f"job {job.name}: {len(eps)} endpoints, {lists.preload_pairs().shape[0]} preload pairs, "
+        f"job {job.name}: {len(eps)} endpoints, {lists.pair_counts()['preload']} preload pairs, "
         f"ping-list version {lists.version}"
     )
     return 0
@@ -117,21 +124,34 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_pinglist(args: argparse.Namespace) -> int:
+    """A summary, counted; then at most ``--limit`` pairs (a big job's list is never listed
+    whole: 13 M pairs for 1,280 hosts x 8 RNICs)."""
+    import numpy as np
+
     from skh.orchestrator.admin import ping_list_summary
 
     with client_from(args) as ctl:
         lists = ctl.ping_lists(args.name)
     summary = ping_list_summary(lists)
-    pairs = lists.active_pairs()
+    limit = max(0, args.limit)
+    if args.src is not None:
+        listed = lists.ping_list(args.src, ready_only=False)[:limit]
+        active = lists.ping_list(args.src)[:limit]
+        pairs = np.stack([np.full(listed.size, args.src, np.uint32), listed], axis=1)
+        active_pairs = np.stack([np.full(active.size, args.src, np.uint32), active], axis=1)
+    else:
+        pairs = lists.first_pairs(limit, ready_only=False)
+        active_pairs = lists.first_pairs(limit) if summary["active_pairs"] else pairs[:0]
+    shown = len(pairs) if args.src is not None else summary["pairs"]
     if args.json:
-        listed = lists.preload_pairs() if lists.skeleton is None else lists.skeleton
         print_json(
             {
                 "job": args.name,
                 **summary,
                 "endpoints": [lists.endpoints[ep].to_wire() for ep in sorted(lists.endpoints)],
-                "pairs": listed.tolist(),
-                "active": pairs.tolist(),
+                "pairs": pairs.tolist(),
+                "active": active_pairs.tolist(),
+                "truncated": shown > len(pairs) or summary["active_pairs"] > len(active_pairs),
             }
         )
         return 0
@@ -142,6 +162,8 @@ def run_pinglist(args: argparse.Namespace) -> int:
         f"{summary['active_pairs']} of {summary['pairs']} pairs active"
     )
     names = {ep: info.name for ep, info in lists.endpoints.items()}
-    for src, dst in pairs.tolist():
+    for src, dst in active_pairs.tolist():
         print(f"{src:>6} {names[src]:<40} -> {dst:>6} {names[dst]}")
+    if args.src is None and summary["active_pairs"] > len(active_pairs):
+        print(f"... {summary['active_pairs'] - len(active_pairs)} more (--limit N, --src EP)")
     return 0

@@ -417,6 +417,11 @@ class LiveDemo:
             str(self.run_dir / "registry.db"),
             "--heartbeat-interval",
             "0.5",
+            # the probing every agent and the analyzer share (docs/probing.md)
+            "--set",
+            f"controller.probe_interval_s={self.spec.probe_interval_s}",
+            "--set",
+            f"controller.ok_sample_s={self.spec.probe_interval_s}",
             "--print-endpoints",
         ]
 

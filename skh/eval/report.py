@@ -268,8 +268,11 @@ def tables(r: dict[str, Any]) -> list[Table]:
             ("measure", "ours", "paper"),
             ag_rows,
             f"One real agent process (the C engine) probing at {ag.get('rate_per_s', '—')} "
-            f"probes/s for {ag.get('duration_s', '—')} s: the busiest container's skeleton rate "
-            f"(median container {ar['probes_per_s_container_p50']} probes/s).",
+            f"probes/s over {ag.get('paths', 1)} path ids for {ag.get('duration_s', '—')} s: "
+            "the busiest container's rate under the controller's probe plan (docs/probing.md; "
+            f"{ar['probes_per_s_container_max']} probes/s at the flat "
+            f"{ar['probe_interval_s']} s interval; median container "
+            f"{ar['probes_per_s_container_p50']} probes/s).",
         )
     )
     return out

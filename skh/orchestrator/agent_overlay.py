@@ -7,6 +7,12 @@ and skeletons itself — and ships result batches every ``batch_interval_s`` to 
 every failure and one OK per pair and second (:class:`skh.analysis.sampling.ResultThinner`;
 ``ok_sample_s``).
 
+How each pair is probed (interval, and the ECMP path ids its probes rotate over) is the
+controller's: the skeleton comes with its probe plan, and the preload list is planned here from
+the probe policy the controller hands out with the ping list (:mod:`skh.probeplan`,
+docs/probing.md). The policy wins over this agent's own ``probe_interval_s`` and
+``ok_sample_s``; where they differ, the agent says so when it first hears the policy.
+
 Its identity (docs/trust.md): with ``agent.enrol_socket`` set, :func:`enrol_sidecar` makes the
 sidecar's key pair at ``security.client_secret_key`` when there is none and has the host's
 underlay agent vouch for it before the agent starts; otherwise the key is provisioned.
@@ -43,6 +49,7 @@ from skh.orchestrator.metrics import (
 )
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, merge_snapshot_pages
 from skh.orchestrator.security import SecurityConfig, ensure_keypair
+from skh.probeplan import ProbePlan, ProbePolicy, plan_probes
 from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
 from skh.wire import DEFAULT_MAX_FRAME_BYTES, Envelope, MsgType, job_topic, probe_batch_body
 
@@ -51,6 +58,7 @@ __all__ = ["OverlayAgent", "EngineLike", "ResultBuffer", "enrol_sidecar"]
 log = logging.getLogger(__name__)
 
 _MAX_BATCH_RECORDS = 65536  # one frame stays ~3.5 MiB, well under the codec limit
+_DEFAULT_POLICY = ProbePolicy()
 
 
 class EngineLike(Protocol):
@@ -65,6 +73,7 @@ class EngineLike(Protocol):
         *,
         interval_s: float,
         path_id: int = 0,
+        paths: int = 1,
         qpn: int = 0,
         gid: str = "",
     ) -> None: ...
@@ -167,7 +176,18 @@ class OverlayAgent(AgentBase):
         self.ep_ids: list[int] = []  # controller ids, parallel to self.engines
         self.job: JobPingLists | None = None
         self._pages: list[dict[str, Any]] = []  # a paged snapshot being received
-        self.targets: list[dict[int, tuple[str, int, str, int]]] = [{} for _ in self.engines]
+        #: per engine: dst -> (address, interval_s, paths) it probes now
+        self.targets: list[dict[int, tuple[tuple[str, int, str, int], float, int]]] = [
+            {} for _ in self.engines
+        ]
+        # until the controller hands its policy out: this agent's own settings
+        self.policy = ProbePolicy(
+            interval_s=cfg.probe_interval_s,
+            min_interval_s=min(cfg.probe_interval_s, _DEFAULT_POLICY.min_interval_s),
+            ok_sample_s=cfg.ok_sample_s,
+        )
+        self._heard_policy: dict[str, Any] | None = None
+        self._plan: tuple[Any, ProbePlan] | None = None  # the skeleton's, by the wire dict
         self.ready_reported = False
         self._ready_seq = -1
         self._next_ready = 0.0
@@ -223,8 +243,8 @@ class OverlayAgent(AgentBase):
         self.ep_ids = list(eps)
         for job in snaps:
             self._install(job)
-        if not snaps:  # a large job's snapshot comes in pages
-            self._sync("registered")
+        if not snaps:  # the snapshot comes in pages (a controller before issue 19 sent small ones)
+            self._sync("registered", resync=False)
         self.ready_reported = False
         self._next_ready = 0.0
 
@@ -263,8 +283,9 @@ class OverlayAgent(AgentBase):
             if self.job is None or body["version"] >= self.job.version:
                 self._install(JobPingLists.from_snapshot(body))
 
-    def _sync(self, why: str) -> None:
-        self.counters["resyncs"] += 1
+    def _sync(self, why: str, *, resync: bool = True) -> None:
+        """Ask for the job's snapshot; ``resync``: this copy fell behind (counted)."""
+        self.counters["resyncs"] += resync
         log.info("%s: asking for a snapshot of %s (%s)", self.name, self.cfg.job, why)
         self._pages = []
         self.send(MsgType.SYNC, {"job": self.cfg.job})
@@ -315,46 +336,107 @@ class OverlayAgent(AgentBase):
         self.job = job
         self._apply_targets()
 
+    def _adopt_policy(self) -> None:
+        """Take the probe policy the controller handed out with the ping list (once per change),
+        saying where this agent's own settings differ from it."""
+        heard = self.job.probing if self.job is not None else None
+        if heard is None or heard == self._heard_policy:
+            return
+        self._heard_policy = heard
+        try:
+            policy = ProbePolicy.from_wire(heard)
+        except ProtocolError as exc:
+            self.counters["bad_policies"] += 1
+            log.warning("%s: ignoring the controller's probe policy: %s", self.name, exc)
+            return
+        differ = policy.differences(
+            interval_s=self.cfg.probe_interval_s, ok_sample_s=self.cfg.ok_sample_s
+        )
+        if differ:
+            self.counters["policy_disagreements"] += 1
+            log.warning(
+                "%s: agent settings differ from the controller's probe policy (%s); probing "
+                "as the controller says",
+                self.name,
+                "; ".join(differ),
+            )
+        if policy.ok_sample_s != self.policy.ok_sample_s:
+            self.thinner = ResultThinner(policy.ok_sample_s) if policy.ok_sample_s > 0 else None
+        self.policy = policy
+
+    def _pair_plan(self, ep: int, dsts: list[int]) -> dict[int, tuple[float, int]]:
+        """``dst -> (interval_s, paths)`` for ``ep``'s current destinations: the skeleton's plan
+        from the controller, else (preload list, or no plan handed out) planned here from the
+        policy, which for one source is the budget shared among its destinations."""
+        assert self.job is not None
+        got: dict[int, tuple[float, int]] = {}
+        wire = self.job.plan
+        if wire is not None and self.job.skeleton is not None:
+            if self._plan is None or self._plan[0] is not wire:
+                try:
+                    plan = ProbePlan.from_wire(wire, self.job.skeleton, self.policy)
+                except ProtocolError as exc:
+                    self.counters["bad_plans"] += 1
+                    log.warning("%s: ignoring the skeleton's probe plan: %s", self.name, exc)
+                    plan = None
+                self._plan = (wire, plan) if plan is not None else None
+            if self._plan is not None:
+                got = self._plan[1].lookup(ep)
+        missing = [d for d in dsts if d not in got]
+        if missing:
+            pairs = np.column_stack([np.full(len(missing), ep), np.array(missing)])
+            got |= plan_probes(pairs, self.policy).lookup(ep)
+        return got
+
     def _apply_targets(self) -> None:
-        """Bring every engine's targets to the job's current ping list: additions first, then
-        removals, so a pair kept across a skeleton change is never unprobed."""
+        """Bring every engine's targets to the job's current ping list and plan: additions and
+        changes first, then removals, so a pair kept across a skeleton change is never
+        unprobed."""
         if self.job is None or len(self.ep_ids) != len(self.engines):
             return
+        self._adopt_policy()
         for i, ((_spec, eng), ep) in enumerate(zip(self.engines, self.ep_ids, strict=True)):
-            want: dict[int, tuple[str, int, str, int]] = {}
-            for dst in self.job.ping_list(ep).tolist():
+            dsts = self.job.ping_list(ep).tolist()
+            plan = self._pair_plan(ep, dsts)
+            want = {}
+            for dst in dsts:
                 info: EndpointInfo = self.job.endpoints[dst]
-                want[dst] = info.address()
+                want[dst] = (info.address(), *plan[dst])
             have = self.targets[i]
             applied = {}
-            for dst, addr in want.items():
-                if have.get(dst) == addr:
-                    applied[dst] = addr
+            for dst, target in want.items():
+                if have.get(dst) == target:
+                    applied[dst] = target
                     continue
-                if dst in have:
-                    eng.remove_target(dst)
-                ip, port, gid, qpn = addr
+                (ip, port, gid, qpn), interval_s, paths = target
+                if dst in have and have[dst][0] != target[0]:
+                    eng.remove_target(dst)  # a new address: a new probe sequence
                 try:
                     eng.add_target(
-                        dst, ip, port, interval_s=self.cfg.probe_interval_s, qpn=qpn, gid=gid
+                        dst, ip, port, interval_s=interval_s, paths=paths, qpn=qpn, gid=gid
                     )
                 except (ValueError, OSError) as exc:  # an address the engine cannot probe
                     self.counters["bad_targets"] += 1
                     log.warning(
                         "%s: cannot probe endpoint %d at %s:%d: %s", self.name, dst, ip, port, exc
                     )
+                    if dst in have and have[dst][0] == target[0]:
+                        applied[dst] = have[dst]  # still probed as before
                     continue
-                applied[dst] = addr
+                applied[dst] = target
             for dst in [d for d in have if d not in want]:
                 eng.remove_target(dst)
             self.targets[i] = applied
         self.counters["pinglist_updates"] += 1
 
     def ping_lists(self) -> dict[str, Any]:
-        """What each endpoint probes now (the ``pinglist`` command)."""
+        """What each endpoint probes now (the ``pinglist`` command), and how: each destination's
+        interval and the number of path ids its probes rotate over."""
+        pairs = list(zip(self.ep_ids, self.targets, strict=False))
         return {
             "version": self.job.version if self.job else -1,
-            "lists": {str(ep): sorted(t) for ep, t in zip(self.ep_ids, self.targets, strict=False)},
+            "lists": {str(ep): sorted(t) for ep, t in pairs},
+            "plan": {str(ep): {str(d): [iv, n] for d, (_a, iv, n) in t.items()} for ep, t in pairs},
         }
 
     # -- results -------------------------------------------------------------------------------

@@ -126,25 +126,37 @@ def host_report(args: dict[str, Any]) -> Any:
     """Port state of this host's RNICs: ``{rnics: {rail: netdev}, netns?}`` (the analyzer passes
     the netdevs its fabric file names). A port set down is the RNIC's own failure
     (``rnic_state = down``); a port that is up without carrier sees no light from its switch, so
-    the switch end of the access link is down (``peer_down``)."""
+    the switch end of the access link is down (``peer_down``); ``port_down_count`` is the
+    driver's carrier-down count (``IFLA_CARRIER_DOWN_COUNT``): two readings tell a port that went
+    down once from one that flaps. ``read`` names the flags this reader provides: the localizer
+    treats every other flag as unknown, never as healthy."""
     from pyroute2 import IPRoute
 
     rails = {str(dev): int(rail) for rail, dev in dict(args.get("rnics", {})).items()}
     netns = str(args.get("netns", ""))
     state: dict[str, str] = {}
     peer_down: list[int] = []
+    downs: dict[str, int] = {}
     with IPRoute(**({"netns": netns} if netns else {})) as ipr:
         for link in ipr.get_links():
             rail = rails.get(link.get_attr("IFLA_IFNAME") or "")
             if rail is None:
                 continue
+            count = link.get_attr("IFLA_CARRIER_DOWN_COUNT")
+            if count is not None:
+                downs[str(rail)] = int(count)
             if not link["flags"] & _IFF_UP:
                 state[str(rail)] = "down"
                 continue
             state[str(rail)] = "up"
             if not link["flags"] & _IFF_LOWER_UP:
                 peer_down.append(rail)
-    return {"rnic_state": state, "peer_down": sorted(peer_down)}
+    return {
+        "rnic_state": state,
+        "peer_down": sorted(peer_down),
+        "port_down_count": downs,
+        "read": ["rnic_state", "peer_down", "port_down_count"],
+    }
 
 
 def default_handlers() -> dict[str, Any]:

@@ -77,7 +77,14 @@ from skh.wire import (
     decode_probes,
 )
 
-__all__ = ["Analyzer", "RoundHook", "DetectorHook", "load_detector_hook"]
+__all__ = [
+    "Analyzer",
+    "RoundHook",
+    "DetectorHook",
+    "KeyMirror",
+    "RoundQuota",
+    "load_detector_hook",
+]
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +169,7 @@ def _cut(alert: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _KeyMirror:
+class KeyMirror:
     """The analyzer's copy of the controller's key bindings and what each key owns: polls
     KEYS every ``interval_s`` (an unchanged version costs one small answer), pages through a
     changed set, and installs it into the key book (who may connect) and the policy (what
@@ -236,6 +243,31 @@ class _KeyMirror:
         return True
 
 
+class RoundQuota:
+    """Room for records in one round: ``max_round`` in all, ``max_sender`` per sender (its key,
+    or its agent name on an insecure link); what does not fit is refused and counted
+    (``dropped``). The analyzer's ingest and the sharded analyzer's front-ends keep one each."""
+
+    def __init__(self, max_round: int, max_sender: int) -> None:
+        self.max_round, self.max_sender = max_round, max_sender
+        self.dropped = 0
+        self._round = 0
+        self._senders: Counter[str] = Counter()
+
+    def admit(self, who: Principal, n: int) -> bool:
+        sender = who.user_id or who.name
+        if self._round + n > self.max_round or self._senders[sender] + n > self.max_sender:
+            self.dropped += n
+            return False
+        self._round += n
+        self._senders[sender] += n
+        return True
+
+    def next_round(self) -> None:
+        self._round = 0
+        self._senders.clear()
+
+
 def load_detector_hook() -> DetectorHook | None:
     """The streaming detector of :mod:`skh.analysis.detect`, if that module is installed."""
     try:
@@ -260,7 +292,7 @@ class Analyzer:
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
         self.counters: Counter[str] = Counter()
         self.keys: KeyBook | None = None
-        self._mirror: _KeyMirror | None = None
+        self._mirror: KeyMirror | None = None
         if not security.insecure:
             # with its own key it reads what each key owns from the controller (a bus serving
             # alert subscribers alone needs none: without it every pushed batch is refused)
@@ -307,7 +339,7 @@ class Analyzer:
             self._security.apply(s)
         if isinstance(self.policy, AnalyzerPolicy):
             if security.client_secret_key and cfg.controller:
-                self._mirror = _KeyMirror(
+                self._mirror = KeyMirror(
                     cfg.controller, security, self.keys, self.policy, self._ctx
                 )
             else:
@@ -325,8 +357,7 @@ class Analyzer:
             self.ctl_sub.connect(cfg.controller_pub)
         self._probes: list[np.ndarray] = []
         self._counter_batches: list[np.ndarray] = []
-        self._round_records = 0
-        self._sender_records: Counter[str] = Counter()
+        self._quota = RoundQuota(cfg.max_round_records, cfg.max_sender_records)
         self._next_round = time.monotonic() + cfg.round_s
         self._spool = Path(cfg.spool_dir) if cfg.spool_dir else None
         self._spooled: list[tuple[Path, int]] = []
@@ -439,16 +470,10 @@ class Analyzer:
 
     def _admit(self, who: Principal, n: int) -> bool:
         """Room in this round for ``n`` more records of ``who``; counted when there is not."""
-        sender = who.user_id or who.name
-        if (
-            self._round_records + n > self.cfg.max_round_records
-            or self._sender_records[sender] + n > self.cfg.max_sender_records
-        ):
-            self.counters["records_dropped"] += n
-            return False
-        self._round_records += n
-        self._sender_records[sender] += n
-        return True
+        if self._quota.admit(who, n):
+            return True
+        self.counters["records_dropped"] += n
+        return False
 
     def _on_probes(self, who: Principal, env: Envelope) -> None:
         self._heartbeat(env.body.get("eps"))
@@ -515,8 +540,7 @@ class Analyzer:
             np.concatenate(self._counter_batches) if self._counter_batches else empty_counters()
         )
         self._probes, self._counter_batches = [], []
-        self._round_records = 0
-        self._sender_records.clear()
+        self._quota.next_round()
         now_ns = time.time_ns()
         self.counters["rounds"] += 1
         self.last_round_records = int(probes.size)
@@ -653,6 +677,7 @@ class Analyzer:
             "rejected": dict(self.codec.rejected),
             "last_seq": self.alerts.last_seq,
             "detector": type(self.hook).__name__ if self.hook is not None else None,
+            "pipeline": getattr(self.hook, "status", dict)(),
         }
 
     def _collector(self) -> CallbackCollector:

@@ -35,7 +35,8 @@ from typing import Any
 
 from skh.errors import ConfigError
 from skh.orchestrator.alerts import Retention
-from skh.orchestrator.security import SecurityConfig
+from skh.orchestrator.security import SecurityConfig, underlay_identity
+from skh.probeplan import ProbePolicy
 from skh.wire import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = [
@@ -49,6 +50,9 @@ __all__ = [
     "load_config",
     "parse_override",
 ]
+
+#: the probe policy's defaults (one place: :class:`skh.probeplan.ProbePolicy`)
+_POLICY = ProbePolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,22 @@ class ControllerConfig:
     hwm: int = 100_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     metrics: str = ""  # host:port, "" = off
+    #: fabric file (:meth:`skh.model.Fabric.from_toml`): with it, probe plans hold every link of
+    #: a skeleton to ``probe_link_min_per_s`` and size path rotation from the real ECMP width
+    fabric: str = ""
+    #: the probe policy handed out with every ping list (:class:`skh.probeplan.ProbePolicy`,
+    #: docs/probing.md): a pair's interval, the fastest a floor may go, probes/s per endpoint,
+    #: probes/s per link, path coverage and its time, path ids per pair, ECMP width without a
+    #: fabric, and the OK sampling agents and the analyzer share
+    probe_interval_s: float = _POLICY.interval_s
+    probe_min_interval_s: float = _POLICY.min_interval_s
+    probe_budget_per_s: float = _POLICY.budget_per_s
+    probe_link_min_per_s: float = _POLICY.link_min_per_s
+    probe_path_coverage: float = _POLICY.path_coverage
+    probe_coverage_s: float = _POLICY.coverage_s
+    probe_max_paths: int = _POLICY.max_paths
+    probe_default_ecmp_paths: int = _POLICY.default_ecmp_paths
+    ok_sample_s: float = _POLICY.ok_sample_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +160,16 @@ class AnalyzerConfig:
     hwm: int = 10_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     metrics: str = ""
+    #: run the pipeline sharded over this Ray cluster (:mod:`skh.orchestrator.shard`): "local"
+    #: starts one on this machine, "auto" joins the one it is part of, "ray://HOST:PORT" goes
+    #: through Ray Client; "" (default) is the single process
+    ray: str = ""
+    ray_shards: int = 2
+    #: PULL addresses of ingest front-ends on the Ray cluster, comma-separated (agents may push
+    #: there instead of to ``bind``)
+    ray_ingest: str = ""
+    #: a shard's state is checkpointed every this many rounds
+    ray_checkpoint_rounds: int = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +217,8 @@ class AgentConfig:
     def agent_name(self) -> str:
         if self.name:
             return self.name
+        if self.role == "underlay":
+            return underlay_identity(self.host)
         return f"{self.role}-{self.host}" + (f"-{self.container}" if self.container else "")
 
 
@@ -301,6 +333,7 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"The '{where}' setting must be > 0. Got {v!r} instead.")
 
     c, a, g = cfg.controller, cfg.analyzer, cfg.agent
+    ProbePolicy.from_config(c)
     for where, v in (
         ("controller.heartbeat_interval_s", c.heartbeat_interval_s),
         ("controller.command_timeout_s", c.command_timeout_s),
@@ -309,6 +342,8 @@ def _validate(cfg: Config) -> None:
         ("controller.hwm", c.hwm),
         ("analyzer.round_s", a.round_s),
         ("analyzer.hwm", a.hwm),
+        ("analyzer.ray_shards", a.ray_shards),
+        ("analyzer.ray_checkpoint_rounds", a.ray_checkpoint_rounds),
         ("analyzer.spool_max_bytes", a.spool_max_bytes),
         ("analyzer.max_round_records", a.max_round_records),
         ("analyzer.max_sender_records", a.max_sender_records),
@@ -352,6 +387,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "The 'analyzer.detector' setting must be 'pipeline', 'detect' or 'none'. "
             f"Got {a.detector!r} instead."
+        )
+    if a.ray and a.detector != "pipeline":
+        raise ConfigError(
+            "The 'analyzer.ray' setting shards the pipeline: it needs analyzer.detector = "
+            f"'pipeline'. Got {a.detector!r} instead."
         )
     Retention(a.alert_log_segment_bytes, a.alert_log_retention_s, a.alert_log_retention_bytes)
     rails = [e.rail for e in g.endpoints]

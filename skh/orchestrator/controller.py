@@ -7,10 +7,10 @@ Sockets:
   and admin requests (submit_job, apply_skeleton, status, members, keys, command) from the CLI
   or the analyzer. Routing ids are the ROUTER's own (no client picks one, and none is handed
   over): an agent is whoever holds its key, reached at the routing id of its latest request.
-* XPUB (``pub_bind``): one topic per job (``j:<job>\\0``) carrying readiness announcements,
-  endpoints going down and skeletons, each once, with the job's ping-list version; ``agents\\0``
-  carries agent liveness changes. Each subscription passes the policy (a sidecar hears only its
-  own job).
+* XPUB (``pub_bind``): one topic per job (``j:<job>\\0``) carrying readiness announcements
+  (the readiness changes of one tick coalesced into one), endpoints going down and skeletons,
+  each once, with the job's ping-list version; ``agents\\0`` carries agent liveness changes.
+  Each subscription passes the policy (a sidecar hears only its own job).
 
 Every request enters at :meth:`Controller._dispatch`: its sender becomes a
 :class:`~skh.orchestrator.authz.Principal`, the controller's :class:`~skh.orchestrator.authz.Policy`
@@ -20,6 +20,10 @@ its announcements and its reply are encoded before the savepoint is released, an
 rolls the registry back and reloads the in-memory state from it. The loop handles a batch of
 requests, commits the registry once, then publishes and answers: nothing is acknowledged or
 announced before it is durable. Large answers are paged (snapshots, members, key bindings).
+
+A registration costs the same in a job of ten endpoints or of ten thousand: its answer carries
+no snapshot (the agent reads the pages with SYNC), and each endpoint's record is encoded once
+and copied into every page and announcement that carries it until the endpoint changes.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 
 from skh.errors import ConfigError, ProtocolError, TopologyError, Unauthorized
+from skh.model import Fabric
 from skh.orchestrator.authz import (
     AllowAll,
     ControllerPolicy,
@@ -53,6 +59,7 @@ from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
 from skh.orchestrator.registry import AgentRecord, Registry
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import Identity, SecurityConfig, ServerSecurity
+from skh.probeplan import FabricLinks, ProbePolicy, plan_probes
 from skh.wire import (
     AGENTS_TOPIC,
     NAME_MAX,
@@ -131,9 +138,16 @@ class Controller:
         ctx: zmq.Context | None = None,
         metrics: CollectorRegistry | None = None,
         policy: Policy | None = None,
+        fabric: Fabric | None = None,
     ) -> None:
         self.cfg = cfg
         self.codec = Codec(max_frame_bytes=cfg.max_frame_bytes)
+        # the probe policy handed out with every ping list, and the model that plans skeletons
+        # link by link (``controller.fabric``, or ``fabric`` given in-process)
+        self.probe_policy = ProbePolicy.from_config(cfg)
+        if fabric is None and cfg.fabric:
+            fabric = Fabric.from_toml(cfg.fabric)
+        self._links = FabricLinks(fabric) if fabric is not None else None
         self.registry = Registry(cfg.db)
         self.keys: KeyBook | None = None
         if not security.insecure:
@@ -153,6 +167,14 @@ class Controller:
         self._cmd_seq = 0
         #: announcements (topic, frame) of registry changes not yet committed
         self._staged: list[tuple[bytes, bytes]] = []
+        #: per job, endpoints marked ready and not yet announced: one READY_ANNOUNCE per job and
+        #: tick (:meth:`_flush_ready`), so an agent applies one change per tick, not one per
+        #: container of a starting job
+        self._unannounced: dict[str, list[int]] = {}
+        #: the lengths of those lists when the current request began, and what the request
+        #: announced of them (its undo restores both)
+        self._unannounced_mark: dict[str, int] = {}
+        self._flushed_in_request: list[tuple[str, list[int]]] = []
         self._mutated = False
         self._seq = 0
         self._keys_version = 1
@@ -218,6 +240,35 @@ class Controller:
         for ep, agent in owner.items():
             if agent in self.agents:
                 self.agents[agent].endpoints.append(ep)
+        plans = getattr(self, "_plans", {})
+        self._plans: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        for j in self.jobs.values():
+            j.probing = self.probe_policy.to_wire()
+            # a rollback reloads every job: plans of unchanged skeletons are kept
+            kept = plans.get(j.job)
+            j.plan = kept[1] if kept and kept[0] == j.skeleton_version else self._plan(j)
+            self._plans[j.job] = (j.skeleton_version, j.plan)
+
+    def _plan(self, job: JobPingLists) -> dict[str, Any] | None:
+        """The probe plan of ``job``'s skeleton (docs/probing.md), or None without one. Link by
+        link where the fabric knows every host of the job; else by the budget alone."""
+        if job.skeleton is None or job.skeleton.size == 0:
+            return None
+        pairs = job.skeleton
+        links = None
+        if self._links is not None:
+            key = {ep: f"{i.host}:rnic{i.rail}" for ep, i in job.endpoints.items()}
+            try:
+                links = self._links.incidence(
+                    [key[e] for e in pairs[:, 0].tolist()], [key[e] for e in pairs[:, 1].tolist()]
+                )
+            except (KeyError, TopologyError) as exc:
+                log.warning("job %s planned without the fabric: %s", job.job, exc)
+        plan = plan_probes(pairs, self.probe_policy, links=links)
+        if not np.array_equal(plan.pairs, pairs):  # the skeleton is kept sorted and unique
+            raise TopologyError(f"job {job.job}: the plan's rows are not the skeleton's")
+        log.info("job %s probe plan: %s", job.job, plan.summary())
+        return plan.to_wire()
 
     def _index(self, info: EndpointInfo) -> None:
         self._by_container.setdefault((info.job, info.container), set()).add(info.ep)
@@ -283,6 +334,8 @@ class Controller:
         return handled
 
     def _commit_and_publish(self) -> None:
+        for name in list(self._unannounced):
+            self._flush_ready(name)
         self.registry.commit()
         staged, self._staged = self._staged, []
         for topic, frame in staged:
@@ -306,6 +359,22 @@ class Controller:
     def _announce(self, topic: bytes, mtype: MsgType, body: dict[str, Any]) -> None:
         """Stage a publication: it goes out after the commit that makes its change durable."""
         self._staged.append((topic, self._frame(mtype, body)))
+
+    def _flush_ready(self, name: str) -> None:
+        """Announce the endpoints of job ``name`` marked ready since its last announcement (a
+        page at most per version step). Runs at the end of every tick, and before anything else
+        changes the job's version, so announcements keep the order of the changes."""
+        eps = self._unannounced.pop(name, None)
+        if not eps:
+            return
+        self._flushed_in_request.append((name, eps))
+        job = self.jobs[name]
+        for i in range(0, len(eps), PAGE_MAX):
+            self._announce(
+                job_topic(name), MsgType.READY_ANNOUNCE, job.announce_ready(eps[i : i + PAGE_MAX])
+            )
+            self.counters["ready_announcements"] += 1
+        self.registry.put_version(job)
 
     def _keys_changed(self, *, revoked: bool = False) -> None:
         """A binding or what a key owns changed: the analyzer's mirror refetches. A revoked
@@ -357,6 +426,8 @@ class Controller:
             return []
         mark = len(self._staged)
         self._mutated = False
+        self._unannounced_mark = {j: len(eps) for j, eps in self._unannounced.items()}
+        self._flushed_in_request = []
         atomic = env.type in _MUTATING  # reads need no savepoint
         if atomic:
             self.registry.savepoint()
@@ -399,6 +470,15 @@ class Controller:
         if atomic:
             self.registry.rollback_request()
         del self._staged[mark:]
+        # readiness this request announced goes back to waiting; what it marked is dropped
+        for name, eps in reversed(self._flushed_in_request):
+            self._unannounced[name] = eps + self._unannounced.get(name, [])
+        for name in list(self._unannounced):
+            keep = self._unannounced_mark.get(name, 0)
+            if keep:
+                del self._unannounced[name][keep:]
+            else:
+                del self._unannounced[name]
         if self._mutated:
             # memory may hold half of the request: rebuild it from the rolled-back registry
             self.counters["rollbacks"] += 1
@@ -417,6 +497,7 @@ class Controller:
                 raise TopologyError(f"invalid job name {name[:80]!r}")
             self._mutated = True
             job = self.jobs[name] = JobPingLists(name)
+            job.probing = self.probe_policy.to_wire()
         elif not shape:
             return job
         self._mutated = True
@@ -446,6 +527,8 @@ class Controller:
         if new:
             ep = self._next_ep
         old = job.endpoints.get(ep)
+        if old is not None and old.ready:
+            self._flush_ready(job.job)  # a re-registration may announce it down
         info = EndpointInfo(
             ep,
             info.job,
@@ -503,17 +586,15 @@ class Controller:
         self._mutated = True
         self.agents[agent] = _Agent(agent, b["role"], host, who.routing_id, time.monotonic(), eps)
         self.registry.put_agent(AgentRecord(agent, b["role"], host))
-        jobs = dict.fromkeys(self._ep_job[ep] for ep in eps)
         self.counters["registrations"] += 1
         return Reply(
             MsgType.REGISTER_ACK,
             {
                 "epoch": self.epoch,
                 "endpoints": eps,
-                # a large job's snapshot is paged: its agent asks with SYNC
-                "snapshots": [
-                    self.jobs[j].snapshot() for j in jobs if len(self.jobs[j].endpoints) <= PAGE_MAX
-                ],
+                # the job's snapshot is paged, its pages shared: the agent asks with SYNC, so a
+                # registration costs the same in a job of 10 or of 10,000 endpoints
+                "snapshots": [],
                 "heartbeat_interval_s": self.cfg.heartbeat_interval_s,
                 "resolved": self._resolve(b.get("watch", ()), who),
             },
@@ -548,14 +629,11 @@ class Controller:
         for ep in eps:
             by_job.setdefault(self._ep_job[ep], []).append(ep)
         for name, job_eps in by_job.items():
-            job = self.jobs[name]
             self._mutated = True
-            body = job.set_ready(job_eps)
-            if body is not None:
-                self.registry.put_ready(job_eps, True)
-                self.registry.put_version(job)
-                self._announce(job_topic(name), MsgType.READY_ANNOUNCE, body)
-                self.counters["ready_announcements"] += 1
+            changed = self.jobs[name].mark_ready(job_eps)
+            if changed:
+                self.registry.put_ready(changed, True)
+                self._unannounced.setdefault(name, []).extend(changed)
         return Reply(MsgType.ACK, {"ok": True})
 
     def _on_deregister(self, who: Principal, env: Envelope) -> Reply:
@@ -664,6 +742,7 @@ class Controller:
             self._by_container.pop((name, info.container), None)
             self._by_host.get(info.host, set()).discard(ep)
         del self.jobs[name]
+        self._plans.pop(name, None)
         self.registry.delete_job(name)
         if self.keys is not None:
             for ident in self.keys.dynamic():
@@ -693,9 +772,14 @@ class Controller:
         return version
 
     def _apply_skeleton(self, job: str, pairs: Any, version: int) -> int:
+        self._flush_ready(job)
         j = self.jobs[job]
         self._mutated = True
         body = j.apply_skeleton(pairs, version)
+        j.plan = self._plan(j)
+        self._plans[job] = (j.skeleton_version, j.plan)
+        if j.plan is not None:
+            body["plan"] = j.plan
         self.registry.put_skeleton(j)
         self._announce(job_topic(job), MsgType.SKELETON, body)
         return j.version
@@ -734,6 +818,7 @@ class Controller:
             "agents": agents,
             "members_version": self.members_version,
             "keys_version": self._keys_version,
+            "probing": self.probe_policy.to_wire(),
             "counters": dict(self.counters),
             "rejected": dict(self.codec.rejected),
         }
@@ -990,6 +1075,7 @@ class Controller:
             if ep in self._ep_job:
                 by_job.setdefault(self._ep_job[ep], []).append(ep)
         for name, job_eps in by_job.items():
+            self._flush_ready(name)
             job = self.jobs[name]
             self._mutated = True
             body = job.set_down(job_eps, reason)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from skh.orchestrator.security import SecurityConfig, generate_keypair
+from skh.orchestrator.security import SecurityConfig, generate_keypair, underlay_identity
 
 __all__ = ["Keyring", "make_keyring", "security_args"]
 
@@ -62,7 +62,7 @@ class Keyring:
         return self._client(self.root / "clients" / f"{name}.key_secret")
 
     def underlay(self, host: str) -> SecurityConfig:
-        return self.client(f"ul-{host}")
+        return self.client(underlay_identity(host))
 
     def admin(self, name: str = "admin") -> SecurityConfig:
         return self.client(name)
@@ -104,7 +104,7 @@ def make_keyring(
     for name in subscribers:
         _ensure(clients, name, {"role": "subscriber"}, ring.trusted)
     for host in hosts:
-        _ensure(clients, f"ul-{host}", {"role": "underlay", "host": host}, ring.trusted)
+        _ensure(clients, underlay_identity(host), {"role": "underlay", "host": host}, ring.trusted)
     for name, job, container, host in sidecars:
         meta = {"role": "overlay", "host": host, "job": job, "container": container}
         _ensure(clients, name, meta, ring.trusted)

@@ -21,11 +21,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from skh.errors import ProtocolError, TopologyError
-from skh.model import same_rail_pairs
-from skh.wire import NAME_MAX, PAGE_MAX, MsgType, pack_pairs, unpack_pairs
+from skh.model import same_rail_pair_count, same_rail_pairs
+from skh.wire import NAME_MAX, PAGE_MAX, MsgType, PackedList, pack_pairs, unpack_pairs
 
 __all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages"]
 
@@ -152,18 +153,50 @@ class JobPingLists:
         self.endpoints: dict[int, EndpointInfo] = {}
         self.skeleton: np.ndarray | None = None  # (n, 2) uint32 (src, dst)
         self.skeleton_version = 0
+        #: the controller's probe policy (:class:`skh.probeplan.ProbePolicy`, wire form) and the
+        #: skeleton's probe plan (:meth:`skh.probeplan.ProbePlan.to_wire`, rows of ``skeleton``)
+        self.probing: dict[str, Any] | None = None
+        self.plan: dict[str, Any] | None = None
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._wire: dict[int, dict[str, Any]] = {}  # snapshot entries, kept next to endpoints
-        self._order: list[int] | None = None  # endpoint ids sorted, for paging
+        self._order: list[int] = []  # endpoint ids sorted, for paging
+        #: beside ``_order``, each endpoint's record msgpack-encoded once (None until first
+        #: sent), shared by every snapshot page and announcement that carries it until the
+        #: endpoint changes: a page is a slice of this list
+        self._packed: list[bytes | None] = []
 
     def store(self, info: EndpointInfo) -> None:
-        """Put one endpoint record; every change goes through here so the snapshot entries (wire
-        dicts) stay current without rebuilding them per snapshot."""
+        """Put one endpoint record; every change goes through here so its encoded record is
+        dropped (re-encoded once when next sent)."""
+        order = self._order
         if info.ep not in self.endpoints:
-            self._order = None
+            if order and info.ep < order[-1]:
+                i = bisect.bisect_left(order, info.ep)
+                order.insert(i, info.ep)
+                self._packed.insert(i, None)
+            else:  # ids are handed out in increasing order: appending is the rule
+                order.append(info.ep)
+                self._packed.append(None)
+        else:
+            self._packed[bisect.bisect_left(order, info.ep)] = None
         self.endpoints[info.ep] = info
-        self._wire[info.ep] = info.to_wire()
         self._arrays = None
+
+    def _page(self, i: int, j: int) -> PackedList:
+        """The encoded records of ``_order[i:j]`` (encoding those not encoded yet)."""
+        page = self._packed[i:j]
+        if None in page:
+            for k, raw in enumerate(page):
+                if raw is None:
+                    info = self.endpoints[self._order[i + k]]
+                    page[k] = self._packed[i + k] = msgpack.packb(info.to_wire())
+        return PackedList(page)
+
+    def _records(self, eps: Iterable[int]) -> PackedList:
+        out = PackedList()
+        for ep in eps:
+            i = bisect.bisect_left(self._order, ep)
+            out += self._page(i, i + 1)
+        return out
 
     # -- controller side: mutations ------------------------------------------------------------
     def upsert(self, info: EndpointInfo) -> dict[str, Any] | None:
@@ -180,8 +213,10 @@ class JobPingLists:
             return self._bump_down([info.ep], "re-registered")
         return None
 
-    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
-        """Mark endpoints ready; returns the READY_ANNOUNCE body (None if nothing changed)."""
+    def mark_ready(self, eps: Iterable[int]) -> list[int]:
+        """Mark endpoints ready without announcing it (the controller coalesces the readiness
+        changes of one tick into one announcement: :meth:`announce_ready`); returns those that
+        changed."""
         changed = []
         for ep in eps:
             info = self.endpoints.get(ep)
@@ -189,16 +224,20 @@ class JobPingLists:
                 raise TopologyError(f"endpoint {ep} is not registered in job {self.job}")
             if not info.ready:
                 self.store(info.with_ready(True))
-                changed.append(self.endpoints[ep])
-        if not changed:
-            return None
-        self._arrays = None
+                changed.append(ep)
+        return changed
+
+    def announce_ready(self, eps: list[int]) -> dict[str, Any]:
+        """The READY_ANNOUNCE body of endpoints marked ready since the last announcement (one
+        version step; their records are encoded once, shared with the snapshot pages)."""
         self.version += 1
-        return {
-            "job": self.job,
-            "version": self.version,
-            "endpoints": [i.to_wire() for i in changed],
-        }
+        return {"job": self.job, "version": self.version, "endpoints": self._records(eps)}
+
+    def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
+        """Mark endpoints ready and announce them at once; returns the READY_ANNOUNCE body (None
+        if nothing changed)."""
+        changed = self.mark_ready(eps)
+        return self.announce_ready(changed) if changed else None
 
     def set_down(self, eps: Iterable[int], reason: str) -> dict[str, Any] | None:
         """Mark endpoints not ready (dead agent, container gone); returns ENDPOINTS_DOWN body."""
@@ -216,7 +255,8 @@ class JobPingLists:
 
     def apply_skeleton(self, pairs: np.ndarray, skeleton_version: int) -> dict[str, Any]:
         """Replace the pair set by a skeleton; returns the SKELETON body. Only pairs between this
-        job's endpoints are accepted; a skeleton version must grow."""
+        job's endpoints are accepted; a skeleton version must grow. The old skeleton's probe plan
+        goes with it (the controller plans the new one and adds it to the body)."""
         pairs = np.asarray(pairs, dtype=np.uint32).reshape(-1, 2)
         if skeleton_version <= self.skeleton_version:
             raise TopologyError(
@@ -232,31 +272,38 @@ class JobPingLists:
             )
         self.skeleton = np.unique(pairs, axis=0) if pairs.size else pairs
         self.skeleton_version = skeleton_version
+        self.plan = None
         self.version += 1
-        return {
+        body = {
             "job": self.job,
             "version": self.version,
             "skeleton_version": skeleton_version,
             "pairs": pack_pairs(self.skeleton),
         }
+        return body | self._probing()
+
+    def _probing(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.probing is not None:
+            out["probing"] = self.probing
+        if self.plan is not None:
+            out["plan"] = self.plan
+        return out
 
     def snapshot(self, after: int = -1, limit: int = PAGE_MAX) -> dict[str, Any]:
         """One page of the JOB_SNAPSHOT body: everything an agent needs to build its lists, the
         endpoints with ids above ``after`` (at most ``limit``); ``next`` is where the next page
         starts (None: this was the last)."""
-        if self._order is None:
-            self._order = sorted(self.endpoints)
         i = bisect.bisect_right(self._order, after)
-        ids = self._order[i : i + limit]
         more = i + limit < len(self._order)
         return {
             "job": self.job,
             "version": self.version,
-            "endpoints": [self._wire[ep] for ep in ids],
+            "endpoints": self._page(i, i + limit),
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
-            "next": ids[-1] if more else None,
-        }
+            "next": self._order[i + limit - 1] if more else None,
+        } | self._probing()
 
     # -- agent side ----------------------------------------------------------------------------
     @classmethod
@@ -270,6 +317,8 @@ class JobPingLists:
         if body.get("skeleton") is not None:
             out.skeleton = unpack_pairs(body["skeleton"])
         out.skeleton_version = int(body.get("skeleton_version", 0))
+        out.probing = body.get("probing")
+        out.plan = body.get("plan")
         return out
 
     def apply(self, mtype: MsgType, body: Mapping[str, Any]) -> bool:
@@ -293,6 +342,8 @@ class JobPingLists:
         elif mtype is MsgType.SKELETON:
             self.skeleton = unpack_pairs(body["pairs"])
             self.skeleton_version = int(body["skeleton_version"])
+            self.plan = body.get("plan")
+            self.probing = body.get("probing", self.probing)
         else:
             raise ProtocolError(f"{mtype.value} does not change a ping list")
         self.version = version
@@ -330,13 +381,43 @@ class JobPingLists:
         pairs = pairs[np.isin(pairs[:, 1], ready_ids)]
         return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
 
-    def ping_list(self, src: int) -> np.ndarray:
-        """Destinations ``src`` probes now (sorted uint32)."""
+    def ping_list(self, src: int, *, ready_only: bool = True) -> np.ndarray:
+        """Destinations ``src`` probes now (sorted uint32); with ``ready_only`` False, every
+        destination its list holds, ready or not."""
         ep, rail, host, ready = self._cols()
         if self.skeleton is not None:
             dst = self.skeleton[self.skeleton[:, 0] == src, 1]
-            return np.sort(dst[np.isin(dst, ep[ready])])
+            return np.sort(dst[np.isin(dst, ep[ready])] if ready_only else dst)
         i = np.searchsorted(ep, src)
         if i >= ep.size or ep[i] != src:
             return np.zeros(0, np.uint32)
-        return ep[ready & (rail == rail[i]) & (host != host[i])]
+        return ep[(ready | (not ready_only)) & (rail == rail[i]) & (host != host[i])]
+
+    def pair_counts(self) -> dict[str, int]:
+        """The lists' sizes without listing them (a preload list grows with the square of the
+        job): ``preload`` (every same-rail, different-host pair), ``pairs`` (the skeleton when
+        one is applied, else the preload list), ``active`` (those with a ready destination)."""
+        ep, rail, host, ready = self._cols()
+        preload = same_rail_pair_count(rail, host)
+        if self.skeleton is None:
+            return {
+                "preload": preload,
+                "pairs": preload,
+                "active": same_rail_pair_count(rail, host, ready),
+            }
+        active = int(np.isin(self.skeleton[:, 1], ep[ready]).sum())
+        return {"preload": preload, "pairs": int(self.skeleton.shape[0]), "active": active}
+
+    def first_pairs(self, limit: int, *, ready_only: bool = True) -> np.ndarray:
+        """The first ``limit`` pairs of the list (by source, then destination), listed one
+        source at a time: what a reader of a big job's list is shown."""
+        out: list[np.ndarray] = []
+        n = 0
+        for src in sorted(self.endpoints):
+            if n >= limit:
+                break
+            dst = self.ping_list(src, ready_only=ready_only)[: limit - n]
+            if dst.size:
+                out.append(np.stack([np.full(dst.size, src, np.uint32), dst], axis=1))
+                n += dst.size
+        return np.concatenate(out) if out else np.zeros((0, 2), np.uint32)

@@ -41,6 +41,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from skh.errors import ConfigError
 
 __all__ = [
+    "underlay_identity",
     "ROLES",
     "Identity",
     "SecurityConfig",
@@ -60,6 +61,12 @@ ROLES = ("admin", "analyzer", "subscriber", "underlay", "overlay")
 _Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 _META_LINE = re.compile(r'^\s+([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"\s*$')
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,255}$")
+
+
+def underlay_identity(host: str) -> str:
+    """The name a host's underlay agent speaks as: its identity's name (docs/trust.md), its
+    default agent name, and what the analyzer's pipeline commands by default."""
+    return f"ul-{host}"
 
 
 def _path(p: str) -> str:
@@ -311,9 +318,10 @@ def _cert_text(kind: str, public: bytes, secret: bytes | None, meta: Mapping[str
     return "\n".join(lines) + "\n"
 
 
-def _write_new(path: Path, text: str, mode: int, overwrite: bool) -> None:
+def _write_new(path: Path, text: str, mode: int, overwrite: bool, durable: bool = True) -> None:
     """Write ``path`` with ``mode`` from its creation: a temporary file opened with that mode,
-    renamed into place (never world-readable, not even for an instant)."""
+    renamed into place (never world-readable, not even for an instant); synced to disk first
+    when ``durable``."""
     if path.exists() and not overwrite:
         raise ConfigError(f"{path} exists: refusing to overwrite a key (pass --force)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -321,7 +329,8 @@ def _write_new(path: Path, text: str, mode: int, overwrite: bool) -> None:
     try:
         os.fchmod(fd, mode)  # whatever the umask
         os.write(fd, text.encode())
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     if overwrite:
@@ -341,10 +350,12 @@ def generate_keypair(
     *,
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    durable: bool = True,
 ) -> tuple[Path, Path]:
     """Write ``NAME.key`` (0644) and ``NAME.key_secret`` (0600 from creation) into
     ``directory`` (made 0700 if absent), ``metadata`` in both; returns both paths. Refuses to
-    replace existing files unless ``overwrite``."""
+    replace existing files unless ``overwrite``. ``durable=False`` skips the fsync (keys that
+    live and die with a temporary directory: tests, benches)."""
     if not _NAME.match(name) or "/" in name:
         raise ConfigError(f"key name {name!r} must be a plain file name")
     d = Path(_path(str(directory)))
@@ -355,8 +366,8 @@ def generate_keypair(
     for p in (pub_path, sec_path):
         if p.exists() and not overwrite:
             raise ConfigError(f"{p} exists: refusing to overwrite a key (pass --force)")
-    _write_new(sec_path, _cert_text("**Secret**", public, secret, meta), 0o600, overwrite)
-    _write_new(pub_path, _cert_text("Public", public, None, meta), 0o644, overwrite)
+    _write_new(sec_path, _cert_text("**Secret**", public, secret, meta), 0o600, overwrite, durable)
+    _write_new(pub_path, _cert_text("Public", public, None, meta), 0o644, overwrite, durable)
     return pub_path, sec_path
 
 

@@ -34,17 +34,23 @@ Fabric (``skh.model`` and :mod:`skh.sim.topology`)
     ``LINGJUN_TOPO`` — path of the Lingjun ``topo.csv`` shipped in ``skh/sim/data/``.
 
 Jobs (:mod:`skh.sim.jobs`)
-    ``make_job(cluster, name, JobShape(tp, pp, dp, ep), kind="train"|"ep"|"debug", hosts=None,
-    pool=None, start_s=, lifetime_s=, ready_delay_s=, iteration_s=, seed=) -> SimJob``
+    ``make_job(cluster, name, JobShape(tp, pp, dp, ep), kind="train"|"ep"|"fsdp"|"debug",
+    hosts=None, pool=None, start_s=, lifetime_s=, ready_delay_s=, iteration_s=, seed=,
+    rnics=None, cp=1, vpp=1, microbatches=None) -> SimJob`` (``rnics``: RNICs per container,
+    default ``tp``; TP may be smaller; ``cp`` context parallel; ``vpp`` interleaved 1F1B).
     ``generate_jobs(cluster, n_jobs, seed=, ...) -> list[SimJob]``; ``HostPool(cluster)``.
     ``SimJob``: ``ep_ids``, ``rail``, ``host``, ``container``, ``pp_stage``, ``dp_rank``,
-    ``dp_group`` (per-endpoint arrays), ``ready_s``, ``start_s``, ``end_s``, ``iteration_s``,
-    ``skeleton_pairs`` ((m, 2) uint32 ground truth), ``dp_groups()``, ``needs_safe_list``.
-    ``skeleton_pairs(ep_ids, rail, pp_stage, dp_rank)`` — the ground-truth rule (module doc).
+    ``dp_group``, ``tp_rank``, ``cp_rank`` (per-endpoint arrays), ``plan`` (:class:`Parallel`),
+    ``ready_s``, ``start_s``, ``end_s``, ``iteration_s``, ``skeleton_pairs`` ((m, 2) uint32
+    ground truth), ``dp_groups()``, ``needs_safe_list``.
+    ``skeleton_pairs(ep_ids, rail, pp_stage, dp_rank, pp_links=None)`` — the ground-truth rule.
 
 Traffic (:mod:`skh.sim.traffic`)
-    ``throughput(job, duration_s, seed, t0_s=None) -> (ep_ids uint32[n], bytes_per_s f64[n, T])``
-    ``TrafficModel(jobs, seed=, ...)``: ``.rates(t_s)``, ``.matrix(t0_s, duration_s)``.
+    ``throughput(job, duration_s, seed, t0_s=None, **model_kw) -> (ep_ids uint32[n],
+    bytes f64[n, T])`` (TX + RX per sample). ``TrafficModel(jobs, seed=, sample_hz=1.0, ...)``:
+    ``.window(t0_s, n_samples) -> (tx, rx)``, ``.matrix(t0_s, n_samples)`` (TX + RX),
+    ``.sample(t_s, dt_s) -> (tx, rx)``, ``.rates(t_s)`` (TX in ``[t, t + 1)``).
+    ``pipeline_schedule(pp, vpp, microbatches) -> Schedule``.
     ``counter_batch(ep_ids, t_ns, tx_total, rx_total, ...) -> COUNTER_DTYPE batch``.
 
 Probe results (:mod:`skh.sim.probes`)

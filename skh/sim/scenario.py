@@ -583,11 +583,12 @@ class Simulation:
         live = np.flatnonzero((self._ep_start <= t) & (self._ep_end > t))
         down_eps = self._down_endpoints(active, t)
         for tm in self._traffic:
-            r = tm.rates(t)
+            tx, rx = tm.sample(t, 1.0)
             if down_eps.size:
-                r[np.isin(tm.ep_ids, down_eps)] = 0.0  # a VF whose link is down moves nothing
-            self._tx[tm.ep_ids] += r
-            self._rx[tm.ep_ids] += r * rng.lognormal(0.0, 0.02, r.size)
+                off = np.isin(tm.ep_ids, down_eps)  # a VF whose link is down moves nothing
+                tx[off] = rx[off] = 0.0
+            self._tx[tm.ep_ids] += tx
+            self._rx[tm.ep_ids] += rx
         up = np.ones(live.size, np.uint8)
         if down_eps.size:
             up[np.isin(live, down_eps)] = 0

@@ -25,7 +25,7 @@ from skh.analysis.localize import (
 )
 from skh.errors import ConfigError
 from skh.model import Cluster, Container, Fabric, Job, JobShape, same_rail_pairs
-from skh.records import empty_probes
+from skh.records import ProbeStatus, empty_probes
 
 F = FailureType
 
@@ -193,11 +193,23 @@ def test_crc_and_flapping_and_congestion_on_a_link():
         assert named(v) == ("underlay", "spine1|tor1r1", ftype)
 
 
-def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
+def test_access_link_down_is_what_the_rnics_report_says():
     w = World()
     w.down.add("host2:rnic0|tor0r0")
+    # no report: the switch port, the RNIC's port and an RNIC dead with its port up all fit;
+    # the verdict says so (uncertain, both components, the types open) instead of guessing
     v = only(w.run())
-    assert named(v) == ("underlay", "host2:rnic0|tor0r0", F.SWITCH_PORT_DOWN)
+    assert not v.certain and {v.component, *v.candidates} == {"host2:rnic0|tor0r0", "host2:rnic0"}
+    assert {t for t, _p in v.type_candidates} == {
+        F.SWITCH_PORT_DOWN,
+        F.RNIC_PORT_DOWN,
+        F.RNIC_HW_FAILURE,
+        F.BOND_ERROR,
+    }
+    assert v.type_pending and 0 < v.type_confidence < 0.75
+    # no light from the switch: its port
+    w.reports["host2"] = HostReport("host2", peer_down=frozenset({0}))
+    assert named(only(w.run())) == ("underlay", "host2:rnic0|tor0r0", F.SWITCH_PORT_DOWN)
     for state, ftype in (
         ("down", F.RNIC_PORT_DOWN),
         ("hw_error", F.RNIC_HW_FAILURE),
@@ -206,6 +218,11 @@ def test_access_link_down_blames_the_switch_port_unless_the_rnic_reports():
         w.reports["host2"] = HostReport("host2", rnic_state={0: state})
         v = only(w.run())
         assert named(v) == ("rnic", "host2:rnic0", ftype)
+    # every flag read, all clear: the RNIC died with its port up (hardware or bond: one class)
+    w.reports["host2"] = HostReport("host2")
+    v = only(w.run())
+    assert named(v)[:2] == ("rnic", "host2:rnic0") and v.certain and not v.type_pending
+    assert v.failure_type in (F.RNIC_HW_FAILURE, F.BOND_ERROR)
 
 
 @pytest.mark.parametrize(
@@ -358,10 +375,14 @@ def test_two_underlay_faults_at_once():
 
 
 # -- RNIC ----------------------------------------------------------------------------------------
+#: the World's overlay keys (endpoint names) of c4's rail-1 endpoint and of its first peer
+_OWN, _PEER = "j/c4/1", "j/c0/1"
+
+
 def _rules():
-    enc = FlowRule((("in_port", "rep0"), ("nw_dst", "10.0.0.2")), ("tnl_push:vx0",), priority=100)
-    dec = FlowRule((("in_port", "vx0"), ("nw_dst", "10.0.0.1")), ("output:rep0",), priority=100)
-    drop = FlowRule((("nw_dst", "10.0.0.0/24"),), ("drop",), priority=10)
+    enc = FlowRule((("in_port", "rep0"), ("nw_dst", _PEER)), ("tnl_push:vx0",), priority=100)
+    dec = FlowRule((("in_port", "vx0"), ("nw_dst", _OWN)), ("output:rep0",), priority=100)
+    drop = FlowRule((("in_port", "rep0"),), ("drop",), priority=10)
     return enc, dec, drop
 
 
@@ -402,7 +423,8 @@ def test_rnic_dump_is_rate_limited():
     loc = Localizer(w.cluster, rnic_dump_interval_s=60)
     for _ in range(3):
         only(w.run("latency", extra=extra, loc=loc))
-    assert w.dumps == 1
+    # one check in three rounds: a dump and the second dump that confirms what it found
+    assert w.dumps == 2
 
 
 def test_nothing_found_is_unexplained_not_forced():
@@ -490,13 +512,15 @@ def test_bad_inputs_are_refused():
 
 
 def test_failing_path_ids_from_probe_records():
-    recs = empty_probes(8)
-    recs["src_ep"], recs["dst_ep"] = [0, 0, 0, 0, 2, 2, 4, 4], [1, 1, 1, 1, 3, 3, 5, 5]
-    recs["path_id"] = [0, 1, 2, 3, 0, 1, 0, 1]
-    recs["status"] = [0, 1, 0, 1, 0, 0, 0, 0]
+    recs = empty_probes(10)
+    recs["src_ep"], recs["dst_ep"] = [0, 0, 0, 0, 0, 2, 2, 4, 4, 0], [1, 1, 1, 1, 1, 3, 3, 5, 5, 1]
+    recs["path_id"] = [0, 1, 2, 3, 4, 0, 1, 0, 1, 5]
+    S = ProbeStatus
+    recs["status"] = [0, S.LOST, 0, S.REPLY_LOST, S.LOCAL_ERROR, 0, S.INVALID, 0, 0, S.UNREACHABLE]
     got = failing_path_ids(recs, [(0, 1), (2, 3), (9, 9)])
-    # lost probes on path ids 1 and 3; a pair with none lost (latency) traces every path id
-    assert got == {(0, 1): (1, 3), (2, 3): (0, 1)}
+    # lost (either direction) or unreachable on path ids 1, 3 and 5; a probe we failed to send or
+    # a malformed answer says nothing of its path; a pair with none lost (latency) traces every id
+    assert got == {(0, 1): (1, 3, 5), (2, 3): (0, 1)}
     assert failing_path_ids(recs[:0], [(0, 1)]) == {}
 
 

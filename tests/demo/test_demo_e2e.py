@@ -133,14 +133,20 @@ def run(tmp_path_factory):
     }
 
 
-def test_skeleton_from_real_counters_equals_the_generators_groups(run):
+def test_skeleton_from_real_counters_covers_the_generators_groups(run):
+    """Stages and DP groups come from the counters. The generator sends every replica's pipeline
+    traffic at the same instants, so nothing in 1 Hz totals tells the replicas apart: the rank
+    hint cannot be confirmed, and job0 (PP 2 x DP 2) keeps both peers of the adjacent stage —
+    the list grows and says why, it never misses a pair."""
     sk = run["demo"].skeletons
     assert set(sk) == {"job0", "job1"}, run["log"]
     for job, s in sk.items():
-        assert s["applied"] == s["truth"], (job, s["alert"]["reason"])
+        reason = s["alert"]["reason"]
+        assert set(map(tuple, s["truth"])) <= set(map(tuple, s["applied"])), (job, reason)
         assert s["alert"]["mode"] == "skeleton"
-    # job0 is PP 2 x DP 2: its skeleton is far smaller than the same-rail preload list
-    assert len(sk["job0"]["applied"]) < len(run["demo"].cluster.job_endpoints("job0")) * 3
+    assert sk["job1"]["applied"] == sk["job1"]["truth"]  # DP 4: the whole group is the truth
+    job0 = sk["job0"]["alert"]["reason"]
+    assert "2 stage(s)" in job0 and "keep the whole adjacent group" in job0, job0
 
 
 @pytest.mark.parametrize("kind", KINDS)

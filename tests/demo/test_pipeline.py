@@ -168,6 +168,10 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
     assert sum(n == "traceroute" for _a, n, _x in client.asked) == 1
     rep = src.host_report(b.host)
     assert rep.peer_down == frozenset({0}) and rep.rnic_state == {0: "up"}
+    # a real agent reads port state only: every flag only the simulator models is unknown,
+    # never "healthy"
+    assert rep.known("peer_down") and rep.known("rnic_state")
+    assert not rep.known("bond_degraded") and not rep.known("gid_changed")
     assert src.overlay_tables(b.host) is None  # a failed command is no evidence, not a crash
     diff = src.flow_tables(a.host, 0).diff()
     assert len(diff.missing) == 1 and not diff.stale
@@ -187,7 +191,7 @@ def test_an_event_on_the_reverse_of_an_alerted_pair_confirms_that_alert():
     p._watch[("overlay", "host0/vtep:vx0", 20)] = ({(1, 3)}, set())
     reverse = SimpleNamespace(pairs=[(3, 1)], endpoints=[])
     other = SimpleNamespace(pairs=[(3, 1), (2, 3)], endpoints=[])
-    assert p._unheld([reverse, other]) == [other]
+    assert p._unexplained([reverse, other]) == [other]
 
 
 def _two_host_overlay(blackhole: bool):

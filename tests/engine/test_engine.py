@@ -531,6 +531,62 @@ def test_path_sockets_are_bounded(make_engine):
     eng.add_target(65, "127.0.0.1", 9, interval_s=10, path_id=7)  # an existing path is reused
 
 
+def test_a_target_rotates_over_its_paths_one_probe_each(make_engine):
+    """``paths`` rotates a target's probes over consecutive path ids: probe k on
+    path_id + k % paths, each path id on its own source port (its own ECMP path), echoed in the
+    records; re-adding the target keeps its sequence, so the rotation goes on where it was."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.settimeout(2)
+    prober = make_engine()
+    prober.start()
+    try:
+        prober.add_target(
+            1, "127.0.0.1", sink.getsockname()[1], interval_s=0.01, path_id=3, paths=4, count=8
+        )
+        seen = []
+        for _ in range(8):
+            data, (_, sport) = sink.recvfrom(4096)
+            m = fp.proto_decode(data)
+            seen.append((m["tseq"], m["path_id"], sport))
+    finally:
+        sink.close()
+    seen.sort()
+    assert [p for _, p, _ in seen] == [3, 4, 5, 6, 3, 4, 5, 6]
+    by_path = {p: {s for _, q, s in seen if q == p} for p in (3, 4, 5, 6)}
+    assert all(len(s) == 1 for s in by_path.values())
+    assert len(set().union(*by_path.values())) == 4  # four source ports: four 5-tuples
+
+    responder = make_engine()
+    responder.start()
+    prober.add_target(7, "127.0.0.1", responder.local_port, interval_s=0.004, paths=5)
+    assert wait_for(lambda: prober.stats().ok >= 7)
+    prober.add_target(7, "127.0.0.1", responder.local_port, interval_s=0.004, paths=5)
+    assert wait_for(lambda: prober.stats().ok >= 15)
+    prober.remove_target(7)
+    quiesce(prober)
+    rows = prober.drain()
+    rows = np.sort(rows[rows["dst_ep"] == 7], order="seq")
+    assert (rows["status"] == ProbeStatus.OK).all() and len(rows) >= 15
+    assert rows["seq"].tolist() == list(range(len(rows)))  # one sequence, one receipt stream
+    assert rows["path_id"].tolist() == [k % 5 for k in range(len(rows))]
+    assert (rows["ts_source"] == TsSource.KERNEL).all()
+    assert_accounted(quiesce(prober))
+
+
+def test_path_rotation_validation_and_the_socket_bound(make_engine):
+    eng = make_engine()
+    with pytest.raises(InvalidProbeSpec, match="paths"):
+        eng.add_target(1, "127.0.0.1", 9, interval_s=1, paths=0)
+    with pytest.raises(InvalidProbeSpec, match="paths"):
+        eng.add_target(1, "127.0.0.1", 9, interval_s=1, path_id=65530, paths=7)
+    eng.add_target(1, "127.0.0.1", 9, interval_s=10, paths=64)  # path 0 + 63 path sockets
+    with pytest.raises(EngineError) as info:  # a 65th path id: all or nothing
+        eng.add_target(2, "127.0.0.1", 9, interval_s=10, path_id=60, paths=5)
+    assert info.value.errno == errno.ENOSPC
+    eng.add_target(2, "127.0.0.1", 9, interval_s=10, path_id=10, paths=20)  # reuses sockets
+
+
 def _recv_tos(sock: socket.socket) -> tuple[bytes, int]:
     data, anc, _, _ = sock.recvmsg(2048, 64)
     tos = [d[0] for level, kind, d in anc if level == socket.IPPROTO_IP and kind == socket.IP_TOS]

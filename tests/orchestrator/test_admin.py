@@ -233,6 +233,17 @@ def test_submitted_job_preloads_same_rail_pairs(cluster, capsys, tmp_path):
     assert shown["mode"] == "preload" and shown["active"] == []
     np.testing.assert_array_equal(np.array(shown["pairs"], np.uint32).reshape(-1, 2), want)
     assert {e["ep"] for e in shown["endpoints"]} == set(ids.values())
+    assert not shown["truncated"]
+    # a big job's list is shown in part: the first pairs by source, or one source's
+    rc, out, err = _cli(capsys, router, sec, "job", "pinglist", "train-7", "--json", "--limit", "3")
+    part = json.loads(out)
+    assert rc == 0 and part["truncated"] and part["pairs"] == want[:3].tolist()
+    assert part["preload_pairs"] == want.shape[0]  # counted all the same
+    src = int(want[-1, 0])
+    rc, out, err = _cli(
+        capsys, router, sec, "job", "pinglist", "train-7", "--json", "--src", str(src)
+    )
+    assert json.loads(out)["pairs"] == want[want[:, 0] == src].tolist()
 
 
 def test_submit_from_flags_and_status(cluster, capsys):

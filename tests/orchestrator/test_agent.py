@@ -118,9 +118,9 @@ class _RecordingEngine:
         return {}
 
 
-def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
-    calls = []
-    agent = OverlayAgent(
+def _one_endpoint_agent(cfg, ctx, engine, **agent_kw):
+    """An overlay agent a/h0 of j/c0 with one endpoint on rail 0, probing through ``engine``."""
+    return OverlayAgent(
         dataclasses.replace(
             cfg.agent,
             name="a",
@@ -128,11 +128,17 @@ def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
             job="j",
             container="c0",
             endpoints=(EndpointSpec(rail=0),),
+            **agent_kw,
         ),
         cfg.security,
         ctx=ctx,
-        engine_factory=lambda s, c: _RecordingEngine(calls),
+        engine_factory=lambda s, c: engine,
     )
+
+
+def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
+    calls = []
+    agent = _one_endpoint_agent(cfg, ctx, _RecordingEngine(calls))
     eps = [
         {
             "ep": i,
@@ -241,3 +247,68 @@ def test_a_retried_command_runs_once_and_is_answered_each_time(cfg, ctx, run_dae
         router.close(0)
     assert runs == [{}]
     assert replies == [{"cmd_id": "c1", "ok": True, "result": 1}] * 2
+
+
+class _PlanEngine(_RecordingEngine):
+    def add_target(self, dst, host, port, **kw):
+        self.calls.append(("add", dst, kw["interval_s"], kw["paths"]))
+
+
+def test_the_agent_probes_as_the_controller_plans_and_says_where_it_disagrees(cfg, ctx, caplog):
+    """The preload list is planned here from the handed-out policy (the budget shared among the
+    ready destinations); a skeleton is probed as its plan says; the policy's OK sampling wins
+    over the agent's own, which the agent reports once."""
+    import logging
+
+    from skh.probeplan import ProbePolicy, plan_probes
+
+    calls = []
+    agent = _one_endpoint_agent(cfg, ctx, _PlanEngine(calls), ok_sample_s=0.25)
+    policy = ProbePolicy(budget_per_s=20.0, ok_sample_s=1.0)
+    eps = [
+        {"ep": i, "job": "j", "container": f"c{i}", "host": f"h{i}", "rail": 0, "ip": "127.0.0.1"}
+        | {"port": 1000 + i, "ready": True}
+        for i in range(5)
+    ]
+    snap = {
+        "job": "j",
+        "version": 1,
+        "endpoints": eps,
+        "skeleton_version": 0,
+        "skeleton": None,
+        "probing": policy.to_wire(),
+    }
+    with caplog.at_level(logging.WARNING, "skh.orchestrator.agent_overlay"):
+        agent.on_registered(
+            Envelope(
+                1,
+                MsgType.REGISTER_ACK,
+                "c",
+                1,
+                {"epoch": "e", "endpoints": [0], "snapshots": [snap], "heartbeat_interval_s": 1.0},
+            )
+        )
+    assert "ok_sample_s: 0.25 here, 1 from the controller" in caplog.text
+    assert agent.counters["policy_disagreements"] == 1
+    assert agent.thinner is not None and agent.thinner.period_ns == 10**9
+    # preload: 4 ready peers share 20 probes/s, each rotating over 19 path ids (no fabric: 4
+    # ECMP paths assumed)
+    assert sorted(calls) == [("add", d, 0.2, 19) for d in (1, 2, 3, 4)]
+    calls.clear()
+    skeleton = np.array([[0, 1], [0, 3], [1, 0]], np.uint32)
+    plan = plan_probes(skeleton, ProbePolicy(budget_per_s=20.0, default_ecmp_paths=2))
+    body = {
+        "job": "j",
+        "version": 2,
+        "skeleton_version": 1,
+        "pairs": skeleton.astype("<u4").tobytes(),
+        "probing": policy.to_wire(),
+        "plan": plan.to_wire(),
+    }
+    assert agent.job.apply(MsgType.SKELETON, body)
+    agent._apply_targets()
+    # kept pairs are re-added with their new plan (same stream), dropped ones removed after
+    assert calls == [("add", 1, 0.1, 8), ("add", 3, 0.1, 8), ("remove", 2), ("remove", 4)]
+    assert agent.ping_lists()["plan"] == {"0": {"1": [0.1, 8], "3": [0.1, 8]}}
+    assert agent.counters["policy_disagreements"] == 1  # said once
+    agent.close()

@@ -1,11 +1,13 @@
 """``skh analyzer`` runs the whole pipeline: its settings ([analyzer] controller, fabric file,
-pipeline settings file), the daemon started through the CLI against a real controller, and the
-underlay agent's sampling grid."""
+pipeline settings file), the daemon started through the CLI against a real controller (in one
+process, and sharded over a local Ray cluster), and the underlay agent's sampling grid."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ from skh.orchestrator.agent_underlay import next_sample_delay_s
 from skh.orchestrator.config import AnalyzerConfig, load_config
 from skh.orchestrator.controller import Controller
 from skh.orchestrator.pipeline import PipelineConfig
-from skh.wire import MsgType
+from skh.records import ProbeStatus, empty_probes
+from skh.wire import Codec, MsgType, probe_batch_body
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,6 +140,104 @@ def test_skh_analyzer_without_a_fabric_says_what_is_missing(tmp_path):
         p.wait(15)
 
 
+def _probe(src, dst, t_ns, seq):
+    r = empty_probes(1)
+    r["src_ep"], r["dst_ep"], r["seq"], r["t_wall_ns"] = src, dst, seq, t_ns
+    r["rtt_ns"], r["status"] = 14_000, ProbeStatus.OK
+    return r
+
+
+def test_skh_analyzer_on_ray_ingests_at_its_front_end_and_publishes(
+    tmp_path, fabric, cfg, ctx, client, run_daemon, wait
+):
+    # the same pipeline sharded over a local Ray cluster: batches pushed to an ingest front-end
+    # reach the shards, and an agent that goes quiet is found, localized on the localizer actor
+    # and published on the bus
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, _pub = ctl.bind()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        ingest = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with run_daemon(ctl):
+        for i, host in enumerate(("h0", "h1")):
+            c = client(router, f"a{i}")
+            ep = {"job": "j", "container": f"c{i}", "rail": 0, "ip": f"10.0.0.{i + 1}"}
+            c.request(
+                MsgType.REGISTER,
+                {"agent": f"a{i}", "role": "overlay", "host": host, "endpoints": [ep]},
+                want={MsgType.REGISTER_ACK},
+            )
+        p = _analyzer(
+            tmp_path,
+            "--fabric",
+            fabric,
+            "--controller",
+            router,
+            "--ray",
+            "local",
+            "--ray-shards",
+            "2",
+            "--set",
+            f"analyzer.ray_ingest={ingest}",
+            "--set",
+            "analyzer.round_s=0.5",
+        )
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(ingest)
+        codec = Codec()
+        try:
+            line = p.stdout.readline()
+            assert line, p.stderr.read()
+            rep = client(json.loads(line)["replay"], "t", kind=zmq.REQ)
+
+            def status():
+                return rep.request(MsgType.STATUS, {}, timeout_s=10, want={MsgType.ACK}).body[
+                    "data"
+                ]
+
+            assert status()["detector"] == "PipelineHook"
+            seq = 0
+
+            def send(eps, rows):
+                nonlocal seq
+                seq += 1
+                body = probe_batch_body("agent", rows, eps)
+                push.send(codec.encode(MsgType.PROBE_BATCH, "agent", seq, body))
+
+            # both agents report until the shards have their records and heartbeats
+            def both():
+                t = time.time_ns()
+                send([0], _probe(0, 1, t, seq))
+                send([1], _probe(1, 0, t, seq))
+                st = status()["pipeline"]
+                done = sum(s.get("records_in", 0) for s in st.get("shard_stats", []))
+                return st if done >= 10 else None
+
+            st = wait(both, timeout_s=90, interval_s=0.2, what="records on the shards")
+            assert st["shards"] == 2 and st["unplaced_records"] == 0
+            assert list(st["ingest"]) == [ingest]
+
+            # endpoint 0's agent goes quiet: an agent fault, localized and on the bus
+            def found():
+                send([1], _probe(1, 0, time.time_ns(), seq))
+                got = rep.request(
+                    MsgType.REPLAY, {"since": 0}, timeout_s=10, want={MsgType.REPLAY_REPLY}
+                ).body["alerts"]
+                faults = [r["alert"] for r in got if r["alert"]["kind"] == "fault"]
+                return faults or None
+
+            faults = wait(found, timeout_s=60, interval_s=0.3, what="the agent fault")
+            f = faults[0]
+            assert (f["state"], f["layer"], f["component"]) == ("open", "agent", "j/c0")
+            assert f["failure_type"] == "agent_crash"
+            assert status()["pipeline"]["ingest"][ingest]["batches"] >= 20
+        finally:
+            push.close(0)
+            p.terminate()
+            assert p.wait(60) == 0, p.stderr.read()[-3000:]
+
+
 def test_counter_samples_sit_on_the_wall_clock_grid():
     # on time at x.5: the next one at (x+1).5; late by 0.3 s: still (x+1).5
     assert next_sample_delay_s(100.5, 0.5, 1.0) == pytest.approx(1.0)
@@ -147,3 +248,21 @@ def test_counter_samples_sit_on_the_wall_clock_grid():
     assert next_sample_delay_s(100.0, 0.0, 1.0) == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="sample_phase_s"):
         load_config(None, {"agent.sample_phase_s": 1.0})
+
+
+def test_the_analyzer_says_when_its_latency_sampling_differs_from_the_agents(caplog):
+    """Agents forward one OK per pair and the controller's ok_sample_s; a detector that samples
+    on another period is told at the first status it reads."""
+    import logging
+
+    from skh.analysis.detect import DetectorConfig
+    from skh.orchestrator.pipeline.hook import check_sampling
+    from skh.probeplan import ProbePolicy
+
+    cfg = PipelineConfig(fabric={}, detector=DetectorConfig(latency_sample_s=1.0))
+    with caplog.at_level(logging.WARNING, "skh.orchestrator.pipeline.hook"):
+        assert check_sampling(cfg, ProbePolicy(ok_sample_s=1.0).to_wire())
+        assert not caplog.text
+        assert not check_sampling(cfg, ProbePolicy(ok_sample_s=0.5).to_wire())
+    assert "detector.latency_sample_s = 1 s" in caplog.text and "0.5 s" in caplog.text
+    assert not check_sampling(cfg, None)  # an older controller hands no policy out

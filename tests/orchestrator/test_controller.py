@@ -40,8 +40,8 @@ def test_register_ready_announce_once_and_snapshot(cfg, ctx, client, run_daemon,
         other = _sub(ctx, pub, "j2")  # a job whose name extends "j" hears nothing of "j"
         a = client(router, "a")
         ack = _register(a, "a", "h0", [_ep("j", "c0", 0, 1000), _ep("j", "c0", 1, 1001)])
-        assert ack["endpoints"] == [0, 1]
-        assert [s["job"] for s in ack["snapshots"]] == ["j"]
+        # the job's snapshot is not in the answer (its cost would grow with the job): SYNC
+        assert ack["endpoints"] == [0, 1] and ack["snapshots"] == []
         time.sleep(0.3)  # let the subscriptions reach the PUB socket (ZeroMQ's slow joiner)
         a.send(MsgType.READY, {"agent": "a", "endpoints": [0, 1]})
         assert sub.poll(5000)
@@ -50,9 +50,11 @@ def test_register_ready_announce_once_and_snapshot(cfg, ctx, client, run_daemon,
         assert topic == job_topic("j") and env.type is MsgType.READY_ANNOUNCE
         assert sorted(e["ep"] for e in env.body["endpoints"]) == [0, 1]
         assert not other.poll(200)
-        # a second agent registering gets a snapshot with the first one's readiness
+        # a second agent registering reads a snapshot with the first one's readiness
         b = client(router, "b")
-        snap = _register(b, "b", "h1", [_ep("j", "c1", 0, 2000)])["snapshots"][0]
+        assert _register(b, "b", "h1", [_ep("j", "c1", 0, 2000)])["snapshots"] == []
+        snap = b.request(MsgType.SYNC, {"job": "j"}, want={MsgType.JOB_SNAPSHOT}).body
+        assert snap["version"] == 1 and snap["next"] is None
         assert {e["ep"]: e["ready"] for e in snap["endpoints"]} == {0: True, 1: True, 2: False}
         # ready of someone else's endpoint is refused
         env = b.request(MsgType.READY, {"agent": "b", "endpoints": [0]}, want={MsgType.ACK})
@@ -237,3 +239,156 @@ def test_a_job_larger_than_a_page_is_read_in_pages(cfg, ctx, client, run_daemon)
         a = client(router, "a")
         ack = _register(a, "a", "h0", [_ep("big", "c0", 0, 7000)])
         assert ack["endpoints"] == [0] and ack["snapshots"] == []
+
+
+def test_skeletons_come_with_their_probe_plan_and_the_policy(cfg, ctx, client, run_daemon):
+    """The controller plans every skeleton (link by link with its fabric) and hands the plan
+    out with the ping list, in the published SKELETON and in snapshots, with the probe policy;
+    a restarted controller plans the stored skeleton again."""
+    import dataclasses
+
+    from skh.model import Fabric
+    from skh.probeplan import ProbePlan, ProbePolicy
+
+    fabric = Fabric.from_params(hosts=4, rnics_per_host=1, hosts_per_segment=2, spines=2)
+    ccfg = dataclasses.replace(cfg.controller, probe_budget_per_s=60.0)
+    ctl = Controller(ccfg, cfg.security, ctx=ctx, fabric=fabric)
+    router, pub = ctl.bind()
+    containers = [{"name": f"c{h}", "host": f"host{h}", "rails": [0]} for h in (0, 1, 2)]
+    # 0 and 1 share a ToR; 2 is behind the spines (2 ECMP paths), and only 0 probes it
+    skeleton = np.array([[0, 1], [1, 0], [0, 2]])
+    with run_daemon(ctl):
+        admin = client(router, "admin")
+        assert admin.request(
+            MsgType.SUBMIT_JOB, {"job": "j", "containers": containers}, want={MsgType.ACK}
+        ).body["ok"]
+        sub = _sub(ctx, pub, "j")
+        time.sleep(0.3)
+        env = admin.request(
+            MsgType.APPLY_SKELETON,
+            {"job": "j", "skeleton_version": 1, "pairs": pack_pairs(skeleton)},
+            want={MsgType.ACK},
+        )
+        assert env.body["ok"], env.body
+        assert sub.poll(5000)
+        body = admin.codec.decode(sub.recv_multipart()[1]).body
+        sub.close(0)
+        policy = ProbePolicy.from_wire(body["probing"])
+        assert policy.budget_per_s == 60.0
+        plan = ProbePlan.from_wire(body["plan"], np.unique(skeleton, axis=0), policy)
+        # the pair across the spines runs at 20/s, so each spine link sees its 10/s
+        assert plan.lookup(0) == {1: (0.1, 1), 2: (0.05, 8)}
+        snap = admin.request(MsgType.SYNC, {"job": "j"}, want={MsgType.JOB_SNAPSHOT}).body
+        assert snap["plan"] == body["plan"] and snap["probing"] == body["probing"]
+        st = admin.request(MsgType.STATUS, {}, want={MsgType.ACK}).body["data"]
+        assert st["probing"] == body["probing"]
+    ctl.close()
+    again = Controller(ccfg, cfg.security, ctx=ctx, fabric=fabric)
+    assert again.jobs["j"].plan == body["plan"]
+    again.close()
+
+
+def _step_until(ctl, n, timeout_s=5.0):
+    """Run the controller's loop until ``n`` requests were handled in one step."""
+    deadline = time.monotonic() + timeout_s
+    time.sleep(0.3)  # every request is queued at the ROUTER: one step takes them all
+    while time.monotonic() < deadline:
+        handled = ctl.step(100)
+        if handled:
+            assert handled == n, f"{handled} requests in one step, not {n}"
+            return
+    raise AssertionError("no request arrived")
+
+
+def test_readiness_of_one_tick_is_one_announcement(cfg, ctx, client):
+    """Three containers ready in one tick: one READY_ANNOUNCE naming all of them, one version
+    step; an agent's copy built from the snapshot and that announcement matches."""
+    from skh.orchestrator.pinglist import JobPingLists
+
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, pub = ctl.bind()
+    try:
+        sub = _sub(ctx, pub, "j")
+        agents = [client(router, f"a{i}") for i in range(3)]
+        for i, a in enumerate(agents):
+            a.send(
+                MsgType.REGISTER,
+                {
+                    "agent": f"a{i}",
+                    "role": "overlay",
+                    "host": f"h{i}",
+                    "endpoints": [_ep("j", f"c{i}", 0, 1000 + i), _ep("j", f"c{i}", 1, 1100 + i)],
+                },
+            )
+        _step_until(ctl, 3)
+        eps = {
+            i: a.recv(want={MsgType.REGISTER_ACK}).body["endpoints"] for i, a in enumerate(agents)
+        }
+        agents[0].send(MsgType.SYNC, {"job": "j"})
+        _step_until(ctl, 1)
+        snap = agents[0].recv(want={MsgType.JOB_SNAPSHOT}).body
+        assert snap["version"] == 0 and not any(e["ready"] for e in snap["endpoints"])
+        copy = JobPingLists.from_snapshot(snap)
+        time.sleep(0.2)  # the subscription reaches the PUB socket
+        ctl.step(10)
+        for i, a in enumerate(agents):
+            a.send(MsgType.READY, {"agent": f"a{i}", "endpoints": eps[i]})
+        _step_until(ctl, 3)
+        assert all(a.recv(want={MsgType.ACK}).body["ok"] for a in agents)
+        assert sub.poll(2000)
+        _topic, raw = sub.recv_multipart()
+        env = agents[0].codec.decode(raw)
+        assert env.type is MsgType.READY_ANNOUNCE and env.body["version"] == 1
+        assert sorted(e["ep"] for e in env.body["endpoints"]) == sorted(
+            ep for v in eps.values() for ep in v
+        )
+        assert not sub.poll(300)  # nothing else: one announcement for the tick
+        assert ctl.jobs["j"].version == 1 and ctl.registry.load()[0]["j"].version == 1
+        assert copy.apply(env.type, env.body)
+        for ep in ctl.jobs["j"].endpoints:
+            assert copy.ping_list(ep).tolist() == ctl.jobs["j"].ping_list(ep).tolist()
+        sub.close(0)
+    finally:
+        ctl.close()
+
+
+def test_a_failed_request_keeps_the_ticks_readiness_for_its_announcement(cfg, ctx, client):
+    """A request that announces the waiting readiness of its job (a skeleton) and then fails is
+    undone: the readiness is announced at the end of the tick all the same, once."""
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, pub = ctl.bind()
+    try:
+        sub = _sub(ctx, pub, "j")
+        a, admin = client(router, "a"), client(router, "admin")
+        a.send(
+            MsgType.REGISTER,
+            {
+                "agent": "a",
+                "role": "overlay",
+                "host": "h0",
+                "endpoints": [_ep("j", "c0", 0, 1000), _ep("j", "c0", 1, 1001)],
+            },
+        )
+        _step_until(ctl, 1)
+        eps = a.recv(want={MsgType.REGISTER_ACK}).body["endpoints"]
+        time.sleep(0.2)
+        ctl.step(10)
+        a.send(MsgType.READY, {"agent": "a", "endpoints": eps})
+        # a skeleton naming an unknown endpoint: refused after the readiness was flushed
+        admin.send(
+            MsgType.APPLY_SKELETON,
+            {"job": "j", "skeleton_version": 1, "pairs": pack_pairs(np.array([[0, 99]]))},
+        )
+        _step_until(ctl, 2)
+        assert a.recv(want={MsgType.ACK}).body["ok"]
+        assert not admin.recv(want={MsgType.ACK}).body["ok"]
+        assert sub.poll(2000)
+        env = a.codec.decode(sub.recv_multipart()[1])
+        assert env.type is MsgType.READY_ANNOUNCE and env.body["version"] == 1
+        assert sorted(e["ep"] for e in env.body["endpoints"]) == sorted(eps)
+        assert not sub.poll(300)
+        assert ctl.jobs["j"].version == 1 and ctl.jobs["j"].skeleton is None
+        assert all(i.ready for i in ctl.jobs["j"].endpoints.values())
+        sub.close(0)
+    finally:
+        ctl.close()

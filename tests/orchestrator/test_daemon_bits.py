@@ -74,6 +74,24 @@ def test_config_file_overrides_and_errors(tmp_path):
         load_config(tmp_path / "bad.toml")
 
 
+def test_underlay_agent_speaks_as_its_identity_by_default(tmp_path):
+    """The agent's default name, its key's name and the name the analyzer commands agree: an
+    analyzer with no host_agents setting reaches the deployed ul-HOST agents."""
+    from skh.model import Cluster, Fabric
+    from skh.orchestrator.keyring import make_keyring
+    from skh.orchestrator.pipeline import PipelineConfig
+    from skh.orchestrator.pipeline.state_source import AgentStateSource
+
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    host = sorted(fabric.hosts)[0]
+    cfg = load_config(None, {"agent.role": "underlay", "agent.host": host})
+    ring = make_keyring(tmp_path / "keys", hosts=[host])
+    source = AgentStateSource(None, Cluster(fabric), PipelineConfig(fabric=fabric.to_mapping()))
+    assert cfg.agent.agent_name == f"ul-{host}" == source._agent(host)
+    assert Path(ring.underlay(host).client_secret_key).name == f"ul-{host}.key_secret"
+    assert source._agent("not-a-host") is None
+
+
 def test_config_check_cli(tmp_path):
     f = tmp_path / "skh.toml"
     f.write_text("[analyzer]\nround_s = 2\n")

@@ -60,11 +60,16 @@ def test_agent_copy_follows_published_changes_and_detects_gaps():
         codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, ctl.snapshot())).body
     )
     assert agent.ping_list(0).size == 0  # preloaded, nothing ready yet
+
+    def wire(mtype: MsgType, body: dict) -> tuple[MsgType, dict]:
+        # announcement bodies hold their records pre-encoded: they reach an agent decoded
+        return mtype, codec.decode(codec.encode(mtype, "c", 2, body)).body
+
     msgs = [
-        (MsgType.READY_ANNOUNCE, ctl.set_ready([1, 2])),
-        (MsgType.READY_ANNOUNCE, ctl.set_ready([4])),
-        (MsgType.ENDPOINTS_DOWN, ctl.set_down([2], "agent lost")),
-        (MsgType.SKELETON, ctl.apply_skeleton(np.array([[0, 1], [3, 4], [1, 0]]), 1)),
+        wire(MsgType.READY_ANNOUNCE, ctl.set_ready([1, 2])),
+        wire(MsgType.READY_ANNOUNCE, ctl.set_ready([4])),
+        wire(MsgType.ENDPOINTS_DOWN, ctl.set_down([2], "agent lost")),
+        wire(MsgType.SKELETON, ctl.apply_skeleton(np.array([[0, 1], [3, 4], [1, 0]]), 1)),
     ]
     assert ctl.set_ready([1]) is None  # no change, no message, no version
     assert agent.apply(*msgs[0]) and agent.ping_list(0).tolist() == [1, 2]
@@ -100,3 +105,65 @@ def test_reregistration_with_a_new_address_deactivates_until_ready():
     down = j.upsert(moved)
     assert down is not None and down["endpoints"] == [1] and not j.endpoints[1].ready
     assert j.ping_list(0).size == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=_layouts, data=st.data())
+def test_lists_are_counted_and_shown_in_part_without_listing_them(layout, data):
+    ready = sorted(data.draw(st.sets(st.integers(0, len(layout) - 1))))
+    j = _job(layout, ready)
+    if data.draw(st.booleans()):
+        pre = j.preload_pairs()
+        pick = data.draw(st.lists(st.integers(0, max(0, len(pre) - 1)), max_size=6, unique=True))
+        if len(pre):
+            j.apply_skeleton(pre[sorted(pick)] if pick else pre[:1], 1)
+    listed = j.preload_pairs() if j.skeleton is None else j.skeleton
+    active = j.active_pairs()
+    assert j.pair_counts() == {
+        "preload": len(j.preload_pairs()),
+        "pairs": len(listed),
+        "active": len(active),
+    }
+    limit = data.draw(st.integers(0, 50))
+    np.testing.assert_array_equal(j.first_pairs(limit), active[:limit].reshape(-1, 2))
+    everything = listed[np.lexsort((listed[:, 1], listed[:, 0]))] if len(listed) else listed
+    np.testing.assert_array_equal(
+        j.first_pairs(limit, ready_only=False), everything[:limit].reshape(-1, 2)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 200), min_size=1, max_size=60, unique=True),
+    changes=st.lists(st.tuples(st.integers(0, 59), st.booleans()), max_size=30),
+    limit=st.integers(1, 16),
+)
+def test_pages_of_shared_records_follow_every_change(ids, changes, limit):
+    """Snapshot pages copy records encoded once; whatever order endpoints arrive in and whatever
+    changes between reads, the pages read after the change are the controller's state."""
+    codec = Codec()
+    j = JobPingLists("j")
+    for ep in ids:  # not always increasing: a page's records stay in id order
+        j.upsert(EndpointInfo(ep, "j", f"c{ep}", f"h{ep % 3}", ep % 2, ip="10.0.0.1", port=ep))
+    for k, ready in changes:
+        read_pages(codec, j, limit)  # encoded (and shared) before the change
+        ep = ids[k % len(ids)]
+        if ready:
+            j.set_ready([ep])
+        else:
+            j.set_down([ep], "test")
+        moved = EndpointInfo(ep, "j", f"c{ep}", f"h{ep % 3}", ep % 2, ip="10.0.0.2", port=ep)
+        if k % 3 == 0:
+            j.upsert(moved)
+    got = read_pages(codec, j, limit)
+    assert [e["ep"] for e in got] == sorted(ids)
+    assert got == [j.endpoints[ep].to_wire() for ep in sorted(ids)]
+
+
+def read_pages(codec, j, limit):
+    out, after = [], -1
+    while after is not None:
+        page = codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, j.snapshot(after, limit)))
+        out += page.body["endpoints"]
+        after = page.body["next"]
+    return out

@@ -6,6 +6,7 @@ while it was down. Run over the simulator (virtual time): its agents' answers fe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.orchestrator.pipeline import Pipeline, PipelineConfig
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE
 from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint
 from skh.sim.faults import Fault
 from skh.sim.scenario import Simulation
@@ -35,7 +37,8 @@ class Harness:
     hands over or gets back is a controller id (gapped); the pipeline can be restarted with the
     alerts its log holds open."""
 
-    def __init__(self, seed: int = 1) -> None:
+    def __init__(self, seed: int = 1, make_pipeline: Callable[..., Pipeline] = Pipeline) -> None:
+        self.make_pipeline = make_pipeline
         fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2)
         self.sim = Simulation.build(
             fabric, 4, seed=seed, ping="same_rail", start_s=(-900.0, -600.0)
@@ -62,7 +65,7 @@ class Harness:
         return True
 
     def _start(self) -> Pipeline:
-        pipe = Pipeline(
+        pipe = self.make_pipeline(
             self.cfg,
             source_factory=lambda _cl: SimSource(self.sim),
             apply_skeleton=self._apply,
@@ -92,6 +95,9 @@ class Harness:
                 open_[a["alert_id"]] = rec
             elif a.get("state") == "resolved":
                 open_.pop(a["alert_id"], None)
+        close = getattr(self.pipe, "close", None)
+        if close is not None:
+            close()
         self.pipe = self._start()
         self.pipe.restore(sorted(open_.values(), key=lambda r: r["seq"]))
 
@@ -113,11 +119,9 @@ class Harness:
         return [r["alert"] for r in self.log if r["alert"].get("kind") == kind]
 
 
-@pytest.fixture(scope="module")
-def gapped():
+def _scenario(h: Harness) -> tuple[Harness, list[dict[str, Any]], list[dict[str, Any]]]:
     """The demo's scenario, in gapped controller ids, with the analyzer killed once while an
     alert is open and once while a fault clears."""
-    h = Harness()
     cands = h.sim.candidates(FailureType.SWITCH_PORT_DOWN)
     h.sim.inject(Fault(FailureType.SWITCH_PORT_DOWN, cands[0], start_s=130.0, end_s=175.0))
     cands = h.sim.candidates(FailureType.RNIC_PORT_DOWN)
@@ -134,6 +138,11 @@ def gapped():
     h.restart()
     h.run(60)
     return h, first_open, second_open
+
+
+@pytest.fixture(scope="module")
+def gapped():
+    return _scenario(Harness())
 
 
 def test_the_pipeline_works_in_the_controllers_ids_whatever_their_gaps(gapped):
@@ -169,3 +178,63 @@ def test_a_fault_that_cleared_while_the_analyzer_was_down_is_resolved_after_it(g
         else:
             still.pop(a["alert_id"], None)
     assert not still, sorted(still)
+
+
+def test_a_restored_alert_whose_type_was_refined_resolves_under_the_id_it_opened_with():
+    """An RNIC port down that a later round refined to flapping kept the id it opened with
+    (class of RNIC_PORT_DOWN); after a restart its resolution must carry that id, not the
+    flapping class's, or the log keeps the alert open for good."""
+    from skh.failures import class_id
+
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=5.0)
+    pipe = Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+    opened = class_id(FailureType.RNIC_PORT_DOWN)
+    assert opened != class_id(FailureType.RNIC_PORT_FLAPPING)
+    alert_id = f"rnic|h0:rnic1|{opened}"
+    alert = {
+        "kind": "fault",
+        "state": "open",
+        "alert_id": alert_id,
+        "job": "j",
+        "layer": "rnic",
+        "component": "h0:rnic1",
+        "failure_type_id": int(FailureType.RNIC_PORT_FLAPPING),
+        "type_candidates": [["rnic_port_flapping", 0.7], ["rnic_port_down", 0.3]],
+        "first_seen_ns": 1,
+        "detected_at_ns": 2,
+        "pairs": [[0, 1]],
+    }
+    pipe.restore([{"seq": 1, "ts_ns": 2, "alert": alert}])
+    empty_p, empty_c = np.zeros(0, PROBE_DTYPE), np.zeros(0, COUNTER_DTYPE)
+    t0 = 10_000_000_000
+    assert pipe.process(empty_p, empty_c, t0) == []  # open again, not announced again
+    (v,) = pipe.tracker.open
+    assert v.type_candidates[0] == (FailureType.RNIC_PORT_FLAPPING, 0.7)
+    out = pipe.process(empty_p, empty_c, t0 + 6_000_000_000)
+    assert [(a["alert_id"], a["state"]) for a in out] == [(alert_id, "resolved")]
+
+
+@pytest.mark.slow
+def test_the_sharded_pipeline_tells_the_same_in_gapped_ids(gapped):
+    # the analyzer sharded over Ray (issue 19) maps controller ids at the same edge: records,
+    # heartbeats and skeleton versions in, alerts and skeletons out, restarts included
+    import functools
+
+    from skh.orchestrator.shard import ShardedPipeline, ShardOptions, connect
+    from skh.orchestrator.shard.merge import alert_key
+
+    connect("local", min_cpus=2)
+    make = functools.partial(
+        ShardedPipeline, options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=20)
+    )
+    h, _first, _second = gapped
+    try:
+        s, _f, _s = _scenario(Harness(make_pipeline=make))
+        s.pipe.close()
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert [alert_key(r["alert"]) for r in s.log] == [alert_key(r["alert"]) for r in h.log]
+    assert s.versions == h.versions and all(v > 7 for _j, v in s.versions)

@@ -204,11 +204,16 @@ def test_host_report_reads_the_rnic_ports_the_analyzer_names(netns):
 
     ip("link", "add", "vc", "type", "veth", "peer", "name", "vd")  # left down: the RNIC's own
     rnics = {"0": "va", "1": "vc"}
-    assert host_report({"rnics": rnics, "netns": netns}) == {
+    got = host_report({"rnics": rnics, "netns": netns})
+    assert {k: got[k] for k in ("rnic_state", "peer_down")} == {
         "rnic_state": {"0": "up", "1": "down"},
         "peer_down": [],
     }
-    # the far end goes dark: va stays up but loses its carrier
+    assert got["read"] == ["rnic_state", "peer_down", "port_down_count"]
+    before = got["port_down_count"]["0"]
+    # the far end goes dark: va stays up but loses its carrier, and its driver counts it
     subprocess.run(["ip", "-n", netns + "b", "link", "set", "vb", "down"], check=True)
-    assert host_report({"rnics": rnics, "netns": netns})["peer_down"] == [0]
-    assert host_report({"rnics": {}, "netns": netns}) == {"rnic_state": {}, "peer_down": []}
+    got = host_report({"rnics": rnics, "netns": netns})
+    assert got["peer_down"] == [0] and got["port_down_count"]["0"] == before + 1
+    empty = host_report({"rnics": {}, "netns": netns})
+    assert empty["rnic_state"] == {} and empty["peer_down"] == []

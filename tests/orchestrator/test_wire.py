@@ -16,6 +16,7 @@ from skh.wire import (
     WIRE_VERSION,
     Codec,
     MsgType,
+    PackedList,
     counter_batch_body,
     decode_counters,
     decode_probes,
@@ -207,3 +208,20 @@ def test_encode_refuses_what_the_receiver_would_refuse():
         codec.encode(MsgType.SYNC, "a", 1, {"job": "x" * 1000})
     with pytest.raises(ProtocolError):
         Codec(max_frame_bytes=10)
+
+
+@settings(max_examples=50, deadline=None)
+@given(records=st.lists(st.dictionaries(st.text(max_size=8), _scalar, max_size=6), max_size=40))
+def test_a_packed_list_is_the_frame_of_the_plain_list(records):
+    """Records encoded once and copied into a frame give the very bytes of the plain encoding:
+    a receiver cannot tell them apart, and their size counts against the frame limit."""
+    codec = Codec()
+    body = {"job": "j", "version": 3, "endpoints": records}
+    packed = PackedList(msgpack.packb(r, use_bin_type=True) for r in records)
+    frame = codec.encode(MsgType.READY_ANNOUNCE, "c", 9, {**body, "endpoints": packed})
+    assert frame == codec.encode(MsgType.READY_ANNOUNCE, "c", 9, body)
+    assert codec.decode(frame).body == body
+    small = Codec(max_frame_bytes=64)
+    big = PackedList([msgpack.packb("x" * 100)])
+    with pytest.raises(ProtocolError, match="exceeds"):
+        small.encode(MsgType.READY_ANNOUNCE, "c", 1, {"job": "j", "version": 1, "endpoints": big})

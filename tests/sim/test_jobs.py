@@ -60,7 +60,7 @@ def test_four_rnic_containers_share_one_half():
         assert not mine & used
         used |= mine
     assert len(used) == 16  # 8 hosts × 2 halves, all handed out once
-    assert len(cluster.endpoints) == 64 and j.needs_safe_list
+    assert len(cluster.endpoints) == 64 and not j.needs_safe_list
     with pytest.raises(TopologyError):
         make_job(cluster, "full", JobShape(tp=4, pp=1, dp=1), pool=pool)
 
@@ -101,8 +101,10 @@ def test_generate_jobs_fits_and_is_deterministic():
     hosts = [(c.host, c.rails) for c in (e for j in j1 for e in j.job.containers)]
     assert len(hosts) == len(set(hosts))  # no GPU half given twice
     kinds = {j.kind for j in j1}
-    assert kinds == {"train", "ep", "debug"}
-    assert any(j.shape.tp == 4 for j in j1)
+    assert kinds == {"train", "ep", "debug", "fsdp"}
+    assert any(j.plan.rnics == 4 for j in j1)
+    assert any(j.shape.tp < j.plan.rnics and j.kind != "fsdp" for j in j1)
+    assert any(j.plan.vpp > 1 for j in j1)
     assert len(c1.endpoints) == len(c2.endpoints)
 
 
@@ -127,3 +129,71 @@ def test_skeleton_matches_a_brute_force_reference(shape):
                 want.add((int(job.ep_ids[i]), int(job.ep_ids[k])))
     got = [tuple(p) for p in job.skeleton_pairs.tolist()]
     assert len(got) == len(set(got)) and set(got) == want
+
+
+def _brute_force_truth(job):
+    """Used pairs from first principles: GPU g = t + TP(c + CP(d + DP s)); a stage's GPUs of one
+    TP rank collect over the network on their rail; pipeline neighbours (and, interleaved, the
+    last stage to the first) send through the NIC on the destination's rail and get the reply
+    through the sender's."""
+    s, plan = job.shape, job.plan
+    r = plan.rnics
+    per_stage = s.tp * plan.cp * s.dp
+    gpus = per_stage * s.pp
+    cont = np.arange(gpus) // r
+    ep = job.ep_ids
+    want = set()
+    for g1 in range(gpus):
+        for g2 in range(gpus):
+            if cont[g1] == cont[g2]:
+                continue
+            same_stage = g1 // per_stage == g2 // per_stage
+            if same_stage and g1 % r == g2 % r:
+                want.add((int(ep[g1]), int(ep[g2])))
+    links = [(g, g + per_stage) for g in range(gpus - per_stage)]
+    if plan.vpp > 1 and s.pp > 2:
+        links += [(g, g - (s.pp - 1) * per_stage) for g in range((s.pp - 1) * per_stage, gpus)]
+    for a, b in links:
+        if cont[a] == cont[b]:
+            continue
+        for rail in (a % r, b % r):
+            e1, e2 = int(ep[cont[a] * r + rail]), int(ep[cont[b] * r + rail])
+            want |= {(e1, e2), (e2, e1)}
+    return want
+
+
+@pytest.mark.parametrize(
+    "shape,plan",
+    [
+        (JobShape(2, 4, 16), {"rnics": 8}),  # TP 2 in 8-RNIC containers: 4 replicas a container
+        (JobShape(4, 4, 1), {"rnics": 8}),  # two stages a container: PXN crosses rails
+        (JobShape(4, 8, 1), {"rnics": 8, "vpp": 2}),  # and the interleaved wrap-around
+        (JobShape(8, 4, 2), {"vpp": 2}),
+        (JobShape(8, 2, 2), {"cp": 2}),
+        (JobShape(2, 2, 2), {"rnics": 4, "cp": 2}),
+    ],
+)
+def test_new_layouts_match_a_brute_force_reference(shape, plan):
+    job = make_job(_cluster(32), "j", shape, **plan)
+    got = {tuple(p) for p in job.skeleton_pairs.tolist()}
+    assert got == _brute_force_truth(job)
+    assert all(job.rail[a - job.ep_ids[0]] == job.rail[b - job.ep_ids[0]] for a, b in got)
+
+
+def test_fsdp_uses_every_same_rail_pair():
+    cluster = _cluster(8)
+    job = make_job(cluster, "z", JobShape(1, 1, 32), kind="fsdp", rnics=8)
+    full = same_rail_pairs(job.ep_ids, job.rail, job.host)
+    assert np.array_equal(job.skeleton_pairs, full)
+    with pytest.raises(ConfigError):
+        make_job(cluster, "bad", JobShape(1, 2, 16), kind="fsdp", rnics=8)
+
+
+def test_plans_that_do_not_fit_containers_are_rejected():
+    cluster = _cluster(16)
+    with pytest.raises(ConfigError):  # a stage of 12 GPUs neither fills nor packs 8-RNIC containers
+        make_job(cluster, "a", JobShape(2, 2, 6), rnics=8)
+    with pytest.raises(ConfigError):  # TP must stay inside a container
+        make_job(cluster, "b", JobShape(8, 2, 2), rnics=4)
+    with pytest.raises(ConfigError):  # interleaving needs microbatches a multiple of PP
+        make_job(cluster, "c", JobShape(8, 4, 2), vpp=2, microbatches=6)

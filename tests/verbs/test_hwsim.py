@@ -282,14 +282,37 @@ def test_address_handles_resolve_off_the_engine_thread(standin):
 
 def test_more_paths_than_address_handles_evicts_least_recently_used(standin):
     res = run(
-        standin, "many_paths", two_devices(), n_paths=800, interval_s=0.25, count=3, timeout=240
+        standin,
+        "many_paths",
+        two_devices(),
+        n_paths=200,
+        interval_s=0.25,
+        count=3,
+        address_handles=150,
+        timeout=240,
     )
     rows = rows_of(res["rows"])
-    assert len(rows) == 2400
+    assert len(rows) == 600
     assert (rows["status"] == ProbeStatus.OK).all(), np.unique(rows["status"], return_counts=True)
-    assert sorted(set(rows["path_id"].tolist())) == list(range(800))
+    assert sorted(set(rows["path_id"].tolist())) == list(range(200))
     for side in ("prober_transport", "responder_transport"):
         assert res[side]["ah_evicted"] > 0 and res[side]["ah_failures"] == 0, res[side]
+
+
+def test_a_rotating_target_takes_one_flow_label_per_path_both_ways(standin):
+    """A target rotating over 6 path ids: each probe and its answers carry the flow label of
+    its path id (the RoCEv2 source port on mlx5), one address handle per label and side."""
+    res = run(standin, "rtt", two_devices(), n=24, interval_s=0.005, path_id=2, paths=6)
+    rows = np.sort(rows_of(res["rows"]), order="seq")
+    assert (rows["status"] == ProbeStatus.OK).all()
+    assert rows["path_id"].tolist() == [2 + k % 6 for k in range(24)]
+    log = res["log"]
+    probes = sorted((e["tseq"], e["flow_label"]) for e in log if e["type"] == PROBE)
+    assert [fl for _, fl in probes] == [3 + k % 6 for k in range(24)]  # label = 1 + path id
+    # each answer leaves on its probe's label
+    assert {e["flow_label"] for e in log if e["type"] in (ACK1, ACK2)} == set(range(3, 9))
+    assert res["prober_transport"]["ah_created"] == 6
+    assert res["responder_transport"]["ah_created"] == 6
 
 
 def test_probes_ride_the_configured_traffic_class(standin):

@@ -22,11 +22,24 @@ RNIC's offloaded vs OVS flow tables, a host's report). It asks only what it need
 5. **Residual vote** for what is still left (a lossy or slow link that some flows cross
    unharmed, or pairs a delay-only culprit cannot explain), then **independent evidence**:
    an endpoint report naming a fault no verdict names yet (two faults on the same pairs).
-   The rest is reported as unexplained with its evidence, never forced.
+   Outage pairs whose traces all get through an open outage again are that outage come back
+   (the vote clears an element while it forwards). The rest is reported as unexplained with
+   its evidence, never forced.
+
+Answers are noisy, and each step reads them so (details in :mod:`.underlay` and
+:mod:`.endpoint`): a silent traceroute hop is unknown, loss counts where it persists and only in
+rounds without rate-limit signatures, hop round trips only when they behave like forwarding
+delay; a host-report flag missing or read before the failure began is unknown, never healthy;
+a flow-table rule counts when it carries a failing pair's traffic and a second dump agrees.
+Open alerts come in as known culprits and are checked first; an outage whose traces cross the
+culprit again has come back (a flapping port).
 
 Verdicts carry the failure type (:class:`skh.failures.FailureType`: the paper's 19, plus overlay
-black hole/loop and agent crash/late), the evidence and the candidates; :class:`AlertTracker`
-deduplicates them while a fault lasts and resolves them when it clears.
+black hole/loop and agent crash/late) with the types the evidence leaves open and their
+probabilities (``type_candidates``, ``type_confidence``; ``type_pending`` asks for another
+round), the evidence and the component candidates; :class:`AlertTracker` keeps one alert per
+fault (keyed by its type class, so a refined type keeps its alert) and resolves it when it
+clears.
 
 Everything here is pure data in, data out: no sockets, no engine, no orchestrator.
 
@@ -36,7 +49,8 @@ The package, one job per module:
 - :mod:`.suspects`: :class:`Suspect` (what detection raised) and :func:`failing_path_ids`
 - :mod:`.source`: :class:`StateSource` (what the localizer asks) and :class:`FlowTables`
 - :mod:`.overlay`: the overlay walk; :mod:`.underlay`: the trace vote; :mod:`.rnic`: flow-table
-  diffs; :mod:`.classify`: evidence + symptom → failure type
+  diffs; :mod:`.endpoint`: what reports, tables and probe patterns say about an RNIC or host;
+  :mod:`.classify`: evidence + symptom → failure type
 - :mod:`.data`: the plain data in and out (traces, tables, host reports, verdicts)
 - :mod:`.alerts`: verdicts merged per culprit and tracked as alerts while a fault lasts
 
@@ -45,6 +59,7 @@ Failure types are :class:`skh.failures.FailureType` (re-exported here).
 
 from skh.analysis.localize.alerts import AlertTracker, AlertUpdate
 from skh.analysis.localize.data import (
+    REPORT_FLAGS,
     FlowDiff,
     FlowRule,
     HostReport,
@@ -61,7 +76,7 @@ from skh.analysis.localize.localizer import Localizer
 from skh.analysis.localize.overlay import walk_overlay
 from skh.analysis.localize.rnic import covers, diff_flow_tables, diff_megaflows
 from skh.analysis.localize.source import FlowTables, StateSource
-from skh.analysis.localize.suspects import Suspect, failing_path_ids
+from skh.analysis.localize.suspects import Suspect, failing_path_ids, probe_view
 from skh.analysis.localize.underlay import link_name, vote
 from skh.failures import FailureType
 
@@ -78,6 +93,7 @@ __all__ = [
     "OverlayTables",
     "OverlayWalk",
     "Pair",
+    "REPORT_FLAGS",
     "Severity",
     "StateSource",
     "Suspect",
@@ -89,6 +105,7 @@ __all__ = [
     "diff_megaflows",
     "failing_path_ids",
     "link_name",
+    "probe_view",
     "vote",
     "walk_overlay",
 ]

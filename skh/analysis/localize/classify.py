@@ -48,25 +48,26 @@ def classify_underlay(
 
 def classify_rnic_report(report: HostReport | None, rail: int) -> F | None:
     """What the host says about its RNIC on ``rail`` (None: nothing wrong reported)."""
-    if report is None:
+    if report is None or not report.known("rnic_state"):
         return None
     state = report.rnic_state.get(rail, "up")
     return _RNIC_STATE.get(state)
 
 
 def classify_host_report(report: HostReport | None, rail: int) -> F | None:
-    """Host- and kernel-side faults of Table 1 that no trace or flow table shows."""
+    """Host- and kernel-side faults of Table 1 that no trace or flow table shows (flags that are
+    set; a flag the report lacks names nothing)."""
     if report is None:
         return None
-    for rails, ftype in (
-        (report.gid_changed, F.RNIC_GID_CHANGE),
-        (report.bond_degraded, F.BOND_ERROR),
-        (report.pcie_errors, F.PCIE_NIC_ERROR),
-        (report.gpudirect_broken, F.GPUDIRECT_RDMA_ERROR),
+    for flag, ftype in (
+        ("gid_changed", F.RNIC_GID_CHANGE),
+        ("bond_degraded", F.BOND_ERROR),
+        ("pcie_errors", F.PCIE_NIC_ERROR),
+        ("gpudirect_broken", F.GPUDIRECT_RDMA_ERROR),
     ):
-        if rail in rails:
+        if report.known(flag) and rail in getattr(report, flag):
             return ftype
-    if report.hugepage_mismatch:
+    if report.known("hugepage_mismatch") and report.hugepage_mismatch:
         return F.HUGEPAGE_MISCONFIG
     return None
 
@@ -75,13 +76,20 @@ _TUNNEL_ACTIONS = ("tnl_push", "tnl_pop", "set_tunnel", "vxlan", "encap", "decap
 
 
 def classify_flow_diff(diff: FlowDiff, *, churn: bool = False) -> F:
-    """A diff of offloaded vs OVS flow tables (empty only when ``churn`` is seen)."""
+    """A diff of offloaded vs OVS flow tables (empty only when ``churn`` is seen): rules out of
+    order are suboptimal offloading; churn is repetitive offloading; only stale rules are
+    firmware that stopped applying updates; tunnel rules missing are an offloading failure;
+    other rules missing are offloaded flows invalidated (repetitive offloading)."""
     if diff.misordered or (diff.duplicated and not (diff.missing or diff.stale)):
         return F.SUBOPTIMAL_FLOW_OFFLOADING
     if churn:
         # the same rules evicted and re-installed over and over: between two evictions the
         # tables may even agree
         return F.REPETITIVE_FLOW_OFFLOADING
+    if diff.stale and not (diff.missing or diff.not_in_hw):
+        # the RNIC holds rules OVS replaced or removed and nothing is missing: its firmware no
+        # longer applies updates (Table 1: firmware not responding), not an eviction
+        return F.RNIC_FIRMWARE_NOT_RESPONDING
     tunnel = [
         r
         for r in (*diff.missing, *diff.not_in_hw)

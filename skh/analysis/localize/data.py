@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
-from skh.failures import FailureType
+from skh.failures import FailureType, class_id, type_class
 
 __all__ = [
     "Pair",
@@ -23,6 +23,7 @@ __all__ = [
     "FlowRule",
     "FlowDiff",
     "HostReport",
+    "REPORT_FLAGS",
     "Verdict",
 ]
 
@@ -160,12 +161,32 @@ class FlowDiff:
         }
 
 
+#: every flag a :class:`HostReport` can carry (its field names)
+REPORT_FLAGS: tuple[str, ...] = (
+    "rnic_state",
+    "peer_down",
+    "port_down_count",
+    "gid_changed",
+    "bond_degraded",
+    "pcie_errors",
+    "gpudirect_broken",
+    "rdma_fallback",
+    "hugepage_mismatch",
+    "offload_churn",
+    "agents_dead",
+    "agents_late",
+    "containers_dead",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class HostReport:
     """What a host's underlay agent reports about its RNICs and the host itself.
 
-    Keys of the per-rail maps are rails. Every field defaults to "nothing wrong seen", so a
-    source that cannot check something simply leaves it out.
+    Keys of the per-rail maps are rails. A flag the source did not read is *unknown*, never
+    "nothing wrong": ``read`` names the flags it read (None: every flag) and ``age_s`` how old
+    each one's value is (a collector that polls on a period answers with its last reading;
+    missing: read just now). Ask with :meth:`known`.
     """
 
     host: str
@@ -174,6 +195,10 @@ class HostReport:
     #: rails whose NIC sees no light from the switch (physical state "polling"): the switch
     #: port at the other end of the access link is down, not the RNIC's
     peer_down: frozenset[int] = frozenset()
+    #: rail → carrier-down transitions the NIC driver counted since boot (Linux
+    #: ``IFLA_CARRIER_DOWN_COUNT``): two readings tell a port that went down once from one that
+    #: flaps
+    port_down_count: Mapping[int, int] = field(default_factory=dict)
     #: rails whose RoCE GID table changed since the endpoint registered
     gid_changed: frozenset[int] = frozenset()
     bond_degraded: frozenset[int] = frozenset()
@@ -190,6 +215,30 @@ class HostReport:
     agents_late: frozenset[str] = frozenset()
     #: containers whose runtime reports them exited
     containers_dead: frozenset[str] = frozenset()
+    #: the flags the source read (None: all of them)
+    read: frozenset[str] | None = None
+    #: flag → seconds since its value was read (flags left out: read just now)
+    age_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.read or ()) - set(REPORT_FLAGS)) + sorted(
+            set(self.age_s) - set(REPORT_FLAGS)
+        )
+        if bad:
+            raise ValueError(
+                f"HostReport of {self.host}: unknown flag(s) {bad}; flags are {REPORT_FLAGS}."
+            )
+
+    def known(self, flag: str, *, max_age_s: float | None = None) -> bool:
+        """The source read ``flag`` (and, with ``max_age_s``, no longer than that ago: a
+        reading older than a failure says nothing about whether the failure is there)."""
+        if self.read is not None and flag not in self.read:
+            return False
+        return max_age_s is None or float(self.age_s.get(flag, 0.0)) <= max_age_s
+
+
+#: the probability a verdict's type class must reach not to be asked again (``type_pending``)
+TYPE_SURE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +264,36 @@ class Verdict:
     evidence: Mapping[str, object] = field(default_factory=dict)
     #: other components that explain the pairs equally well (a tie, or an uncovered link)
     candidates: tuple[str, ...] = ()
+    #: the failure types that fit the evidence, most likely first, each with its probability
+    #: (``failure_type`` is the first); empty: ``failure_type`` alone, with certainty
+    type_candidates: tuple[tuple[FailureType, float], ...] = ()
+    #: the class the alert was opened with (:func:`skh.failures.class_id`), when an alert
+    #: refined this verdict's type; -1: the failure type's own class
+    alert_class: int = -1
+
+    @property
+    def type_confidence(self) -> float:
+        """The probability of ``failure_type`` given the evidence (1 when it decides)."""
+        return float(self.type_candidates[0][1]) if self.type_candidates else 1.0
+
+    @property
+    def type_pending(self) -> bool:
+        """No class of type is likely enough (:data:`TYPE_SURE`): the type rests on a guess,
+        ask again next round (a missing host-report flag may be there then)."""
+        if not self.type_candidates:
+            return False
+        by_class: dict[str, float] = {}
+        for t, p in self.type_candidates:
+            by_class[type_class(t)] = by_class.get(type_class(t), 0.0) + float(p)
+        return max(by_class.values()) < TYPE_SURE
 
     @property
     def key(self) -> tuple[str, str, int]:
-        """Identity of the fault for deduplication while it lasts."""
-        return (self.layer, self.component, int(self.failure_type))
+        """Identity of the fault while it lasts: layer, component and the type's class, so a
+        type refined within its class (or within the candidates it opened with, see
+        :class:`~skh.analysis.localize.AlertTracker`) stays one alert."""
+        cls = self.alert_class if self.alert_class >= 0 else class_id(self.failure_type)
+        return (self.layer, self.component, cls)
 
     @property
     def certain(self) -> bool:
@@ -241,6 +315,11 @@ class Verdict:
             "detected_at_ns": self.detected_at_ns,
             "evidence": _plain(self.evidence),
             "candidates": list(self.candidates),
+            "type_class": type_class(self.failure_type).lower(),
+            "type_confidence": round(self.type_confidence, 3),
+            "type_candidates": [
+                [t.name.lower(), round(float(p), 3)] for t, p in self.type_candidates
+            ],
         }
 
 

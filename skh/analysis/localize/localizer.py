@@ -6,17 +6,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from skh.analysis.localize.alerts import merge_verdicts
-from skh.analysis.localize.classify import (
-    classify_flow_diff,
-    classify_host_report,
-    classify_rnic_report,
-    classify_underlay,
-)
+from skh.analysis.localize.classify import classify_underlay
 from skh.analysis.localize.data import (
     SEVERITY_OF,
     SYMPTOM_RANK,
@@ -31,12 +26,28 @@ from skh.analysis.localize.data import (
     Trace,
     Verdict,
 )
+from skh.analysis.localize.endpoint import (
+    Finding,
+    dead_edge_finding,
+    flow_finding,
+    host_board_finding,
+    one_way_in,
+    persisting,
+    relevant_diff,
+    report_finding,
+)
 from skh.analysis.localize.overlay import host_of, walk_overlay
 from skh.analysis.localize.source import StateSource
 from skh.analysis.localize.suspects import DEAD_BITS, Suspect
-from skh.analysis.localize.underlay import UnderlayCulprit, link_name, vote
+from skh.analysis.localize.underlay import (
+    UnderlayCulprit,
+    fill_silent,
+    known_elements,
+    link_name,
+    vote,
+)
 from skh.errors import ConfigError
-from skh.failures import FailureType
+from skh.failures import BECOMES, FailureType
 from skh.model import Cluster, Endpoint
 
 __all__ = ["Localizer", "default_overlay_endpoint"]
@@ -61,6 +72,17 @@ class _Work:
     agents: dict[int, int]
     left: set[Pair]
     first_seen_any: int
+    now_s: float = 0.0
+    #: sources of the pairs probed without trouble right now (sorted endpoint ids)
+    healthy_src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: culprits already open (alerts): tried first
+    known: tuple[Verdict, ...] = ()
+    #: endpoints whose own probes came back lately: their agents are alive
+    responsive: frozenset[int] = frozenset()
+    #: destinations of the pairs probed without trouble right now (sorted endpoint ids)
+    healthy_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the round's overlay tables, by host (cached answers)
+    tables: Callable[[str], OverlayTables | None] | None = None
     verdicts: list[Verdict] = field(default_factory=list)
     failing: list[Trace] = field(default_factory=list)
     healthy: list[Trace] = field(default_factory=list)
@@ -68,7 +90,6 @@ class _Work:
     deferred: list[tuple[UnderlayCulprit, list[Trace]]] = field(default_factory=list)
 
 
-_RNIC_SIDE = {FailureType.BOND_ERROR, FailureType.RNIC_GID_CHANGE}
 #: types whose only symptom is delay (Table 1's "high latency" rows)
 _LATENCY_ONLY = {
     FailureType.RNIC_FIRMWARE_NOT_RESPONDING,
@@ -81,6 +102,29 @@ _LATENCY_ONLY = {
     FailureType.HUGEPAGE_MISCONFIG,
     FailureType.CC_ISSUE,
 }
+
+
+#: outages that stop forwarding at their element: the traces of the pairs they fail stop there,
+#: so traces that cross the element again say the outage is not there now (a GID change or a
+#: broken bond fails probes whose traces get through)
+_FORWARDING_OUTAGES = frozenset(
+    {
+        FailureType.SWITCH_PORT_DOWN,
+        FailureType.SWITCH_PORT_FLAPPING,
+        FailureType.SWITCH_OFFLINE,
+        FailureType.RNIC_HW_FAILURE,
+        FailureType.RNIC_PORT_DOWN,
+        FailureType.RNIC_PORT_FLAPPING,
+    }
+)
+
+#: flow labels beyond the probed ones a failing pair is traced on, to clear the ECMP paths beside
+#: a broken one
+_EXTRA_LABELS = 4
+
+#: a host-report reading taken this long before a pair's first failed probe still counts for
+#: it: the fault began before the probe that first saw it (up to a probe interval)
+_READING_GRACE_S = 2.0
 
 
 class Localizer:
@@ -102,6 +146,9 @@ class Localizer:
         healthy pairs traced per round to clear links (nearest to the failing pairs first).
     exoneration_path_ids:
         the path ids each healthy pair is traced on.
+    flap_window_s:
+        a port whose carrier-down count grows within this long of a reading taken during the
+        failure is flapping.
     """
 
     def __init__(
@@ -113,6 +160,7 @@ class Localizer:
         rnic_dump_interval_s: float = 60.0,
         max_exoneration_traces: int = 256,
         exoneration_path_ids: Sequence[int] = (0,),
+        flap_window_s: float = 120.0,
     ) -> None:
         if rnic_dump_interval_s < 0:
             raise ConfigError(
@@ -124,6 +172,10 @@ class Localizer:
                 "The 'max_exoneration_traces' parameter of Localizer must be >= 0. "
                 f"Got {max_exoneration_traces!r} instead."
             )
+        if flap_window_s <= 0:
+            raise ConfigError(
+                f"The 'flap_window_s' parameter of Localizer must be > 0. Got {flap_window_s!r}."
+            )
         if not exoneration_path_ids:
             raise ConfigError(
                 "The 'exoneration_path_ids' parameter of Localizer must name at least one path id."
@@ -134,7 +186,10 @@ class Localizer:
         self.rnic_dump_interval_s = float(rnic_dump_interval_s)
         self.max_exoneration_traces = int(max_exoneration_traces)
         self.exoneration_path_ids = tuple(int(p) for p in exoneration_path_ids)
-        self._dumps: dict[tuple[str, int], tuple[float, FlowDiff]] = {}
+        self.flap_window_s = float(flap_window_s)
+        self._dumps: dict[tuple[str, int], tuple[float, FlowDiff | None, FlowDiff | None]] = {}
+        #: (host, rail) -> carrier-down counts seen, (time, count), oldest first
+        self._port_counts: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self._switch_paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._n_indexed = 0
         self._rnic_of: dict[tuple[str, int], tuple[int, int]] | None = None
@@ -193,13 +248,22 @@ class Localizer:
         healthy_pairs: np.ndarray | None = None,
         now_ns: int | None = None,
         now_s: float | None = None,
+        known: Sequence[Verdict] = (),
+        responsive: Iterable[int] | None = None,
     ) -> list[Verdict]:
         """Localize one round of suspects; returns one verdict per culprit (and one for what no
         culprit explains). ``healthy_pairs`` (n × 2 endpoint ids) are pairs probed without
-        trouble right now; some are traced to clear the links they cross."""
+        trouble right now; some are traced to clear the links they cross. ``known`` are the
+        culprits already open (the alerts): they are tried first, so a round with several
+        faults explains away what each known one explains before it looks for new ones.
+        ``responsive`` are endpoints whose own probes came back lately (an agent detection found
+        missing heartbeats from is late, not crashed, while its probes still come back)."""
         self._index()
         now_ns = time.time_ns() if now_ns is None else int(now_ns)
         now_s = now_ns / 1e9 if now_s is None else float(now_s)
+        healthy = np.asarray(
+            np.zeros((0, 2), np.int64) if healthy_pairs is None else healthy_pairs, np.int64
+        ).reshape(-1, 2)
         w = _Work(
             {},
             {},
@@ -209,6 +273,11 @@ class Localizer:
             {},
             set(),
             min((s.first_seen_ns for s in suspects), default=now_ns),
+            now_s,
+            np.unique(healthy[:, 0]),
+            tuple(known),
+            frozenset(int(e) for e in (responsive if responsive is not None else ())),
+            healthy_dst=np.unique(healthy[:, 1]),
         )
         n_ep = len(self.cluster.endpoints)
         for s in suspects:
@@ -245,6 +314,7 @@ class Localizer:
                 overlay_cache[host] = source.overlay_tables(host)
             return overlay_cache[host]
 
+        w.tables = tables
         self._overlay_step(w, tables, report, now_ns)
         self._agent_step(w, tables, report, now_ns)
         self._underlay_step(w, source, report, healthy_pairs, now_ns, now_s)
@@ -254,6 +324,8 @@ class Localizer:
             self._emit_underlay(w, c, traces, source, report, now_ns, now_s)
         if w.left:
             self._residual_step(w, source, report, now_ns, now_s)
+        if w.left and w.known:
+            self._known_step(w, now_ns)
         self._evidence_step(w, set(w.symptom), report, now_ns)
         if w.left:
             pairs = sorted(w.left)
@@ -362,13 +434,16 @@ class Localizer:
             if name in crashed:
                 continue
             node = self.overlay_endpoint(ep)[0]
-            if bits & DEAD_BITS and self._container_gone(ep, node, tables, report):
+            # an agent whose own probes still come back is alive, however many heartbeats it
+            # missed: late, not crashed
+            dead = bool(bits & DEAD_BITS) and e not in w.responsive
+            if dead and self._container_gone(ep, node, tables, report):
                 key = (ep.job, ep.container, FailureType.CONTAINER_CRASH)
             else:
                 key = (
                     ep.job,
                     ep.container,
-                    FailureType.AGENT_CRASH if bits & DEAD_BITS else FailureType.LATE_AGENT,
+                    FailureType.AGENT_CRASH if dead else FailureType.LATE_AGENT,
                 )
             endpoints.setdefault(key, set()).add(e)
             blamed.setdefault(key, [])
@@ -432,6 +507,13 @@ class Localizer:
         near_rnic = in_s | in_d
         near_tor = np.isin(ts, tor_f) | np.isin(td, tor_f)
         out: list[Pair] = []
+
+        def take(p: Pair) -> bool:
+            if p in fset:
+                return False
+            out.append(p)
+            return True
+
         # spread the budget over the failing RNICs so one busy endpoint does not take it all
         per_rnic: dict[int, int] = {}
         cap = max(4, self.max_exoneration_traces // max(1, 2 * rn_f.size))
@@ -439,17 +521,15 @@ class Localizer:
             key = int(rs[i]) if in_s[i] else int(rd[i])
             if per_rnic.get(key, 0) >= cap:
                 continue
-            p = (int(hp[i, 0]), int(hp[i, 1]))
-            if p in fset:
-                continue
-            per_rnic[key] = per_rnic.get(key, 0) + 1
-            out.append(p)
+            if take((int(hp[i, 0]), int(hp[i, 1]))):
+                per_rnic[key] = per_rnic.get(key, 0) + 1
         rest = np.flatnonzero(near_tor & ~near_rnic)
         budget = self.max_exoneration_traces - len(out)
         if budget > 0 and rest.size:
             # spread evenly over the candidates so every ToR and spine gets its share
             pick = rest[np.linspace(0, rest.size - 1, min(budget, rest.size)).astype(np.int64)]
-            out.extend((int(hp[i, 0]), int(hp[i, 1])) for i in np.unique(pick).tolist())
+            for i in np.unique(pick).tolist():
+                take((int(hp[i, 0]), int(hp[i, 1])))
         return out[: self.max_exoneration_traces]
 
     def _underlay_step(
@@ -471,7 +551,28 @@ class Localizer:
                 t = source.traceroute(p, pid)
                 if t is not None:
                     w.healthy.append(t)
-        res = vote(failing, w.healthy, expected_paths=self._expected_paths)
+        # a pair that fails on some flows only (an unreachable ECMP path) carries others: a
+        # trace of another flow label that reaches its destination clears the path it took. One
+        # pair per pair of ToRs, on the probed labels it did not fail on and a few more (a
+        # trace may use any flow label), so the paths beside a broken one are cleared
+        seen: set[tuple[int, int]] = set()
+        top = max(self.exoneration_path_ids) + 1
+        extra = tuple(range(top, top + _EXTRA_LABELS))
+        for p in sorted(w.left):
+            if w.symptom.get(p) != "unreachable" or p in w.refused:
+                continue
+            tors = (int(self._ep_tor[p[0]]), int(self._ep_tor[p[1]]))
+            if tors[0] == tors[1] or tors in seen:
+                continue
+            seen.add(tors)
+            bad = w.path_ids.get(p, (0,))
+            for pid in (*self.exoneration_path_ids, *extra):
+                if pid not in bad:
+                    t = source.traceroute(p, pid)
+                    if t is not None and t.reached:
+                        w.healthy.append(t)
+        soft = [i for i, t in enumerate(failing) if w.symptom.get(t.pair) != "unreachable"]
+        res = vote(failing, w.healthy, expected_paths=self._expected_paths, soft=soft)
         for c in res.culprits:
             traces = [failing[i] for i in sorted(c.explains)]
             if c.ambiguous:
@@ -502,16 +603,21 @@ class Localizer:
             "path": list(traces[0].nodes),
         }
         rnic = self._edge_rnic(c)
+        symptom = self._worst(w, pairs)
+        flapping = any(p in w.flapping for p in pairs)
+        if symptom == "unreachable" and all(t.reached for t in traces):
+            # the pairs' outage is not there now: their traces cross the culprit again. An
+            # outage that comes and goes is a flapping port; one named already is that one
+            again = self._known_outage(w, set(c.component.split("|")) | {c.component}, pairs)
+            if again is not None:
+                self._came_back(w, again, pairs, evidence, now_ns)
+                return
+            flapping = True
         if rnic is not None and not c.ambiguous:
             host, rail = rnic
-            found = self._check_endpoint(
-                host, rail, pairs, source, report, now_s, any(p in w.flapping for p in pairs)
-            )
+            found = self._check_endpoint(w, host, rail, pairs, source, report, flapping)
             if found is not None:
-                layer, comp, kind, ftype, extra = found
-                evidence.update(extra)
-                self._add_verdict(w, pairs, layer, comp, kind, ftype, now_ns, evidence=evidence)
-                self._settle(w, pairs, ftype)
+                self._add_finding(w, pairs, found, now_ns, evidence)
                 return
             # the RNIC at the link is fine: before blaming the switch port, the other endpoints
             # of these pairs may explain them (an edge no healthy trace clears is ambiguous)
@@ -519,25 +625,29 @@ class Localizer:
             pairs = [p for p in pairs if p in w.left]
             if not pairs:
                 return
-            if c.kind == "node":
-                # an RNIC no healthy trace crosses, that reports nothing itself
-                self._add_verdict(
-                    w,
-                    pairs,
-                    "rnic",
-                    c.component,
-                    "rnic",
-                    FailureType.RNIC_HW_FAILURE,
-                    now_ns,
-                    evidence=evidence,
-                    candidates=c.candidates,
+            symptom = self._worst(w, pairs)
+            if symptom == "unreachable":
+                # nothing crosses the RNIC or its access link any more, and its report names
+                # nothing: what its clear flags rule out decides (switch port, RNIC port, an
+                # RNIC dead with its port up), the rest stays open
+                flapping = flapping or self._flapped(host, rail, report(host), now_s)
+                found = dead_edge_finding(
+                    report(host),
+                    host,
+                    rail,
+                    tor=self.cluster.fabric.rnic(host, rail).tor,
+                    flapping=flapping,
+                    max_age_s=self._failure_age_s(w, pairs),
                 )
-                w.left -= set(pairs)
+                self._add_finding(w, pairs, found, now_ns, evidence)
                 return
-        symptom = self._worst(w, pairs)
-        flapping = any(p in w.flapping for p in pairs)
-        ftype = classify_underlay(c.kind, symptom, flapping=flapping, partial=c.partial)
-        ckind = "link" if c.kind == "link" else "switch"
+        kind, comp = c.kind, c.component
+        if rnic is not None and kind == "node":
+            # an RNIC that loses or delays some probes: what its cable and port do (a dead RNIC
+            # is unreachable), so the access link is named
+            kind, comp = "link", link_name(c.component, self.cluster.fabric.rnic(*rnic).tor)
+        ftype = classify_underlay(kind, symptom, flapping=flapping, partial=c.partial)
+        ckind = "link" if kind == "link" else "switch"
         cands = c.candidates if (c.ambiguous or c.partial) else ()
         if rnic is not None and symptom == "latency" and not cands:
             # a cable does not add delay; a queue or the RNIC does. With the RNIC's report and
@@ -548,14 +658,98 @@ class Localizer:
             w,
             pairs,
             "underlay",
-            c.component,
+            comp,
             ckind,
             ftype,
             now_ns,
             evidence=evidence,
-            candidates=cands,
+            candidates=tuple(x for x in cands if x != comp),
         )
         self._settle(w, pairs, ftype)
+
+    @staticmethod
+    def _known_outage(w: _Work, elements: set[str], pairs: Sequence[Pair]) -> Verdict | None:
+        """An open alert of an outage that stops forwarding at one of ``elements`` (a culprit,
+        or the RNIC of its access link) on some of these pairs."""
+        for v in w.known:
+            if (
+                v.symptom == "unreachable"
+                and v.failure_type in _FORWARDING_OUTAGES
+                and v.component in elements
+                and set(v.pairs) & set(pairs)
+            ):
+                return v
+        return None
+
+    def _came_back(
+        self, w: _Work, again: Verdict, pairs: Sequence[Pair], evidence: Mapping, now_ns: int
+    ) -> None:
+        """``pairs`` failed through the open outage ``again`` and cross it again: a port that
+        came back is flapping (the alert is refined); any other dead element that forwards
+        again is over (its alert resolves when no round confirms it), nothing new to name."""
+        if again.failure_type in {*BECOMES, *BECOMES.values()}:
+            self._add_verdict(
+                w,
+                pairs,
+                again.layer,
+                again.component,
+                again.component_kind,
+                BECOMES.get(again.failure_type, again.failure_type),
+                now_ns,
+                evidence={**evidence, "came_back": True},
+            )
+        w.left -= set(pairs)
+
+    def _known_step(self, w: _Work, now_ns: int) -> None:
+        """Outage pairs no culprit explained whose every trace now reaches its destination
+        across an open outage on those pairs: that outage came back. The vote cannot name it
+        then (healthy traces cross the element while it is up, so it is cleared), and the
+        pairs would open an unexplained alert beside the known one. Pairs whose traces stop
+        somewhere, or miss the known element, stay unexplained (they may be a second fault)."""
+        traces: dict[Pair, list[Trace]] = {}
+        for t in w.failing:
+            if t.pair in w.left and w.symptom.get(t.pair) == "unreachable":
+                traces.setdefault(t.pair, []).append(t)
+
+        def elements(t: Trace) -> set[str]:
+            # a silent hop is named where the fabric allows one node only (a ToR behind its RNIC)
+            links, nodes = known_elements(fill_silent(t, self._expected_paths(t)))
+            return {*links, *nodes}
+
+        # the elements every trace of the pair crossed, for pairs whose traces all got through
+        crossed = {
+            p: set.intersection(*map(elements, ts))
+            for p, ts in traces.items()
+            if all(t.reached for t in ts)
+        }
+        for v in w.known:
+            pairs = sorted(p for p, el in crossed.items() if p in w.left and v.component in el)
+            if pairs and self._known_outage(w, {v.component}, pairs) is v:
+                evidence = {"path": list(traces[pairs[0]][0].nodes)}
+                self._came_back(w, v, pairs, evidence, now_ns)
+
+    def _add_finding(
+        self,
+        w: _Work,
+        pairs: Iterable[Pair],
+        found: Finding,
+        now_ns: int,
+        evidence: Mapping[str, object] | None = None,
+    ) -> None:
+        pairs = list(pairs)
+        self._add_verdict(
+            w,
+            pairs,
+            found.layer,
+            found.component,
+            found.kind,
+            found.type,
+            now_ns,
+            evidence={**(evidence or {}), **found.evidence},
+            candidates=found.candidates,
+            types=found.types,
+        )
+        self._settle(w, pairs, found.type)
 
     @staticmethod
     def _settle(w: _Work, pairs: Iterable[Pair], ftype: FailureType) -> None:
@@ -575,80 +769,122 @@ class Localizer:
                     return host, int(rail)
         return None
 
+    def _failure_age_s(self, w: _Work, pairs: Iterable[Pair]) -> float:
+        """How long the pairs have been failing: a clear flag read longer ago says nothing."""
+        first = min((w.first_seen[p] for p in pairs if p in w.first_seen), default=None)
+        first = w.first_seen_any if first is None else first
+        return max(0.0, w.now_s - first / 1e9)
+
+    def _flapped(self, host: str, rail: int, rep: HostReport | None, now_s: float) -> bool:
+        """The port's carrier-down count grew within ``flap_window_s`` since a reading taken
+        while the failure was on: it went down, came back and went down again (once down, a
+        port that stays down counts nothing more). Readings are remembered across rounds."""
+        if rep is None or not rep.known("port_down_count") or rail not in rep.port_down_count:
+            return False
+        seen = self._port_counts.setdefault((host, rail), [])
+        t = now_s - float(rep.age_s.get("port_down_count", 0.0))
+        n = int(rep.port_down_count[rail])
+        if not seen or seen[-1] != (t, n):
+            seen.append((t, n))
+        while seen and seen[0][0] < now_s - self.flap_window_s:
+            seen.pop(0)
+        return bool(seen) and n - min(c for _t, c in seen) >= 1
+
     def _check_endpoint(
         self,
+        w: _Work,
         host: str,
         rail: int,
         pairs: Iterable[Pair],
         source,
         report,
-        now_s: float,
         flapping: bool = False,
-    ):
+    ) -> Finding | None:
         """What the endpoint side says, cheapest first: the host's report (containers' VF
-        traffic, the RNIC's and the host's state), then the RNIC's flow tables (a costly,
-        rate-limited dump). Returns (layer, component, kind, type, evidence) or None."""
-        found = self._check_report(host, rail, pairs, report, flapping)
+        traffic, the RNIC's and the host's state), the probes' pattern (delay on several RNICs
+        of the host, failure only towards the RNIC), then the RNIC's flow tables (a costly,
+        rate-limited dump)."""
+        pairs = list(pairs)
+        rep = report(host)
+        flapping = flapping or self._flapped(host, rail, rep, w.now_s)
+        mine = self._rnic_eps(host, rail, pairs)
+        containers = {
+            self._ep(e).container: f"{self._ep(e).job}/{self._ep(e).container}" for e in mine
+        }
+        age = self._failure_age_s(w, pairs)
+        found = report_finding(
+            rep,
+            host,
+            rail,
+            tor=self.cluster.fabric.rnic(host, rail).tor,
+            containers=containers,
+            flapping=flapping,
+            max_age_s=age + _READING_GRACE_S,
+        )
         if found is not None:
             return found
-        rep = report(host)
-        churn = rep is not None and rail in rep.offload_churn
-        diff = self._rnic_diff(host, rail, source, now_s)
-        if diff or churn:
-            diff = diff or FlowDiff()
-            rnic = f"{host}:rnic{rail}"
-            return (
-                "rnic",
-                rnic,
-                "rnic",
-                classify_flow_diff(diff, churn=churn),
-                {"diff": _diff_evidence(diff), "churn": churn},
-            )
+        symptom = self._worst(w, pairs)
+        arr = np.fromiter(mine, np.int64, len(mine))
+        sends = bool(np.isin(arr, w.healthy_src).any())
+        receives = bool(np.isin(arr, w.healthy_dst).any())
+        if symptom == "unreachable" and one_way_in(mine, w.symptom, sends, receives):
+            if rep is None or not rep.known("gid_changed", max_age_s=age):
+                return Finding(
+                    "rnic",
+                    f"{host}:rnic{rail}",
+                    "rnic",
+                    FailureType.RNIC_GID_CHANGE,
+                    {"pattern": "fails only as a destination"},
+                )
+        keys = {self.overlay_endpoint(self._ep(e))[1] for p in pairs for e in p}
+        diff = self._rnic_diff(host, rail, source, w.now_s, keys)
+        churn = (
+            rail in rep.offload_churn
+            if rep is not None and rep.known("offload_churn", max_age_s=age)
+            else None
+        )
+        if diff is not None:
+            software = {
+                rep_node: containers[self._ep(e).container]
+                for e in mine
+                for rep_node in self._representors(w, e)
+            }
+            found = flow_finding(diff, host, rail, churn=churn, software=software)
+            if found is not None:
+                return replace(found, evidence={**found.evidence, "diff": _diff_evidence(diff)})
+        if symptom == "latency" and self._host_slow(w, host):
+            # the host board slows every RNIC of the host; its tables are clean
+            return host_board_finding(rep, host, max_age_s=age)
         return None
 
-    def _check_report(self, host: str, rail: int, pairs: Iterable[Pair], report, flapping: bool):
-        """What the host agent's report alone says about an RNIC (no dump)."""
-        rep = report(host)
-        if rep is None:
-            return None
-        rnic = f"{host}:rnic{rail}"
-        if rep.rdma_fallback:
-            for p in pairs:
-                for e in p:
-                    ep = self._ep(e)
-                    if ep.host == host and ep.rail == rail and ep.container in rep.rdma_fallback:
-                        return (
-                            "overlay",
-                            f"{ep.job}/{ep.container}",
-                            "container",
-                            FailureType.NOT_USING_RDMA,
-                            {"host_report": "rdma_fallback"},
-                        )
-        if rail in rep.peer_down:
-            tor = self.cluster.fabric.rnic(host, rail).tor
-            ft = FailureType.SWITCH_PORT_FLAPPING if flapping else FailureType.SWITCH_PORT_DOWN
-            return "underlay", link_name(rnic, tor), "link", ft, {"host_report": "peer_down"}
-        ft = classify_rnic_report(rep, rail)
-        if ft is not None:
-            if ft == FailureType.RNIC_PORT_DOWN and flapping:
-                # down now, up a moment ago: the loss comes and goes
-                ft = FailureType.RNIC_PORT_FLAPPING
-            return "rnic", rnic, "rnic", ft, {"host_report": rep.rnic_state.get(rail)}
-        ft = classify_host_report(rep, rail)
-        if ft is not None:
-            if ft in _RNIC_SIDE:
-                return "rnic", rnic, "rnic", ft, {"host_report": ft.name.lower()}
-            # hugepages, PCIe and GPUDirect are the host board's: every RNIC of the host suffers
-            return "host", host, "host", ft, {"host_report": ft.name.lower()}
-        if rail in rep.offload_churn:
-            return (
-                "rnic",
-                rnic,
-                "rnic",
-                FailureType.REPETITIVE_FLOW_OFFLOADING,
-                {"host_report": "offload_churn"},
-            )
-        return None
+    def _rnic_eps(self, host: str, rail: int, pairs: Iterable[Pair]) -> set[int]:
+        return {
+            e for p in pairs for e in p if self._ep(e).host == host and self._ep(e).rail == rail
+        }
+
+    def _host_slow(self, w: _Work, host: str) -> bool:
+        """Pairs of this round that only slowed touch ``host`` on two or more rails, and reach
+        two or more other hosts: the host is what they share (not a slow peer of it)."""
+        rails: set[int] = set()
+        peers: set[str] = set()
+        for p, s in w.symptom.items():
+            if s != "latency":
+                continue
+            a, b = self._ep(p[0]), self._ep(p[1])
+            for me, other in ((a, b), (b, a)):
+                if me.host == host and other.host != host:
+                    rails.add(me.rail)
+                    peers.add(other.host)
+        return len(rails) >= 2 and len(peers) >= 2
+
+    def _representors(self, w: _Work, ep_id: int) -> list[str]:
+        """The overlay nodes that deliver to the endpoint's VF (its representor), as the host's
+        overlay tables name them."""
+        vf = self.overlay_endpoint(self._ep(ep_id))[0]
+        t = w.tables(host_of(vf)) if w.tables is not None else None
+        if t is None:
+            return []
+        return [n for n, nh in t.next_hop.items() if n != vf and vf in nh.values()]
 
     def _evidence_step(self, w: _Work, all_pairs: set[Pair], report, now_ns: int) -> None:
         """Faults hiding behind others: a culprit explains the pairs, yet an endpoint's own
@@ -657,46 +893,79 @@ class Localizer:
         named = {v.component for v in w.verdicts}
         switches = {v.component for v in w.verdicts if v.component_kind == "switch"}
         for (host, rail), mine in sorted(self._by_rnic(all_pairs).items()):
-            found = self._check_report(host, rail, mine, report, any(p in w.flapping for p in mine))
-            if found is None or found[1] in named:
+            eps = self._rnic_eps(host, rail, mine)
+            found = report_finding(
+                report(host),
+                host,
+                rail,
+                tor=self.cluster.fabric.rnic(host, rail).tor,
+                containers={
+                    self._ep(e).container: f"{self._ep(e).job}/{self._ep(e).container}" for e in eps
+                },
+                flapping=any(p in w.flapping for p in mine),
+                max_age_s=self._failure_age_s(w, mine) + _READING_GRACE_S,
+            )
+            if found is None or found.component in named:
                 continue
-            if found[2] == "link" and self.cluster.fabric.rnic(host, rail).tor in switches:
+            if found.kind == "link" and self.cluster.fabric.rnic(host, rail).tor in switches:
                 continue  # the switch itself is down: every port of it looks dark
-            layer, comp, kind, ftype, extra = found
-            named.add(comp)
-            evidence = {"step": "independent", **extra}
-            self._add_verdict(w, mine, layer, comp, kind, ftype, now_ns, evidence=evidence)
+            named.add(found.component)
+            self._add_verdict(
+                w,
+                mine,
+                found.layer,
+                found.component,
+                found.kind,
+                found.type,
+                now_ns,
+                evidence={"step": "independent", **found.evidence},
+            )
 
-    def _rnic_diff(self, host: str, rail: int, source, now_s: float) -> FlowDiff | None:
+    def _rnic_diff(
+        self, host: str, rail: int, source, now_s: float, keys: set[str]
+    ) -> FlowDiff | None:
+        """The RNIC's diff as it bears on the failing pairs (their destinations ``keys``): the
+        rules that carry their traffic, as two dumps agree on them (one dump can race with the
+        revalidator). Dumps are rate-limited per RNIC; a refused one reuses the last."""
         last = self._dumps.get((host, rail))
-        if last is not None and now_s - last[0] < self.rnic_dump_interval_s:
-            return last[1]
-        tables = source.flow_tables(host, rail)
-        if tables is None:
+        if last is None or now_s - last[0] >= self.rnic_dump_interval_s:
+            tables = source.flow_tables(host, rail)
+            first = tables.diff() if tables is not None else None
+            second = None
+            if first is not None and relevant_diff(first, keys):
+                again = source.flow_tables(host, rail)
+                second = again.diff() if again is not None else None
+            last = self._dumps[(host, rail)] = (now_s, first, second)
+        _t, first, second = last
+        if first is None:
             return None
-        diff = tables.diff()
-        self._dumps[(host, rail)] = (now_s, diff)
-        return diff
+        diff = relevant_diff(first, keys)
+        if not diff:
+            return diff
+        return persisting(diff, relevant_diff(second, keys) if second is not None else None)
 
     def _endpoint_step(
         self, w: _Work, source, report, now_ns: int, now_s: float, *, pairs: set[Pair] | None = None
     ) -> None:
         """Both layers clear: check the endpoints' RNICs and hosts, busiest first (of ``pairs``,
-        default all pairs left)."""
+        default all pairs left); RNICs and hosts already named by an open alert come first."""
         by_rnic = self._by_rnic(w.left if pairs is None else pairs & w.left)
-        for (host, rail), mine in sorted(by_rnic.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        named = {v.component for v in w.known}
+
+        def order(kv):
+            (host, rail), mine = kv
+            return (f"{host}:rnic{rail}" not in named and host not in named, -len(mine), kv[0])
+
+        for (host, rail), mine in sorted(by_rnic.items(), key=order):
             mine = mine & w.left
             if not mine:
                 continue
             found = self._check_endpoint(
-                host, rail, mine, source, report, now_s, any(p in w.flapping for p in mine)
+                w, host, rail, mine, source, report, any(p in w.flapping for p in mine)
             )
             if found is None:
                 continue
-            layer, comp, kind, ftype, extra = found
-            evidence = {"step": "endpoint", **extra}
-            self._add_verdict(w, mine, layer, comp, kind, ftype, now_ns, evidence=evidence)
-            self._settle(w, mine, ftype)
+            self._add_finding(w, mine, found, now_ns, {"step": "endpoint"})
 
     def _by_rnic(self, pairs: Iterable[Pair]) -> dict[tuple[str, int], set[Pair]]:
         """``pairs`` grouped by the (host, rail) RNIC of each of their two endpoints."""
@@ -729,6 +998,7 @@ class Localizer:
         evidence: Mapping[str, object],
         candidates: Sequence[str] = (),
         symptom: Symptom | None = None,
+        types: Sequence[tuple[FailureType, float]] = (),
     ) -> None:
         """Add a verdict on ``pairs`` to the round's findings."""
         pairs = tuple(sorted(pairs))
@@ -750,6 +1020,7 @@ class Localizer:
             detected_at_ns=now_ns,
             evidence=dict(evidence),
             candidates=tuple(candidates),
+            type_candidates=tuple(types),
         )
         w.verdicts.append(v)
 

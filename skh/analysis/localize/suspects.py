@@ -11,9 +11,9 @@ import numpy as np
 
 from skh.analysis.localize.data import SYMPTOM_RANK, Pair, Symptom
 from skh.errors import ConfigError
-from skh.records import pair_keys
+from skh.records import ProbeStatus, is_loss, pair_keys, split_pair_keys
 
-__all__ = ["Suspect", "failing_path_ids", "DEAD_BITS"]
+__all__ = ["Suspect", "failing_path_ids", "probe_view", "DEAD_BITS"]
 
 _DETECT_KINDS: dict[str, Symptom] = {
     "unreachable": "unreachable",
@@ -57,7 +57,9 @@ class Suspect:
         cls, event: Any, *, path_ids: Mapping[Pair, tuple[int, ...]] | None = None
     ) -> Suspect:
         """Adopt detection's ``SuspectEvent`` (``kind``, ``pairs``, ``scores``, ``first_seen_ns``,
-        ``endpoints``). An ``agent`` event's scores are the endpoints' health-reason bits."""
+        ``endpoints``, ``flapping``). An ``agent`` event's scores are the endpoints'
+        health-reason bits; ``flapping`` (an outage that came back after a recovery) makes a
+        port flapping rather than down."""
         kind = str(getattr(event, "kind", "")).lower()
         pairs = tuple(
             (int(a), int(b))
@@ -73,7 +75,8 @@ class Suspect:
         symptom = _DETECT_KINDS.get(kind)  # type: ignore[assignment]
         if symptom is None:
             raise ConfigError(f"Suspect.from_event: unknown detection kind {kind!r}.")
-        return cls(pairs, symptom, first, path_ids=dict(path_ids or {}))
+        flapping = bool(getattr(event, "flapping", False))
+        return cls(pairs, symptom, first, flapping=flapping, path_ids=dict(path_ids or {}))
 
 
 def failing_path_ids(probes: np.ndarray, pairs: Iterable[Pair]) -> dict[Pair, tuple[int, ...]]:
@@ -86,10 +89,32 @@ def failing_path_ids(probes: np.ndarray, pairs: Iterable[Pair]) -> dict[Pair, tu
     key = pair_keys(probes["src_ep"], probes["dst_ep"])
     wkey = pair_keys(want[:, 0], want[:, 1])
     sel = np.isin(key, wkey)
-    key, pid, bad = key[sel], probes["path_id"][sel].astype(np.int64), probes["status"][sel] != 0
+    st = probes["status"][sel]
+    # failed on the path (as the detector counts it): a probe our own side failed to send
+    # (LOCAL_ERROR) or a malformed answer (INVALID) names no flow worth tracing
+    bad = is_loss(st) | (st == ProbeStatus.UNREACHABLE)
+    key, pid = key[sel], probes["path_id"][sel].astype(np.int64)
     out: dict[Pair, tuple[int, ...]] = {}
     for k in np.unique(key).tolist():
         m = key == k
         ids = np.unique(pid[m & bad]) if (m & bad).any() else np.unique(pid[m])
         out[(k >> 32, k & 0xFFFFFFFF)] = tuple(int(i) for i in ids)
     return out
+
+
+#: statuses that say nothing about the pair's path: a probe our side failed to send, an answer
+#: that did not parse
+_SAYS_NOTHING = np.array([ProbeStatus.OK, ProbeStatus.LOCAL_ERROR, ProbeStatus.INVALID], np.uint8)
+
+
+def probe_view(probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What recent probe records (``PROBE_DTYPE``) tell localization besides suspects: the pairs
+    answered with no failed probe (healthy: the localizer traces some to clear links) and the
+    endpoints whose own probes came back (their agents are alive)."""
+    if probes.size == 0:
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
+    ok = probes["status"] == ProbeStatus.OK
+    key = pair_keys(probes["src_ep"], probes["dst_ep"])
+    failed = ~np.isin(probes["status"], _SAYS_NOTHING)
+    good = np.setdiff1d(np.unique(key[ok]), np.unique(key[failed]))
+    return split_pair_keys(good).astype(np.int64), np.unique(probes["src_ep"][ok]).astype(np.int64)

@@ -9,6 +9,7 @@ from typing import Any
 from skh.analysis.detect import SuspectEvent
 from skh.analysis.localize import Verdict
 from skh.analysis.skeleton import Skeleton
+from skh.failures import type_class
 
 __all__ = ["verdict_alert", "resolved_verdict", "skeleton_alert"]
 
@@ -26,13 +27,17 @@ def verdict_alert(
     out: dict[str, Any] = {
         "kind": "fault",
         "state": state,
-        "alert_id": f"{v.layer}|{v.component}|{int(v.failure_type)}",
+        # the type's class, not the type: an alert whose type a later round refines keeps its id
+        "alert_id": "|".join(str(x) for x in v.key),
         "job": v.job,
         "layer": v.layer,
         "component": v.component,
         "component_kind": v.component_kind,
         "failure_type": v.failure_type.name.lower(),
         "failure_type_id": int(v.failure_type),
+        "type_class": type_class(v.failure_type).lower(),
+        "type_confidence": round(v.type_confidence, 3),
+        "type_candidates": [[t.name.lower(), round(float(p), 3)] for t, p in v.type_candidates],
         "symptom": v.symptom,
         "severity": v.severity.name.lower() if state == "open" else "info",
         "pairs": [list(p) for p in v.pairs[:max_pairs]],

@@ -54,9 +54,10 @@ class PipelineConfig:
 
     ``fabric`` is the :meth:`Fabric.to_mapping` form; ``addr_owner`` maps underlay addresses
     (what a traceroute hop answers from) to fabric node names; ``host_agents`` names each host's
-    underlay agent (the one that runs traceroutes and dumps there; default ``underlay-<host>``,
-    the agent's default name); ``vf_devices`` maps an endpoint name (``job/container/rail``) to
-    the host-side device of its VF (representor).
+    underlay agent (the one that runs traceroutes and dumps there; default ``ul-<host>``,
+    the agent's default name and its identity's: ``security.underlay_identity``);
+    ``vf_devices`` maps an endpoint name (``job/container/rail``) to the host-side device of
+    its VF (representor).
 
     ``skh analyzer`` builds it with :meth:`from_analyzer` from its ``[analyzer]`` settings.
     """

@@ -4,9 +4,11 @@ worker thread against the controller, so traceroutes that take seconds never sta
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,8 +19,9 @@ from skh.orchestrator.admin import ControllerClient
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.pipeline.state_source import AgentStateSource
+from skh.probeplan import ProbePolicy
 
-__all__ = ["PipelineHook"]
+__all__ = ["PipelineHook", "check_sampling"]
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +35,25 @@ class PipelineHook:
     hears between them) are queued to a worker thread running the :class:`Pipeline` against the
     controller; the alerts it produced are returned by the next :meth:`on_round` (published by
     the daemon). What waits for a busy worker is bounded (``_MAX_QUEUED_ROUNDS`` rounds,
-    ``_MAX_QUEUED`` items); beyond, items are dropped and counted (``dropped``)."""
+    ``_MAX_QUEUED`` items); beyond, items are dropped and counted (``dropped``).
 
-    def __init__(self, cfg: PipelineConfig, security: Any = None) -> None:
+    ``make_pipeline(cfg, source_factory=..., apply_skeleton=...)`` builds the pipeline on the
+    worker (default :class:`Pipeline`; the sharded analyzer passes its
+    :class:`~skh.orchestrator.shard.ShardedPipeline`)."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        security: Any = None,
+        *,
+        make_pipeline: Callable[..., Pipeline] = Pipeline,
+    ) -> None:
         if not cfg.controller:
             raise ConfigError("the pipeline hook needs the controller's address ('controller')")
         self.cfg = cfg
         self._security = security
+        self._make_pipeline = make_pipeline
+        self._status: dict[str, Any] = {}
         self._in: queue.Queue[tuple[str, Any, Any, int] | None] = queue.Queue(_MAX_QUEUED)
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
         self._rounds_queued = 0
@@ -87,6 +102,10 @@ class PipelineHook:
             out.append(self._round_s.get_nowait())
         return out
 
+    def status(self) -> dict[str, Any]:
+        """The pipeline's counters as of its last round (the analyzer's STATUS shows them)."""
+        return dict(self._status)
+
     def on_retire(self, eps: list[int]) -> None:
         self._put(("retire", list(eps), None, 0))
 
@@ -106,10 +125,11 @@ class PipelineHook:
                 log.warning("skeleton of %s not applied: %s", job, exc)
                 return False
 
-        pipe = Pipeline(
+        pipe = self._make_pipeline(
             cfg, source_factory=lambda cl: AgentStateSource(client, cl, cfg), apply_skeleton=apply
         )
         next_status = 0.0
+        checked = False  # the controller's probe policy against this detector, once
         members: list[dict[str, Any]] = []
         members_version = -1
         try:
@@ -143,6 +163,9 @@ class PipelineHook:
                     try:
                         # the members are read (page by page) only when they changed
                         st = client.status()
+                        if not checked:
+                            checked = True
+                            check_sampling(cfg, st.get("probing"))
                         versions = {j: int(d["skeleton_version"]) for j, d in st["jobs"].items()}
                         if st["members_version"] != members_version:
                             members, members_version = client.members()
@@ -166,7 +189,33 @@ class PipelineHook:
                     log.exception("pipeline round failed")
                     continue
                 self._round_s.put(time.monotonic() - t0)
+                self._status = getattr(pipe, "status", lambda: dict(pipe.stats))()
                 for alert in alerts:
                     self._out.put(alert)
         finally:
+            close = getattr(pipe, "close", None)
+            if close is not None:
+                close()
             client.close()
+
+
+def check_sampling(cfg: PipelineConfig, probing: Any) -> bool:
+    """Whether the detector samples latency as the agents thin their results: the controller's
+    probe policy (``ok_sample_s``, handed out with every ping list) against
+    ``detector.latency_sample_s``. A disagreement is logged, not fixed: the detector's windows
+    are sized from its own setting."""
+    try:
+        policy = ProbePolicy.from_wire(probing)
+    except ProtocolError as exc:
+        log.warning("the controller's probe policy is not usable here: %s", exc)
+        return False
+    mine = cfg.detector.latency_sample_s
+    if policy.ok_sample_s and not math.isclose(policy.ok_sample_s, mine, rel_tol=1e-9):
+        log.warning(
+            "detector.latency_sample_s = %g s, but the controller has agents forward one OK per "
+            "pair and %g s (controller.ok_sample_s): set both alike",
+            mine,
+            policy.ok_sample_s,
+        )
+        return False
+    return True

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from skh.analysis.localize import (
     StateSource,
     Suspect,
     Verdict,
+    probe_view,
 )
 from skh.analysis.skeleton import Skeleton, infer_skeleton, traffic_changed
 from skh.errors import ConfigError
@@ -35,7 +36,7 @@ from skh.model import Cluster, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
-from skh.records import LOSS_STATUSES, PROBE_DTYPE, ProbeStatus, pair_keys, split_pair_keys
+from skh.records import LOSS_STATUSES, PROBE_DTYPE, ProbeStatus, empty_probes, pair_keys
 
 __all__ = ["Pipeline"]
 
@@ -262,8 +263,15 @@ class Pipeline:
                     detected_at_ns=int(a["detected_at_ns"]),
                     evidence=dict(a.get("evidence") or {}),
                     candidates=tuple(str(c) for c in a.get("candidates", ())),
+                    type_candidates=tuple(
+                        (FailureType[str(t).upper()], float(p))
+                        for t, p in a.get("type_candidates", ())
+                    ),
+                    # the id's class: an alert a round refined into another class keeps the id
+                    # it opened with, and so must its resolution
+                    alert_class=int(str(a["alert_id"]).rsplit("|", 1)[1]),
                 )
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
                 log.warning("open alert %s not restored: %r", a.get("alert_id"), exc)
                 continue
             self.tracker.update([v], now_ns)  # open again, not announced again
@@ -292,9 +300,30 @@ class Pipeline:
         simulator's; the daemon's hook passes the analyzer's through
         :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
-        alerts: list[dict[str, Any]] = []
-        if self._restored:
+        if self._restored:  # the tracker's side: a shard's observe never has any
             self._reopen(now_ns)
+        alerts, events = self.observe(probes, counters, now_ns, heartbeats)
+        events = self._unexplained(events)
+        verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
+        due = self._pending is not None and now_ns - self._pending[2] >= self._grace_ns
+        if (events or due) and self.localizer is not None:
+            verdicts = self._localize(events, now_ns)
+        alerts += self._track(verdicts, now_ns)
+        return alerts
+
+    def observe(
+        self,
+        probes: np.ndarray,
+        counters: np.ndarray,
+        now_ns: int,
+        heartbeats: np.ndarray | None = None,
+    ) -> tuple[list[dict[str, Any]], list[SuspectEvent]]:
+        """The detection half of a round: counters into the history (and skeletons when due),
+        probes into the detector, then its tick. Returns the skeleton alerts and the detector's
+        new events. Everything the other half asks of it goes through :attr:`detector`'s
+        ``open_incidents`` and :meth:`recent_probes` (the sharded analyzer,
+        :mod:`skh.orchestrator.shard`, runs this half on each shard)."""
+        alerts: list[dict[str, Any]] = []
         self.counters.add(self._records_in(counters, ("ep",)))
         if heartbeats is not None and heartbeats.size:
             self.heartbeat(heartbeats, now_ns)
@@ -306,13 +335,11 @@ class Pipeline:
         if now_ns >= self._next_skeleton_ns:
             self._next_skeleton_ns = now_ns + int(self.cfg.skeleton_every_s * 1e9)
             alerts += self._skeletons(now_ns)
-        events = self._unheld(self.detector.tick(now_ns))
-        verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
-        due = self._pending is not None and now_ns - self._pending[2] >= self._grace_ns
-        if (events or due) and self.localizer is not None:
-            verdicts = self._localize(events, now_ns)
-        alerts += self._track(verdicts, now_ns)
-        return alerts
+        return alerts, self.detector.tick(now_ns)
+
+    def recent_probes(self) -> np.ndarray:
+        """The probe records of the last 15 s (what localization reads of recent traffic)."""
+        return np.concatenate([r for _t, r in self._recent]) if self._recent else empty_probes()
 
     @property
     def _grace_ns(self) -> int:
@@ -361,19 +388,24 @@ class Pipeline:
             if not self.apply_skeleton(job, out_sk, version):
                 continue
             st.applied_digest, st.skeleton_version = sk.digest, version
-            self.stats["skeletons"] += 1
-            log.info(
-                "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
-                job,
-                version,
-                sk.mode,
-                len(sk.pairs),
-                sk.confidence,
-            )
-            out.append(skeleton_alert(job, out_sk, version))
+            out.append(self._installed(job, out_sk, version))
         return out
 
-    def _unheld(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
+    def _installed(self, job: str, sk: Skeleton, version: int) -> dict[str, Any]:
+        """Skeleton ``version`` of ``job`` (``sk`` in controller ids) is in place: counted,
+        logged, and its alert."""
+        self.stats["skeletons"] += 1
+        log.info(
+            "job %s: skeleton v%d (%s, %d pairs, confidence %.2f)",
+            job,
+            version,
+            sk.mode,
+            len(sk.pairs),
+            sk.confidence,
+        )
+        return skeleton_alert(job, sk, version)
+
+    def _unexplained(self, events: list[SuspectEvent]) -> list[SuspectEvent]:
         """The events no open alert explains yet. One fault, one alert: loss seen around an
         outage's start and end, or a dead agent's pairs turning late, concern pairs (endpoints)
         an open alert already holds; they confirm it rather than open another. (A second fault
@@ -392,34 +424,52 @@ class Pipeline:
         out = []
         for ev in events:
             pairs, eps = set(ev.pairs), set(ev.endpoints)
+            if getattr(ev, "flapping", False):
+                out.append(ev)  # an outage that came back: it refines the open alert's type
+                continue
             if (pairs or eps) and pairs <= held_pairs and eps <= held_eps:
                 self.stats["events_explained"] += 1
                 continue
             out.append(ev)
         return out
 
-    def _healthy_pairs(self, failing: set[tuple[int, int]]) -> np.ndarray:
-        """Pairs answered in the last seconds with no failed probe and no open suspicion: the
-        localizer traces some of them to clear the links they cross."""
-        if not self._recent:
-            return np.zeros((0, 2), np.int64)
-        p = np.concatenate([r for _t, r in self._recent])
-        key = pair_keys(p["src_ep"], p["dst_ep"])
-        bad = np.unique(key[p["status"] != 0])
-        if failing:
+    def _probe_view(
+        self, p: np.ndarray, failing: set[tuple[int, int]], now_ns: int, since_ns: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Healthy pairs (answered in the last seconds with no failed probe and no open
+        suspicion, and answered since ``since_ns``, when the failures began: a pair last heard
+        before then says nothing about the fault, neither that the links it crosses are clear
+        nor that its source still sends, which is what tells a changed GID from a blackhole
+        whose other side has not reported yet; the localizer traces some to clear the links
+        they cross) and responsive
+        endpoints (their own probes sent since the heartbeat timeout came back: their agents
+        are alive). Only that recent: an agent is declared dead once its heartbeats are
+        missing for the timeout, and the probes it sent before it died, still in the look-back,
+        must not make it look alive. ``p``: :meth:`recent_probes`."""
+        if not p.size:
+            return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
+        healthy, _ = probe_view(p)
+        heard, _ = probe_view(p[p["t_wall_ns"] >= since_ns])
+        healthy = healthy[
+            np.isin(pair_keys(healthy[:, 0], healthy[:, 1]), pair_keys(heard[:, 0], heard[:, 1]))
+        ]
+        alive_ns = now_ns - int(self.cfg.detector.health.heartbeat_timeout_s * 1e9)
+        _, responsive = probe_view(p[p["t_wall_ns"] >= alive_ns])
+        if failing and healthy.size:
             f = np.array(sorted(failing), np.int64)
-            bad = np.union1d(bad, pair_keys(f[:, 0], f[:, 1]))
-        good = np.setdiff1d(np.unique(key[p["status"] == 0]), bad)
-        return split_pair_keys(good).astype(np.int64)
+            healthy = healthy[
+                ~np.isin(pair_keys(healthy[:, 0], healthy[:, 1]), pair_keys(f[:, 0], f[:, 1]))
+            ]
+        return healthy, responsive
 
-    def _failing_reverses(self, s: Suspect) -> tuple[tuple[int, int], ...]:
-        """The reverses of ``s``'s pairs that failed a probe since ``s`` began. A probe and its
+    def _failing_reverses(self, s: Suspect, p: np.ndarray) -> tuple[tuple[int, int], ...]:
+        """The reverses of ``s``'s pairs that failed a probe (of ``p``, :meth:`recent_probes`)
+        since ``s`` began. A probe and its
         reply cross both directions, so one fault fails a pair and its reverse; each prober
         reports its own side, and the side detection saw first may be the one whose forward
         path is intact (a missing FDB entry at the responder's host breaks only replies)."""
-        if s.symptom == "latency" or not self._recent:
+        if s.symptom == "latency":
             return ()
-        p = np.concatenate([r for _t, r in self._recent])
         p = p[
             np.isin(p["status"], _FAILED) & (p["t_wall_ns"] >= s.first_seen_ns - _REVERSE_SLACK_NS)
         ]
@@ -468,35 +518,24 @@ class Pipeline:
         pending, self._pending = self._pending, None
         if not suspects:
             return []
+        t0 = time.monotonic()
+        recent = self.recent_probes()
         suspects = [
             (dataclasses.replace(s, pairs=s.pairs + extra), ev) if extra else (s, ev)
             for s, ev in suspects
-            for extra in (self._failing_reverses(s),)
+            for extra in (self._failing_reverses(s, recent),)
         ]
-        t0 = time.monotonic()
-        source = self.source_factory(self.cluster)
         failing = {p for s, _ev in suspects for p in s.pairs}
-        eps = {e for p in failing for e in p} | {e for s, _ev in suspects for e in s.agents}
-        healthy = self._healthy_pairs(failing)
-        # cheap, decisive reads first (every host's overlay state and report, in one go); the
-        # traces the underlay vote will want (the failing pairs' and the healthy ones it clears
-        # links with) are all fetched at once when it asks for its first
-        prefetch_hosts = getattr(source, "prefetch_hosts", None)
-        if prefetch_hosts is not None:
-            prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        plan_traces = getattr(source, "plan_traces", None)
-        if plan_traces is not None:
-            loc = self.localizer
-            clear = loc._exoneration(sorted(failing), healthy) if failing else []
-            plan_traces(
-                [(p, 0) for p in sorted(failing)]
-                + [(p, pid) for p in clear for pid in loc.exoneration_path_ids]
-            )
-        verdicts = self.localizer.localize(
-            [s for s, _ev in suspects], source, healthy_pairs=healthy, now_ns=now_ns
+        since_ns = min(s.first_seen_ns for s, _ev in suspects)
+        healthy, responsive = self._probe_view(recent, failing, now_ns, since_ns)
+        verdicts, reads = self.locate(
+            [s for s, _ev in suspects],
+            healthy,
+            now_ns,
+            known=self.tracker.open,
+            responsive=responsive,
         )
         took_s = time.monotonic() - t0
-        reads = dict(getattr(source, "calls", {}))
         self._localization = {"took_s": round(took_s, 3), "reads": reads}
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
@@ -520,6 +559,50 @@ class Pipeline:
             out.append((v, ev))
         self.stats["verdicts"] += len(out)
         return out
+
+    def locate(
+        self,
+        suspects: list[Suspect],
+        healthy: np.ndarray,
+        now_ns: int,
+        *,
+        known: Sequence[Verdict] = (),
+        responsive: np.ndarray | None = None,
+    ) -> tuple[list[Verdict], dict[str, int]]:
+        """Localization proper: a state source for this round, its prefetches, the localizer's
+        verdicts (``known``: the alerts still open; ``responsive``: endpoints whose own probes
+        came back), and the questions it asked (the sharded analyzer runs this on a Ray
+        actor)."""
+        assert self.localizer is not None and self.cluster is not None
+        source = self.source_factory(self.cluster)
+        failing = {p for s in suspects for p in s.pairs}
+        eps = {e for p in failing for e in p} | {e for s in suspects for e in s.agents}
+        # cheap, decisive reads first (every host's overlay state and report, in one go); the
+        # traces the underlay vote will want (the failing pairs' and the healthy ones it clears
+        # links with) are all fetched at once when it asks for its first
+        prefetch_hosts = getattr(source, "prefetch_hosts", None)
+        if prefetch_hosts is not None:
+            prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
+        plan_traces = getattr(source, "plan_traces", None)
+        if plan_traces is not None and failing:
+            loc = self.localizer
+            plan_traces(
+                [(p, 0) for p in sorted(failing)]
+                + [
+                    (p, pid)
+                    for p in loc._exoneration(sorted(failing), healthy)
+                    for pid in loc.exoneration_path_ids
+                ]
+            )
+        verdicts = self.localizer.localize(
+            suspects,
+            source,
+            healthy_pairs=healthy,
+            now_ns=now_ns,
+            known=known,
+            responsive=responsive,
+        )
+        return verdicts, dict(getattr(source, "calls", {}))
 
     def _track(
         self, verdicts: list[tuple[Verdict, SuspectEvent | None]], now_ns: int

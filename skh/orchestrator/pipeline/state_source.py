@@ -10,9 +10,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from skh.analysis.localize import FlowRule, FlowTables, HostReport, OverlayTables, Trace
+from skh.analysis.localize.data import REPORT_FLAGS
 from skh.model import Cluster
 from skh.orchestrator.admin import ControllerClient
 from skh.orchestrator.pipeline.config import PipelineConfig
+from skh.orchestrator.security import underlay_identity
 
 __all__ = ["AgentStateSource"]
 
@@ -100,8 +102,7 @@ class AgentStateSource:
     def _agent(self, host: str) -> str | None:
         if host in self.cfg.host_agents:
             return self.cfg.host_agents[host]
-        # an underlay agent's default name (AgentConfig.agent_name)
-        return f"underlay-{host}" if host in self.cluster.fabric.hosts else None
+        return underlay_identity(host) if host in self.cluster.fabric.hosts else None
 
     def _run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
         for _agent, name, _args in calls:
@@ -188,11 +189,11 @@ class AgentStateSource:
         key = self._trace_key(pair, path_id)
         if key not in self._traces:
             planned, self._planned = self._planned, []
-            self.prefetch_traces([(pair, path_id), *planned])
+            self._fetch_traces([(pair, path_id), *planned])
         t = self._traces.get(key)
         return None if t is None else Trace(pair, t.nodes, t.reached, t.hop_loss, t.hop_rtt_ns)
 
-    def prefetch_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
+    def _fetch_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
         todo: dict[tuple, tuple[tuple[int, int], tuple[str, str, dict[str, Any]]]] = {}
         for pair, pid in wanted:
             key = self._trace_key(pair, pid)
@@ -243,16 +244,31 @@ class AgentStateSource:
 
     @staticmethod
     def _report_from(host: str, reply: dict[str, Any]) -> HostReport | None:
+        """The agent's answer as a :class:`HostReport`. Only the flags in the answer are read
+        (``read`` when the agent says, else the keys it sent): a real host agent reads port
+        state, light from the switch and the carrier-down count; every flag only the simulator
+        models (RNIC hardware/firmware state, GID, bond, PCIe, GPUDirect, hugepages, RDMA
+        fallback, offload churn) stays unknown, so the localizer never reads it as healthy."""
         if not reply.get("ok") or not isinstance(reply.get("result"), Mapping):
             return None
         r = reply["result"]
+        sent = {
+            "rnic_state",
+            "peer_down",
+            "port_down_count",
+            "agents_dead",
+            "containers_dead",
+        } & set(r)
+        read = frozenset(str(f) for f in r.get("read", sent)) & frozenset(REPORT_FLAGS)
         return HostReport(
             host,
             rnic_state={int(k): str(v) for k, v in dict(r.get("rnic_state", {})).items()},
             peer_down=frozenset(int(x) for x in r.get("peer_down", ())),
+            port_down_count={int(k): int(v) for k, v in dict(r.get("port_down_count", {})).items()},
             agents_dead=frozenset(str(x) for x in r.get("agents_dead", ())),
             agents_late=frozenset(str(x) for x in r.get("agents_late", ())),
             containers_dead=frozenset(str(x) for x in r.get("containers_dead", ())),
+            read=read | (sent & {"agents_dead", "containers_dead"}),
         )
 
     def overlay_tables(self, host: str) -> OverlayTables | None:

@@ -106,7 +106,15 @@ def scenario_rtt(a: dict) -> dict:
         engine("mlx5_0", 1, timeout_s=0.5, **a.get("prober", {})) as p,
         engine("mlx5_1", 2, **a.get("responder", {})) as r,
     ):
-        probe(p, r, 7, interval_s=a["interval_s"], count=a["n"], path_id=a.get("path_id", 0))
+        probe(
+            p,
+            r,
+            7,
+            interval_s=a["interval_s"],
+            count=a["n"],
+            path_id=a.get("path_id", 0),
+            paths=a.get("paths", 1),
+        )
         settle(p, r, decided=a["n"], timeout_s=a["n"] * a["interval_s"] + 10)
         elapsed_ns = time.monotonic_ns() - t_before
         return result(p, r, counters_before=before, elapsed_ns=elapsed_ns, log=sim_log())
@@ -180,7 +188,11 @@ def scenario_many_paths(a: dict) -> dict:
     """More distinct (GID, flow label) destinations than the address-handle cache holds."""
     # each target keeps the phase it was added at, so answers come back spread over the interval
     # rather than in one burst larger than the receive queue (a UD receive queue drops silently)
-    with engine("mlx5_0", 1, timeout_s=1.0, batch_window_s=0) as p, engine("mlx5_1", 2) as r:
+    ah = a.get("address_handles", 0)
+    with (
+        engine("mlx5_0", 1, timeout_s=1.0, batch_window_s=0, address_handles=ah) as p,
+        engine("mlx5_1", 2, address_handles=ah) as r,
+    ):
         for i in range(a["n_paths"]):
             probe(p, r, i, interval_s=a["interval_s"], path_id=i, count=a["count"])
             time.sleep(a["interval_s"] / a["n_paths"])

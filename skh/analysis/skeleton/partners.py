@@ -1,0 +1,364 @@
+"""Stage 4: pipeline partners from each replica's timing, with a rank hint as a prior.
+
+The DP replicas of a stage burst together at the gradient sync, but between syncs each replica
+runs its own pipeline: its compute speed, its stragglers and its operations' jitter shift all of
+its sends and receives, in every stage, by the same amount. So a replica leaves a *timing
+fingerprint*: per window of ``fingerprint_s``, each RNIC's offset from its DP group's mean
+series (the residual projected on the mean's derivative, a first-order Taylor estimate of a
+small shift). Pipeline partners are the same replica in adjacent stages, so their fingerprints
+correlate, and replicas of one stage do not. The offsets are small — a sampling rate that
+resolves a microbatch's sends (~10 Hz) shows them far better than 1 Hz.
+
+Per stage boundary, fingerprint correlations are pooled over the rails with the same hosts (a
+replica's TP ranks move together) and partners assigned one to one (Hungarian). A partner found
+from traffic alone must beat the null spread by ``pair_z`` and the runner-up by
+``pair_margin_z``; a rank hint's partner (replica *i* of a stage feeds replica *i* of the next,
+replicas in rank order) needs only ``confirm_z`` and no competitor ahead of it. A hint that the
+evidence clearly contradicts is dropped and counted; a row without enough evidence keeps every
+RNIC of the adjacent group (the list grows, never silently shrinks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.ndimage import uniform_filter1d
+from scipy.optimize import linear_sum_assignment
+
+from skh.analysis.skeleton.model import (
+    SkeletonParams,
+    bipartite,
+    both_ways,
+    robust_sd,
+    standardize,
+)
+
+__all__ = ["Boundary", "Evidence", "PairStats", "fingerprints", "pair_boundaries", "shared_sends"]
+
+
+def _sync_cap(means: np.ndarray) -> np.ndarray:
+    """Per group, the rate above which a sample is the group's own collective burst: three times
+    its median rate, or a tenth of its peak (99th percentile) when it idles between bursts."""
+    q = np.quantile(means, [0.5, 0.99], axis=1)
+    return np.maximum(3.0 * q[0], 0.1 * q[1])
+
+
+def fingerprints(
+    x: np.ndarray, group: np.ndarray, hz: float, params: SkeletonParams
+) -> tuple[np.ndarray, int]:
+    """Per-RNIC timing offset from its group's mean series, one per window of ``fingerprint_s``
+    (at least 5 samples), and the number of windows. Members of single-RNIC groups get zeros
+    (no group to be offset from).
+
+    The offset is the residual (series minus group mean) projected on the mean's derivative: a
+    first-order estimate that stays linear for shifts below a sample, where a cross-correlation
+    peak would alias on a dense train of sends. The gradient-sync bursts are clipped first (at
+    three times the group's median rate): the group makes them in lockstep, so they carry no
+    replica timing, and their edges would drown the sends' in sampling-clock noise.
+    """
+    n, t_len = x.shape
+    w = max(5, int(round(params.fingerprint_s * hz)))
+    nw = t_len // w
+    if nw < 3:
+        return np.zeros((n, 0)), 0
+    order = np.argsort(group, kind="stable")
+    starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    gid = np.empty(n, np.int64)
+    gid[order] = np.repeat(np.arange(starts.size), sizes)
+    raw_means = np.add.reduceat(x[order], starts, axis=0) / sizes[:, None]
+    z = standardize(np.minimum(x, _sync_cap(raw_means)[gid][:, None]))
+    means = np.add.reduceat(z[order], starts, axis=0) / sizes[:, None]
+    resid = (z - means[gid])[:, : nw * w].reshape(n, nw, w)
+    deriv = np.gradient(means, axis=1)[:, : nw * w].reshape(-1, nw, w)
+    num = (resid * deriv[gid]).sum(axis=2)
+    den = (deriv**2).sum(axis=2)[gid] + 1e-12
+    delta = -num / den
+    delta[sizes[gid] < 2] = 0.0
+    return delta, nw
+
+
+def shared_sends(
+    tx: np.ndarray, rx: np.ndarray, group: np.ndarray, hz: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each RNIC's sent and received bytes with its group's mean and everything slower than
+    ~0.3 s removed, standardized: a pipeline send is one pulse on the sender's TX and the
+    receiver's RX in the same sample, so partners' series share spikes nobody else has."""
+    n, t_len = tx.shape
+    order = np.argsort(group, kind="stable")
+    starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    gid = np.empty(n, np.int64)
+    gid[order] = np.repeat(np.arange(starts.size), sizes)
+    width = max(3, int(round(0.3 * hz)) | 1)
+    out = []
+    cap = _sync_cap(np.add.reduceat((tx + rx)[order], starts, axis=0) / sizes[:, None])[gid]
+    for v in (tx, rx):
+        v = np.minimum(v, cap[:, None])  # the lockstep bursts carry no partner
+        means = np.add.reduceat(v[order], starts, axis=0) / sizes[:, None]
+        r = v - means[gid]
+        out.append(standardize(r - uniform_filter1d(r, width, axis=1)))
+    return out[0], out[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """Two adjacent stage blocks on one rail: endpoint indices, rows in rank order."""
+
+    a: np.ndarray
+    b: np.ndarray
+
+
+@dataclass(slots=True)
+class PairStats:
+    links: int = 0
+    evidence: int = 0  # partners named by traffic alone
+    confirmed: int = 0  # rank-hint partners confirmed by traffic
+    contradicted: int = 0  # rank-hint partners the traffic names another partner for
+    unconfirmed: int = 0  # rank-hint partners the traffic could not confirm (not used)
+    sets: int = 0  # rows keeping a few tied candidates (replicas that move together)
+    whole: int = 0  # rows keeping the whole adjacent group
+    null_z: list[float] = field(default_factory=list)
+
+
+_NULL_SHIFTS = 8
+
+
+def _shifts(t_len: int, min_shift: int, period: float) -> np.ndarray:
+    """Circular shifts for the null: whole iterations (``period`` samples). Every replica starts
+    an iteration with the others, so at no shift two replicas' schedules are in phase, and
+    only a shift by whole iterations keeps them so while their timing draws differ; other
+    shifts would make the null too narrow. Without a period, spread shifts."""
+    if period > 0:
+        cand = np.arange(1, int(t_len / period) + 1) * period
+        cand = cand[(cand >= min_shift) & (cand <= t_len - min_shift)]
+        if cand.size >= 3:
+            pick = np.linspace(0, cand.size - 1, min(_NULL_SHIFTS, cand.size))
+            return np.rint(cand[np.rint(pick).astype(np.int64)]).astype(np.int64)
+    return np.linspace(min_shift, t_len - min_shift, _NULL_SHIFTS).astype(np.int64)
+
+
+def _zscores(
+    c: np.ndarray, pair: Any, t_len: int, min_shift: int, floor: float, period: float
+) -> np.ndarray:
+    """Evidence matrix ``c`` in units of its null: the same statistic between the series with one
+    side circularly shifted by ``min_shift`` or more samples (``pair(shift)``), where no send can
+    be shared and no timing agree, over every pair and a few shifts. It keeps the series' own
+    autocorrelation, and stays right however many entries carry signal (a whole expert-parallel
+    group may). Too short a series falls back to the matrix's median and robust spread, floored
+    at ``floor``."""
+    if t_len >= 4 * min_shift:
+        null = np.stack([pair(int(k)) for k in _shifts(t_len, min_shift, period)])
+        return (c - null.mean()) / max(floor, float(null.std()))
+    if c.size > 4:
+        return (c - np.median(c)) / max(floor, float(robust_sd(c.ravel())))
+    return c / floor
+
+
+def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: float) -> np.ndarray:
+    """Partner evidence (z units) between the rows of two stage blocks pooled over rails: the
+    timing fingerprints' correlation, and with TX/RX apart the shared sends', summed."""
+    g = a_rows[0].size
+    zs = []
+    if nw:
+        # a replica's TP ranks move together: its rails' offsets are one signal plus noise
+        da = standardize(sum(fp[a] for a in a_rows))
+        db = standardize(sum(fp[b] for b in b_rows))
+
+        def fp_corr(k: int) -> np.ndarray:
+            return da @ np.roll(db, k, axis=1).T / nw
+
+        zs.append(_zscores(fp_corr(0), fp_corr, nw, 10, 1.0 / np.sqrt(nw), period_s / window_s))
+    if sends is not None:
+        tx, rx = sends
+        t = tx.shape[1]
+
+        def sends_corr(k: int) -> np.ndarray:
+            c = sum(
+                tx[a] @ np.roll(rx[b], k, axis=1).T + (np.roll(tx[b], k, axis=1) @ rx[a].T).T
+                for a, b in zip(a_rows, b_rows, strict=True)
+            )
+            return c / (t * len(a_rows))
+
+        zs.append(
+            _zscores(sends_corr(0), sends_corr, t, int(5 * hz) + 1, 1.0 / np.sqrt(t), period_s * hz)
+        )
+    if not zs:
+        return np.zeros((g, g))
+    return sum(zs) / np.sqrt(len(zs))
+
+
+def pair_boundaries(
+    boundaries: list[Boundary],
+    fp: np.ndarray,
+    nw: int,
+    sends: tuple[np.ndarray, np.ndarray] | None,
+    host: np.ndarray,
+    ep_id: np.ndarray,
+    hinted: bool,
+    hz: float,
+    period_s: float,
+    params: SkeletonParams,
+    prior: Evidence | None = None,
+) -> tuple[list[np.ndarray], PairStats, Evidence]:
+    """Pairs across each stage boundary, and what decided them.
+
+    Per row: the partner the assignment names when it beats the null by ``pair_z`` and the
+    runner-up by ``pair_margin_z``; with a hint, the hint's partner when it beats the null by
+    ``confirm_z`` and every other candidate of its row and column by the same margin, or when
+    the evidence's assignment picks the hint's partner, the rows where it does together beat
+    the null by ``confirm_z`` and this row agrees (at least one sigma, no candidate a sigma
+    ahead, no strong rival within the margin); else,
+    when a few candidates tie for the best (replicas that move together: the CP ranks of a
+    replica, the replicas of an MoE expert-parallel group) and beat every other by the margin,
+    all of them; else the whole adjacent group.
+
+    ``prior`` is the evidence of earlier windows of the same job (per boundary, keyed by its two
+    host sets): it adds up with this window's (Stouffer, weighted by seconds, at most
+    ``MAX_EVIDENCE_S``), and the sum is returned for the next window.
+    """
+    seconds = nw * params.fingerprint_s if nw else 0.0
+    if sends is not None:
+        seconds = sends[0].shape[1] / hz
+    evidence: Evidence = {}
+    pooled: dict[tuple[bytes, bytes], list[Boundary]] = {}
+    for bd in boundaries:
+        key = (np.sort(host[bd.a]).tobytes(), np.sort(host[bd.b]).tobytes())
+        pooled.setdefault(key, []).append(bd)
+    out: list[np.ndarray] = []
+    st = PairStats()
+    for key, members in pooled.items():
+        # align every rail's rows on the first rail's hosts, so rails pool row by row
+        ref = members[0]
+        aligned = [
+            (bd.a[_align(host[ref.a], host[bd.a])], bd.b[_align(host[ref.b], host[bd.b])])
+            for bd in members
+        ]
+        g = ref.a.size
+        pos = np.arange(g)  # the hint's partner: the same row (rank order) of the next stage
+        sets = [np.zeros(0, np.int64)] * g
+        if g == 1:
+            ok_find = ok_hint = np.ones(1, bool)
+            col = np.zeros(1, np.int64)
+            contra = np.zeros(1, bool)
+        else:
+            z = _evidence(
+                [a for a, _ in aligned],
+                [b for _, b in aligned],
+                fp,
+                nw,
+                max(5, round(params.fingerprint_s * hz)) / hz,
+                sends,
+                hz,
+                period_s,
+            )
+            z = _accumulate(key, z, host[ref.a], host[ref.b], seconds, prior, evidence)
+            row, col = linear_sum_assignment(-z)
+            best = z[row, col]
+            masked = z.copy()
+            masked[row, col] = -np.inf
+            runner = np.maximum(masked.max(axis=1), masked[:, col].max(axis=0))
+            st.null_z.append(float(np.median(best)))
+            ok_find = (best >= params.pair_z) & (best - runner >= params.pair_margin_z)
+            if g == 2:
+                # two replicas' residuals are each other's negative: whatever is left of them
+                # (replicas that move together leave no sends in it) reads as one partner or
+                # the other with equal confidence, so traffic alone does not pair them
+                ok_find[:] = False
+            hint_z = z[pos, pos]
+            others = z.copy()
+            others[pos, pos] = -np.inf
+            rival = np.maximum(others.max(axis=1), others.max(axis=0)[pos])
+            lead = hint_z - rival
+            # a row confirms the hint alone, or the hint's rows together do (their evidence adds
+            # up over the boundary) and this row agrees: positive, no candidate clearly ahead,
+            # and no strong rival alongside (a tie of replicas that move together, which the
+            # hint would break at random)...
+            # ... together over the rows where the hint is what the evidence's assignment picks
+            agree = col == pos
+            joint = float(hint_z[agree].sum() / np.sqrt(agree.sum())) if agree.any() else 0.0
+            tied = (rival >= params.pair_z) & (lead < params.pair_margin_z)
+            ok_hint = ((hint_z >= params.confirm_z) & (lead >= params.pair_margin_z)) | (
+                agree & (joint >= params.confirm_z) & (hint_z >= 1.0) & (lead >= -1.0) & ~tied
+            )
+            contra = ok_find & (col != pos)
+            top = z.max(axis=1)
+            for i in np.flatnonzero(~ok_find & (top >= params.pair_z)) if g > 2 else ():
+                # a tie of at least two (one alone would be a partner the margin refused)
+                tie = np.flatnonzero(z[i] >= top[i] - params.pair_margin_z)
+                rest = np.delete(z[i], tie)
+                if 2 <= tie.size <= g // 2 and (
+                    rest.size == 0 or z[i, tie].min() - rest.max() >= params.pair_margin_z
+                ):
+                    sets[i] = tie
+        for a, b in aligned:
+            st.links += g
+            if hinted:
+                use = ok_hint & ~contra
+                st.confirmed += int(use.sum())
+                st.contradicted += int(contra.sum())
+                st.unconfirmed += int((~use & ~contra).sum())
+                partner = np.where(use, pos, col)
+                decided = use | ok_find
+                st.evidence += int((ok_find & ~use).sum())
+            else:
+                partner = col
+                decided = ok_find
+                st.evidence += int(ok_find.sum())
+            if decided.any():
+                sel = np.flatnonzero(decided)
+                out.append(both_ways(ep_id[a[sel]], ep_id[b[partner[sel]]]))
+            for i in np.flatnonzero(~decided):
+                if sets[i].size:
+                    st.sets += 1
+                    out.append(bipartite(ep_id[a[i : i + 1]], ep_id[b[sets[i]]]))
+                else:
+                    # no clear partner: keep every adjacent-stage RNIC of the other group
+                    st.whole += 1
+                    out.append(bipartite(ep_id[a[i : i + 1]], ep_id[b]))
+            # an RNIC of the other stage nobody chose keeps this whole group too
+            taken = np.zeros(b.size, bool)
+            taken[partner[decided]] = True
+            for i in np.flatnonzero(~decided):
+                taken[sets[i]] = True
+            if not taken.all():
+                out.append(bipartite(ep_id[b[~taken]], ep_id[a]))
+    return out, st, evidence
+
+
+#: evidence older than this much traffic no longer counts (a job's timing may drift)
+MAX_EVIDENCE_S = 1800.0
+
+#: per stage boundary (its two host sets): the z matrix in host order, and its seconds
+Evidence = dict[tuple[bytes, bytes], tuple[np.ndarray, float]]
+
+
+def _accumulate(key, z, hosts_a, hosts_b, seconds, prior: Evidence | None, out: Evidence):
+    """This window's z matrix combined with the prior's of the same boundary; recorded in
+    ``out`` (host order) and returned in the rows' order."""
+    ia, ib = np.argsort(hosts_a, kind="stable"), np.argsort(hosts_b, kind="stable")
+    zs = z[np.ix_(ia, ib)]
+    w = seconds
+    prev = None
+    if prior is not None:
+        if key in prior:
+            prev = prior[key]
+        elif key[::-1] in prior:  # the stages came out in the other order
+            prev = (prior[key[::-1]][0].T, prior[key[::-1]][1])
+    if prev is not None and prev[0].shape == zs.shape:
+        zp, wp = prev
+        wp = min(wp, max(MAX_EVIDENCE_S - w, 0.0))
+        if wp > 0:
+            zs = (zs * np.sqrt(w) + zp * np.sqrt(wp)) / np.sqrt(w + wp)
+            w += wp
+    out[key] = (zs, w)
+    back_a, back_b = np.argsort(ia), np.argsort(ib)
+    return zs[np.ix_(back_a, back_b)]
+
+
+def _align(ref_hosts: np.ndarray, hosts: np.ndarray) -> np.ndarray:
+    """Permutation of ``hosts`` that lists them in the order of ``ref_hosts`` (same sets)."""
+    o = np.argsort(hosts, kind="stable")
+    return o[np.searchsorted(hosts[o], ref_hosts)]

@@ -1,0 +1,370 @@
+"""Stages 2 and 3: the stage split into equal DP groups, and the order of the stages.
+
+A DP group's members burst at the same instants (every gradient sync, and with a distributed
+optimizer every parameter all-gather too); the pipeline stages burst a backward (or forward)
+pass apart. So two RNICs of one stage have near-identical series, two of different stages do
+not, and the farther apart their stages, the less alike. Hence:
+
+* **Split**: RNICs are clustered by the correlation of their burst series (average linkage)
+  into ``k`` equal groups, for each ``k`` dividing their count, finest first; ``k`` is accepted
+  when every member is closer to its own group than to any other by ``gap_ratio`` times the
+  spread of the within-group similarities, and no two groups' bursts start at the same instants
+  (merging stages only lengthens the list; splitting a DP group would miss pairs). When a
+  host's RNICs are alike (one stage per container, the usual layout), hosts are clustered on
+  the lower quartile of their rails' series — sharper, and blind to flows on a few rails — and
+  every rail follows; otherwise each rail on its own (containers holding several stages). A
+  rank hint's blocks ("stage = rank // (containers / k)") are tested the same way, and used
+  when they are finer than what the traffic alone resolves.
+* **Order**: stages are ordered by spectral seriation of the groups' mutual similarity (the
+  Fiedler vector), and a split is accepted only when every stage's neighbours in that order
+  are its most similar groups: groups that do not line up as a pipeline are parts of stages
+  (a CP ring's pairs, an expert-parallel group) and a coarser split is tried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.ndimage import grey_opening
+from scipy.optimize import linear_sum_assignment
+from scipy.spatial.distance import squareform
+
+from skh.analysis.skeleton.model import SkeletonParams, clip01, parabolic, robust_sd, standardize
+
+__all__ = ["Split", "bursts", "coherence", "split_stages"]
+
+_MIN_MARGIN = 0.005  # correlation margin below which groups are never told apart
+_ORDER_SLACK = 0.05  # how far a stage's neighbour may trail its most similar groups
+#: a DP group's members start their bursts within this of each other (sampling clocks and
+#: timers agree to milliseconds; two pipeline stages are a backward pass, ~0.1-1 s, apart)
+_LOCKSTEP_S = 0.03
+#: collective bursts take a few tenths of an iteration at most; more is a pipeline's traffic
+_MAX_BURST_DUTY = 0.4
+#: shorter spikes are not a gradient sync (an MoE layer's all-to-all, a CP ring step) when a
+#: series has longer bursts too
+_MIN_BURST_S = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class _Clusters:
+    label: np.ndarray  # cluster per item, 0..k-1
+    k: int
+    score: float  # the weakest item's margin over what is needed, halved and capped at 1
+    order: np.ndarray  # clusters in pipeline order
+
+
+def _onsets(m: np.ndarray) -> np.ndarray:
+    """Sub-sample times of a series' big rising edges: the peaks of its first difference above
+    half the largest one, refined by a parabola."""
+    d = np.diff(m)
+    if d.size < 3:
+        return np.zeros(0)
+    i = np.flatnonzero((d[1:-1] > d[:-2]) & (d[1:-1] >= d[2:]) & (d[1:-1] >= 0.5 * d.max())) + 1
+    return i + 0.5 + parabolic(d[i - 1], d[i], d[i + 1])
+
+
+def _onset_gap(a: np.ndarray, b: np.ndarray) -> float:
+    """Median distance (samples) from each onset in ``a`` to the nearest one in ``b``."""
+    if a.size == 0 or b.size == 0:
+        return float("inf")
+    j = np.searchsorted(b, a)
+    near = np.minimum(
+        np.abs(a - b[np.clip(j - 1, 0, b.size - 1)]), np.abs(a - b[np.clip(j, 0, b.size - 1)])
+    )
+    return float(np.median(near))
+
+
+def _same_timing(
+    feat: np.ndarray,
+    label: np.ndarray,
+    k: int,
+    near: np.ndarray,
+    hz: float,
+    params: SkeletonParams,
+) -> bool:
+    """Whether some cluster's bursts start at the instants of the cluster most like it: parts of
+    one stage (a context-parallel pair, an expert-parallel group, RNICs alike in what they write
+    to storage) resemble each other more than their stage, but share its gradient syncs to the
+    sample, where two stages are a backward (or forward) pass apart."""
+    sums = np.zeros((k, feat.shape[1]))
+    np.add.at(sums, label, feat)
+    size = np.bincount(label, minlength=k)
+    on = [_onsets(m) for m in sums / size[:, None]]
+    # how far a member's bursts start from its group's others (a group of two stages, as pairs
+    # of stages of a one-replica pipeline would make, is as far apart as the stages)
+    loo = (sums[label] - feat) / np.maximum(size[label] - 1, 1)[:, None]
+    jitter = np.median([_onset_gap(_onsets(feat[i]), _onsets(loo[i])) for i in range(label.size)])
+    if jitter > _LOCKSTEP_S * hz:
+        return True  # the members themselves are not in lockstep: not one DP group
+    need = max(params.min_gap_s * hz, params.gap_ratio * float(jitter))
+    return any(_onset_gap(on[c], on[near[c]]) < need for c in range(k))
+
+
+def _check(
+    sim: np.ndarray,
+    feat: np.ndarray,
+    label: np.ndarray,
+    k: int,
+    hz: float,
+    params: SkeletonParams,
+) -> float | None:
+    """The score of a partition of items into ``k`` equal clusters, or None if some item is not
+    clearly closer to its own cluster than to every other one, or two clusters burst at the same
+    instants."""
+    n = label.size
+    g = n // k
+    if np.bincount(label, minlength=k).tolist() != [g] * k or g < 2:
+        return None
+    onehot = np.zeros((n, k))
+    onehot[np.arange(n), label] = 1.0
+    s = sim - np.diag(np.diag(sim))
+    to = s @ onehot  # similarity sums to each cluster
+    own = to[np.arange(n), label] / (g - 1)
+    to /= g
+    to[np.arange(n), label] = -np.inf
+    margin = own - to.max(axis=1)
+    same = (label[:, None] == label[None, :]) & ~np.eye(n, dtype=bool)
+    spread = float(robust_sd(sim[same])) if same.sum() > 3 else 0.0
+    # a margin is a difference of two means over ~g similarities each
+    need = max(_MIN_MARGIN, params.gap_ratio * spread * np.sqrt(1.0 / (g - 1) + 1.0 / g))
+    if margin.min() < need:
+        return None
+    q = onehot.T @ s @ onehot
+    np.fill_diagonal(q, -np.inf)
+    if _same_timing(feat, label, k, q.argmax(axis=1), hz, params):
+        return None
+    return clip01(float(margin.min() / need) / 2.0)
+
+
+def _balanced(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
+    """Equal clusters nearest to ``label``'s: every item to one of ``n/k`` slots per cluster, by
+    assignment on the mean similarity to each cluster, twice."""
+    n = label.size
+    g = n // k
+    for _ in range(2):
+        onehot = np.zeros((n, k))
+        onehot[np.arange(n), label] = 1.0
+        to = sim @ onehot / np.maximum(onehot.sum(axis=0), 1.0)
+        _, slot = linear_sum_assignment(-np.repeat(to, g, axis=1))
+        label = slot // g
+    return label
+
+
+def _fits(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
+    """Per item, whether it is at least as close to its own cluster as to any other."""
+    n = label.size
+    onehot = np.zeros((n, k))
+    onehot[np.arange(n), label] = 1.0
+    s = sim - np.diag(np.diag(sim))
+    to = s @ onehot / np.maximum(onehot.sum(0) - onehot, 1.0)
+    own = to[np.arange(n), label]
+    to[np.arange(n), label] = -np.inf
+    return own >= to.max(axis=1)
+
+
+def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParams) -> _Clusters:
+    """The finest clear split of items with similarity matrix ``sim`` into equal clusters that
+    line up as a pipeline: average-linkage clusters, balanced when they come out unequal.
+    Clusters that are clear but do not line up (each one's neighbours in the seriation are not
+    its most similar) are parts of stages, not stages: a coarser split is tried."""
+    n = sim.shape[0]
+    one = _Clusters(np.zeros(n, np.int64), 1, 1.0, np.zeros(1, np.int64))
+    if n < 4:
+        return one
+    dist = np.clip(1.0 - sim, 0.0, None)
+    np.fill_diagonal(dist, 0.0)
+    tree = linkage(squareform((dist + dist.T) / 2, checks=False), "average")
+    for k in range(n // 2, 1, -1):
+        if n % k:
+            continue
+        label = (fcluster(tree, k, "maxclust") - 1).astype(np.int64)
+        if label.max() + 1 == k and np.bincount(label).min() != n // k:
+            label = _balanced(sim, label, k)
+        c = _candidate(sim, feat, label, k, hz, params)
+        if c is not None:
+            return c
+    return one
+
+
+def _candidate(
+    sim: np.ndarray,
+    feat: np.ndarray,
+    label: np.ndarray,
+    k: int,
+    hz: float,
+    params: SkeletonParams,
+) -> _Clusters | None:
+    """``label`` as a stage split if it is clear and lines up as a pipeline."""
+    score = _check(sim, feat, label, k, hz, params)
+    if score is None:
+        return None
+    order, ordered = _order(sim, label, k)
+    return _Clusters(label, k, score, order) if ordered else None
+
+
+def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool]:
+    """Stage order of clusters by spectral seriation of their mean similarity, and whether
+    every cluster's neighbours in that order are (within ``_ORDER_SLACK``) its most similar."""
+    if k <= 2:
+        return np.arange(k), True
+    onehot = np.zeros((label.size, k))
+    onehot[np.arange(label.size), label] = 1.0
+    q = onehot.T @ sim @ onehot / np.outer(onehot.sum(0), onehot.sum(0))
+    w = q - q.min()
+    np.fill_diagonal(w, 0.0)
+    lap = np.diag(w.sum(axis=1)) - w
+    _, vec = np.linalg.eigh(lap)
+    order = np.argsort(vec[:, 1], kind="stable")
+    qo = q[np.ix_(order, order)]
+    np.fill_diagonal(qo, -np.inf)
+    ok = True
+    for i in range(k):
+        nb = [j for j in (i - 1, i + 1) if 0 <= j < k]
+        # a neighbour may trail another group by a little (two stages a pass apart in one
+        # burst kind and two passes in the other look alike), not by a stage's worth
+        bar = np.sort(qo[i])[::-1][len(nb) - 1] - _ORDER_SLACK
+        ok &= bool(np.all(qo[i, nb] >= bar))
+    return order, bool(ok)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The stage split of a job: per rail, a ``(k, g)`` array of endpoint indices (stage blocks
+    in pipeline order; rows of a block in rank-hint order, else host order)."""
+
+    blocks: list[np.ndarray]
+    score: float  # the weakest boundary's clarity (1 when no boundary)
+    how: str
+    coherence: np.ndarray  # each split item's correlation with its group's other members
+
+
+def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """Each item's correlation with the mean of its cluster's other members (do the cluster's
+    bursts co-occur?); items alone in their cluster are left out."""
+    k = int(label.max()) + 1
+    sums = np.zeros((k, feat.shape[1]))
+    np.add.at(sums, label, feat)
+    size = np.bincount(label, minlength=k)
+    keep = size[label] > 1
+    loo = standardize(sums[label[keep]] - feat[keep])
+    return (loo * feat[keep]).mean(axis=1) if keep.any() else np.ones(1)
+
+
+def _rank_rows(idx: np.ndarray, rank: np.ndarray, host: np.ndarray) -> np.ndarray:
+    return idx[np.lexsort((host[idx], rank[idx]))]
+
+
+def _blocks(stage, order, k, rail_inv, n_rails, rank, host) -> list[np.ndarray]:
+    pos = np.empty(k, np.int64)
+    pos[order] = np.arange(k)
+    st = pos[stage]
+    out = []
+    for r in range(n_rails):
+        idx = np.flatnonzero(rail_inv == r)
+        out.append(np.stack([_rank_rows(idx[st[idx] == j], rank, host) for j in range(k)]))
+    return out
+
+
+def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
+    """What exceeds three times a series' median rate and half its peak (99th percentile) rate
+    (for at least ``_MIN_BURST_S``: a grey opening removes shorter spikes)."""
+    # the quantiles of every tenth-second sample are as good and ten times cheaper
+    step = max(1, int(hz))
+    q = np.quantile(x[:, ::step], [0.5, 0.99], axis=1)
+    level = np.maximum(3.0 * q[0], 0.5 * q[1])
+    y = np.maximum(x - level[:, None], 0.0)
+    width = int(round(_MIN_BURST_S * hz))
+    if width > 1:
+        opened = grey_opening(y, size=(1, width))
+        # a series whose bursts are mostly shorter than that (a gradient sync at line rate may
+        # last a tenth of a second) is kept whole rather than erased
+        kept = (opened**2).sum(axis=1) >= 0.25 * (y**2).sum(axis=1)
+        y = np.where(kept[:, None], opened, y)
+    return y
+
+
+def bursts(x: np.ndarray, hz: float) -> np.ndarray:
+    """The standardized collective bursts of each series (:func:`_burst_part`). Gradient syncs
+    and parameter all-gathers are a stage's own bursts, identical on every member; pipeline
+    sends, a context-parallel ring's steps, MoE all-to-alls, loads and checkpoints run shorter
+    or lower, and some of those tie a replica's RNICs together more than their stage (the whole
+    series would split a stage into its CP pairs or EP groups). Series without bursts are kept
+    whole."""
+    y = _burst_part(x, hz)
+    if np.any(y.max(axis=1) <= 0):
+        y = x
+    return standardize(y)
+
+
+def split_stages(
+    x: np.ndarray,
+    z: np.ndarray,
+    host: np.ndarray,
+    rail_inv: np.ndarray,
+    n_rails: int,
+    rank: np.ndarray,
+    hinted: bool,
+    hz: float,
+    params: SkeletonParams,
+) -> Split:
+    """Stage blocks per rail from the byte series ``x`` and their standardized burst series
+    ``z`` (:func:`bursts`) at ``hz`` (and a rank hint)."""
+    hosts, hinv = np.unique(host, return_inverse=True)
+    n_h = hosts.size
+    # a host's rails burst together when it holds one stage; the lower quartile of its rails
+    # keeps those bursts and drops what a few rails carry alone (co-tenant or storage flows,
+    # which may outgrow the bursts themselves), before the bursts are cut out
+    order = np.lexsort((rail_inv, hinv))
+    per = x[order].reshape(n_h, -1, x.shape[1])
+    q = 0.25 * (per.shape[1] - 1)  # the lower quartile, interpolated as np.quantile does
+    lo, hi = int(np.floor(q)), int(np.ceil(q))
+    part = np.partition(per, [lo, hi], axis=1)
+    quartile = part[:, lo] + (q - lo) * (part[:, hi] - part[:, lo])
+    feat = bursts(quartile, hz)
+    sim_h = feat @ feat.T / z.shape[1]
+    part_h = _burst_part(quartile, hz)
+    if (part_h.max(axis=1) <= 0).any() or np.median((part_h > 0).mean(axis=1)) > _MAX_BURST_DUTY:
+        # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
+        # no collective between containers (a job without data parallelism): no DP group
+        one = np.zeros(n_h, np.int64)
+        blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
+        return Split(blocks, 1.0, "no collective bursts: one group per rail", coherence(feat, one))
+    c = _cluster(sim_h, feat, hz, params)
+    how = "stages split by burst similarity per host"
+    if hinted:
+        # the hint's blocks, tested with the same margin, when finer than the traffic's own
+        h_rank = np.zeros(n_h, np.int64)
+        h_rank[hinv] = rank
+        h_rank = np.argsort(np.argsort(h_rank, kind="stable"), kind="stable")
+        for k in range(n_h // 2, c.k, -1):
+            if n_h % k:
+                continue
+            hc = _candidate(sim_h, feat, h_rank // (n_h // k), k, hz, params)
+            if hc is not None:
+                c, how = hc, "rank layout confirmed by burst similarity"
+                break
+    # the rails must agree (one stage per container): a host holding several stages does not,
+    # and then most of its RNICs sit nearer another group on their own rail
+    fit = [
+        _fits(z[idx] @ z[idx].T / z.shape[1], c.label[hinv[idx]], c.k)
+        for idx in (np.flatnonzero(rail_inv == r) for r in range(n_rails))
+    ]
+    if c.k == 1 or np.mean(np.concatenate(fit)) >= 0.8:
+        blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
+        return Split(blocks, c.score, how, coherence(feat, c.label))
+    blocks, scores, coh = [], [], []
+    for r in range(n_rails):
+        idx = np.flatnonzero(rail_inv == r)
+        zr = z[idx]
+        sim = zr @ zr.T / z.shape[1]
+        c = _cluster(sim, zr, hz, params)
+        coh.append(coherence(zr, c.label))
+        pos = np.empty(c.k, np.int64)
+        pos[c.order] = np.arange(c.k)
+        st = pos[c.label]
+        blocks.append(np.stack([_rank_rows(idx[st == j], rank, host) for j in range(c.k)]))
+        scores.append(c.score)
+    how = "stages split by burst similarity per rail"
+    return Split(blocks, float(min(scores)), how, np.concatenate(coh))

@@ -1,0 +1,133 @@
+"""Where each endpoint's records go: jobs (or, for big jobs, their rails) placed on shards.
+
+A shard must see every probe of an endpoint it judges: the detector keeps per-endpoint state
+next to the per-pair state (agent health from the prober's progress and the responder's
+refusals, failures corroborated by other pairs of one endpoint), so splitting one endpoint's
+pairs over two shards would change what it decides. The unit of placement is therefore a
+*cell* whose endpoints only probe each other:
+
+* a job, as long as it has at most ``max_cell_endpoints`` endpoints;
+* else each of its rails: skeleton and same-rail pairs never leave a rail (collectives stay on
+  their rail), so a rail of a job is closed under probing. A row that still crosses cells (a
+  group-wide fallback list) goes with its prober and is counted.
+
+Byte counters go to the job's *home* shard (the shard of its first cell): skeleton inference
+reads all of a job's endpoints at once. Placement is sticky, a cell never moves once placed
+(moving it would drop its look-back), and a new cell goes to the shard holding the fewest
+endpoints, so the order endpoints register in decides it, not a hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from skh.errors import ConfigError
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE
+
+__all__ = ["Placement", "Routed"]
+
+_NOWHERE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One round's records split by shard, and what could not be placed."""
+
+    probes: list[np.ndarray]
+    counters: list[np.ndarray]
+    heartbeats: list[np.ndarray]
+    unplaced: int  # probe rows whose prober no shard holds (endpoint unknown yet)
+    cross_cell: int  # probe rows whose two endpoints sit in different cells
+
+
+class Placement:
+    def __init__(self, shards: int, *, max_cell_endpoints: int = 8192) -> None:
+        if shards < 1:
+            raise ConfigError(f"The number of shards must be >= 1. Got {shards!r} instead.")
+        if max_cell_endpoints < 1:
+            raise ConfigError(
+                f"The 'max_cell_endpoints' setting must be >= 1. Got {max_cell_endpoints!r}."
+            )
+        self.shards = int(shards)
+        self.max_cell_endpoints = int(max_cell_endpoints)
+        #: (job, rail) -> shard; rail -1: the whole job is one cell
+        self.cell_shard: dict[tuple[str, int], int] = {}
+        self.load = np.zeros(self.shards, np.int64)  # endpoints placed per shard
+        self.ep_shard = np.full(0, _NOWHERE, np.int16)
+        self.ep_home = np.full(0, _NOWHERE, np.int16)
+        #: job -> its home shard (skeleton inference); in membership order
+        self.home: dict[str, int] = {}
+
+    def update(self, members: Iterable[Mapping[str, Any]]) -> None:
+        """Place the endpoints of ``members`` (``ep``, ``job``, ``rail``); endpoints and cells
+        already placed stay where they are."""
+        rows = sorted(members, key=lambda m: int(m["ep"]))
+        by_job: dict[str, list[tuple[int, int]]] = {}
+        for m in rows:
+            by_job.setdefault(str(m["job"]), []).append((int(m["ep"]), int(m["rail"])))
+        n = (max(e for eps in by_job.values() for e, _r in eps) + 1) if by_job else 0
+        if n > self.ep_shard.size:
+            grow = np.full(n - self.ep_shard.size, _NOWHERE, np.int16)
+            self.ep_shard = np.concatenate([self.ep_shard, grow])
+            self.ep_home = np.concatenate([self.ep_home, grow])
+        for job, eps in by_job.items():
+            whole = (job, -1) in self.cell_shard or (
+                not any(c[0] == job for c in self.cell_shard)
+                and len(eps) <= self.max_cell_endpoints
+            )
+            for ep, rail in eps:
+                cell = (job, -1 if whole else rail)
+                shard = self.cell_shard.get(cell)
+                if shard is None:
+                    shard = self.cell_shard[cell] = int(np.argmin(self.load))
+                if self.ep_shard[ep] == _NOWHERE:
+                    self.load[shard] += 1
+                self.ep_shard[ep] = shard
+            home = self.home.setdefault(job, self.ep_shard[eps[0][0]].item())
+            self.ep_home[[e for e, _r in eps]] = home
+        self.home = {j: self.home[j] for j in by_job}  # jobs gone are no one's home
+
+    def shard_of(self, eps: np.ndarray) -> np.ndarray:
+        """The shard holding each endpoint (-1: none yet)."""
+        return self.lookup(self.ep_shard, eps)
+
+    def jobs_of(self, shard: int) -> set[str]:
+        """The jobs whose skeleton ``shard`` infers."""
+        return {j for j, s in self.home.items() if s == shard}
+
+    @staticmethod
+    def lookup(table: np.ndarray, eps: np.ndarray) -> np.ndarray:
+        """``table[eps]``, -1 where ``eps`` is past its end."""
+        eps = np.asarray(eps, np.int64)
+        out = np.full(eps.size, _NOWHERE, np.int16)
+        ok = (eps >= 0) & (eps < table.size)
+        out[ok] = table[eps[ok]]
+        return out
+
+    def route(
+        self,
+        probes: np.ndarray,
+        counters: np.ndarray,
+        heartbeats: np.ndarray | None = None,
+    ) -> Routed:
+        """Split one round's records by shard, keeping their order within each shard. Rows of an
+        endpoint no cell holds yet are dropped (and counted): no shard has its job."""
+        probes = np.asarray(probes, PROBE_DTYPE)
+        counters = np.asarray(counters, COUNTER_DTYPE)
+        ps = self.lookup(self.ep_shard, probes["src_ep"])
+        pd = self.lookup(self.ep_shard, probes["dst_ep"])
+        known = (ps != _NOWHERE) & (pd != _NOWHERE)
+        cs = self.lookup(self.ep_home, counters["ep"])
+        hb = np.zeros(0, np.int64) if heartbeats is None else np.asarray(heartbeats, np.int64)
+        hs = self.lookup(self.ep_shard, hb)
+        return Routed(
+            [probes[known & (ps == s)] for s in range(self.shards)],
+            [counters[cs == s] for s in range(self.shards)],
+            [hb[hs == s] for s in range(self.shards)],
+            int((~known).sum()),
+            int((known & (ps != pd)).sum()),
+        )

@@ -1,0 +1,446 @@
+"""How the probers of a job probe: per-pair intervals and ECMP path rotation within a per-endpoint
+budget, so that every link of the job's skeleton is probed at the rate detection needs.
+
+One function, :func:`plan_probes`, decides it for the controller (which hands the plan out with the
+job's ping list), for the agents (which plan their own preload lists from the policy the controller
+hands out) and for the simulator (which probes as the agents do). Its inputs:
+
+* the ordered (src, dst) endpoint pairs to probe;
+* a :class:`ProbePolicy`: the settings every prober and the analyzer must share;
+* optionally, what the cluster model says about each pair's paths (:class:`FabricLinks`): how
+  many equal-cost paths join its two RNICs, and which links they cross.
+
+The plan (docs/probing.md has the reasoning and its effect on time to detect):
+
+1. **Rotation.** A pair's probes rotate over ``n`` path ids (UDP source ports, RoCE flow labels;
+   :meth:`skh.probe.Engine.add_target` ``paths``). Switches hash each id onto one of the pair's
+   ``m`` ECMP paths, which no prober can choose or know, so ``n`` is the coupon-collector size at
+   which a given path is missed with probability at most ``1 - path_coverage``:
+   ``n = ceil(ln(1 - path_coverage) / ln(1 - 1/m))``, capped at ``max_paths``.
+2. **Budget.** An endpoint (one VF and its engine) sends at most ``budget_per_s`` probes a
+   second; a source with ``k`` peers probes each every ``max(interval_s, k / budget_per_s)``.
+3. **Floors**, within the budget: a pair is probed faster (down to ``min_interval_s``) when
+   one of its links sees fewer than ``link_min_per_s`` probes a second from the whole plan (a link
+   few pairs cross), or when its ``n`` path ids would not all be probed within ``coverage_s``.
+   A source over its budget pays its pairs' floors first — each path id within ``coverage_s``,
+   and every pair at least once per ``ok_sample_s`` (the detector's latency windows take one RTT
+   per pair and period) — and shares the rest in proportion to what each pair wants beyond its
+   floor. Where the budget cannot pay for a floor,
+   the budget wins; :meth:`ProbePlan.summary` says how many links and pairs fall short.
+
+A link is counted undirected (a probe crosses its path's links both ways, request and reply); a
+pair's expected load on a link is its rate times the share of its ECMP paths through the link.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from skh.errors import ConfigError, ProtocolError, TopologyError
+from skh.model import Fabric
+
+__all__ = [
+    "ProbePolicy",
+    "ProbePlan",
+    "FabricLinks",
+    "LinkIncidence",
+    "paths_needed",
+    "plan_probes",
+]
+
+#: a pair's interval on the wire: whole milliseconds, uint16
+_MS_MAX = 65_535
+#: ``[controller]`` setting of each policy field whose name is not ``probe_<field>``
+_CONFIG_KEYS = {"ok_sample_s": "ok_sample_s"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePolicy:
+    """The probing settings every prober and the analyzer share; the controller hands them out
+    with each job's ping list (``[controller]`` settings of the same names, see
+    :meth:`from_config`)."""
+
+    #: a pair's interval when nothing asks for another: 10 probes/s, so a 2 % loss shows in a
+    #: second (R-Pingmesh also asks >= 10 probes/s on every link)
+    interval_s: float = 0.1
+    #: the fastest a floor may probe a pair
+    min_interval_s: float = 0.02
+    #: probes/s one endpoint (a VF's engine) sends at most
+    budget_per_s: float = 100.0
+    #: probes/s every link of the job's skeleton should see
+    link_min_per_s: float = 10.0
+    #: the chance a given ECMP path of a pair is among its path ids
+    path_coverage: float = 0.995
+    #: every path id of a pair is probed within this long
+    coverage_s: float = 10.0
+    #: path ids a pair rotates over at most (the UDP engine keeps 64 source ports)
+    max_paths: int = 64
+    #: ECMP paths assumed between two RNICs when no fabric says
+    default_ecmp_paths: int = 4
+    #: agents forward one OK per pair and this period: the analyzer's latency sample period
+    #: (``detector.latency_sample_s``); 0 forwards every OK
+    ok_sample_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, must: str) -> ConfigError:
+            return ConfigError(
+                f"The '{name}' setting of the probe policy must be {must}. "
+                f"Got {getattr(self, name)!r} instead."
+            )
+
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise bad(f.name, "a finite number")
+        for name in ("interval_s", "min_interval_s", "budget_per_s", "coverage_s"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "> 0")
+        if self.link_min_per_s < 0 or self.ok_sample_s < 0:
+            raise bad("link_min_per_s" if self.link_min_per_s < 0 else "ok_sample_s", ">= 0")
+        if self.min_interval_s > self.interval_s:
+            raise bad("min_interval_s", f"<= interval_s ({self.interval_s:g})")
+        if self.interval_s * 1000 > _MS_MAX:
+            raise bad("interval_s", f"<= {_MS_MAX / 1000:g} s")
+        if not 0 < self.path_coverage < 1:
+            raise bad("path_coverage", "in (0, 1)")
+        if not isinstance(self.max_paths, int) or not 1 <= self.max_paths <= 64:
+            raise bad("max_paths", "an int in [1, 64]")
+        if not isinstance(self.default_ecmp_paths, int) or self.default_ecmp_paths < 1:
+            raise bad("default_ecmp_paths", "an int >= 1")
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, d: Any) -> ProbePolicy:
+        """The policy a controller handed out; ProtocolError when it is malformed."""
+        if not isinstance(d, Mapping):
+            raise ProtocolError(f"a probe policy is a map, got {type(d).__name__}")
+        names = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in names})
+        except (ConfigError, TypeError) as exc:
+            raise ProtocolError(f"bad probe policy: {exc}"[:300]) from None
+
+    @classmethod
+    def from_config(cls, section: Any) -> ProbePolicy:
+        """From the ``[controller]`` settings (``probe_*`` and ``ok_sample_s``); ConfigError
+        names the setting."""
+        keys = {f.name: _CONFIG_KEYS.get(f.name, f"probe_{f.name}") for f in fields(cls)}
+        try:
+            return cls(**{name: getattr(section, key) for name, key in keys.items()})
+        except ConfigError as exc:
+            msg = str(exc)
+            for name, key in keys.items():
+                msg = msg.replace(
+                    f"'{name}' setting of the probe policy", f"'controller.{key}' setting"
+                )
+            raise ConfigError(msg) from None
+
+    def differences(self, **local: float) -> list[str]:
+        """``name: local != handed-out`` for each given local setting that differs."""
+        out = []
+        for name, v in local.items():
+            theirs = getattr(self, name)
+            if not math.isclose(float(v), float(theirs), rel_tol=1e-9, abs_tol=1e-12):
+                out.append(f"{name}: {v:g} here, {theirs:g} from the controller")
+        return out
+
+
+def paths_needed(ecmp_paths: np.ndarray | int, coverage: float, max_paths: int) -> np.ndarray:
+    """Path ids a pair rotates over so that a given one of its ``ecmp_paths`` equal-cost paths is
+    hashed onto by at least one of them with probability ``coverage`` (one path: one id)."""
+    m = np.maximum(np.asarray(ecmp_paths, np.float64), 1.0)
+    with np.errstate(divide="ignore"):
+        n = np.where(m > 1, np.ceil(np.log1p(-coverage) / np.log1p(-1.0 / m) - 1e-9), 1.0)
+    return np.clip(n, 1, max_paths).astype(np.uint16)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkIncidence:
+    """Which links each pair's paths cross, and with what share of its paths: COO triples
+    (``pair``, ``link``, ``share``); ``names`` names the links; ``ecmp_paths`` per pair."""
+
+    pair: np.ndarray  # int64 row of the pair
+    link: np.ndarray  # int64 link id
+    share: np.ndarray  # float64 share of the pair's paths that cross the link
+    names: tuple[tuple[str, str], ...]
+    ecmp_paths: np.ndarray  # int64 per pair
+
+
+class FabricLinks:
+    """The cluster model's paths between RNICs, for planning: which links a pair of RNICs' ECMP
+    paths cross and how many paths there are. Paths are worked out once per pair of ToRs and
+    kept, so one object serves many plans."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self._tor = {r.key: r.tor for h in fabric.hosts.values() for r in h.rnics}
+        self._ids: dict[tuple[str, str], int] = {}
+        self._names: list[tuple[str, str]] = []
+        self._tor_pairs: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, int]] = {}
+
+    def _link(self, a: str, b: str) -> int:
+        key = (a, b) if a <= b else (b, a)
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self._names)
+            self._names.append(key)
+        return i
+
+    def _between(self, tor_a: str, tor_b: str) -> tuple[np.ndarray, np.ndarray, int]:
+        got = self._tor_pairs.get((tor_a, tor_b))
+        if got is None:
+            paths = self.fabric.switch_paths(tor_a, tor_b)
+            count: dict[int, int] = {}
+            for p in paths:
+                for a, b in zip(p, p[1:], strict=False):
+                    i = self._link(a, b)
+                    count[i] = count.get(i, 0) + 1
+            got = (
+                np.fromiter(count, np.int64, len(count)),
+                np.fromiter(count.values(), np.float64, len(count)) / len(paths),
+                len(paths),
+            )
+            self._tor_pairs[(tor_a, tor_b)] = got
+        return got
+
+    def tor(self, rnic_key: str) -> str:
+        try:
+            return self._tor[rnic_key]
+        except KeyError:
+            raise TopologyError(f"the fabric has no RNIC {rnic_key!r}") from None
+
+    def incidence(self, src_rnic: Sequence[str], dst_rnic: Sequence[str]) -> LinkIncidence:
+        """The links of each (``src_rnic[i]``, ``dst_rnic[i]``) pair of RNIC keys
+        (``host:rnicN``): both access links in full, the switch links by their share of the
+        pair's ECMP paths."""
+        n = len(src_rnic)
+        if len(dst_rnic) != n:
+            raise ConfigError("FabricLinks.incidence: src_rnic and dst_rnic differ in length")
+        rows, links, shares = [], [], []
+        ecmp = np.ones(n, np.int64)
+        idx = np.arange(n, dtype=np.int64)
+        keys, inv = np.unique(np.asarray(list(src_rnic) + list(dst_rnic)), return_inverse=True)
+        key_tor = [self.tor(str(k)) for k in keys]
+        access = np.array([self._link(str(k), t) for k, t in zip(keys, key_tor, strict=True)])
+        src_k, dst_k = inv[:n], inv[n:]
+        for side in (src_k, dst_k):
+            rows.append(idx)
+            links.append(access[side])
+            shares.append(np.ones(n))
+        tor_names = sorted(set(key_tor))
+        tor_id = {t: i for i, t in enumerate(tor_names)}
+        kt = np.array([tor_id[t] for t in key_tor], np.int64)
+        code = kt[src_k] * len(tor_names) + kt[dst_k]
+        order = np.argsort(code, kind="stable")
+        uniq, start = np.unique(code[order], return_index=True)
+        ends = np.r_[start[1:], n]
+        for c, s, e in zip(uniq.tolist(), start.tolist(), ends.tolist(), strict=True):
+            a, b = tor_names[c // len(tor_names)], tor_names[c % len(tor_names)]
+            if a == b:
+                continue
+            lk, sh, m = self._between(a, b)
+            members = order[s:e]
+            ecmp[members] = m
+            rows.append(np.repeat(members, lk.size))
+            links.append(np.tile(lk, members.size))
+            shares.append(np.tile(sh, members.size))
+        return LinkIncidence(
+            np.concatenate(rows),
+            np.concatenate(links),
+            np.concatenate(shares),
+            tuple(self._names),
+            ecmp,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePlan:
+    """Per pair (rows of ``pairs``, sorted by (src, dst)): the interval in whole milliseconds and
+    the number of path ids its probes rotate over (ids ``0 .. paths - 1``)."""
+
+    pairs: np.ndarray  # (m, 2) uint32
+    interval_ms: np.ndarray  # (m,) uint16
+    paths: np.ndarray  # (m,) uint16
+    policy: ProbePolicy
+    #: planned probes/s per link (ids of the incidence; empty without one)
+    link_rate: np.ndarray
+    link_names: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def interval_s(self) -> np.ndarray:
+        return self.interval_ms / 1000.0
+
+    @property
+    def rate_per_s(self) -> np.ndarray:
+        return 1000.0 / self.interval_ms
+
+    def endpoint_rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(source endpoint ids, the probes/s each sends)."""
+        src, inv = np.unique(self.pairs[:, 0], return_inverse=True)
+        return src, np.bincount(inv, weights=self.rate_per_s, minlength=src.size)
+
+    def lookup(self, src: int) -> dict[int, tuple[float, int]]:
+        """``dst -> (interval_s, paths)`` of one source's pairs."""
+        lo, hi = np.searchsorted(self.pairs[:, 0], [src, src + 1])
+        return {
+            int(d): (int(iv) / 1000.0, int(n))
+            for d, iv, n in zip(
+                self.pairs[lo:hi, 1].tolist(),
+                self.interval_ms[lo:hi].tolist(),
+                self.paths[lo:hi].tolist(),
+                strict=True,
+            )
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The plan's figures: probes/s per endpoint (max, median), path ids per pair, how long a
+        pair takes to probe all its path ids (max), links and their load, what falls short."""
+        p = self.policy
+        _, ep_rate = self.endpoint_rates()
+        cycle = self.paths * self.interval_s
+        out: dict[str, Any] = {
+            "pairs": int(self.pairs.shape[0]),
+            "endpoint_rate_max": round(float(ep_rate.max()), 3) if ep_rate.size else 0.0,
+            "endpoint_rate_p50": round(float(np.median(ep_rate)), 3) if ep_rate.size else 0.0,
+            "interval_s_max": float(self.interval_s.max()) if self.pairs.size else 0.0,
+            "interval_s_p99": float(np.percentile(self.interval_s, 99)) if self.pairs.size else 0.0,
+            "pairs_slower_than_interval": int((self.interval_s > p.interval_s + 1e-9).sum()),
+            "paths_max": int(self.paths.max()) if self.pairs.size else 0,
+            "path_cycle_s_max": round(float(cycle.max()), 3) if self.pairs.size else 0.0,
+            "pairs_slower_than_coverage": int((cycle > p.coverage_s + 1e-9).sum()),
+        }
+        if self.link_rate.size:
+            short = self.link_rate < p.link_min_per_s - 1e-9
+            out |= {
+                "links": int(self.link_rate.size),
+                "link_rate_min": round(float(self.link_rate.min()), 3),
+                "links_below_floor": int(short.sum()),
+            }
+        return out
+
+    # -- wire ----------------------------------------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        """The per-pair columns, aligned with the (sorted, unique) skeleton pairs they plan."""
+        return {
+            "interval_ms": np.ascontiguousarray(self.interval_ms, "<u2").tobytes(),
+            "paths": np.ascontiguousarray(self.paths, "<u2").tobytes(),
+        }
+
+    @classmethod
+    def from_wire(cls, d: Any, pairs: np.ndarray, policy: ProbePolicy) -> ProbePlan:
+        """A plan handed out for ``pairs``; ProtocolError when its columns do not fit them."""
+        if not isinstance(d, Mapping):
+            raise ProtocolError("a probe plan is a map")
+        try:
+            iv = np.frombuffer(d["interval_ms"], "<u2").astype(np.uint16)
+            n = np.frombuffer(d["paths"], "<u2").astype(np.uint16)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad probe plan: {exc!r}"[:300]) from None
+        if iv.size != pairs.shape[0] or n.size != pairs.shape[0]:
+            raise ProtocolError(
+                f"a probe plan of {iv.size}/{n.size} rows for {pairs.shape[0]} pairs"
+            )
+        if iv.size and (iv.min() == 0 or n.min() == 0 or n.max() > 64):
+            raise ProtocolError("a probe plan with a zero interval or path count out of 1..64")
+        return cls(pairs, iv, n, policy, np.zeros(0))
+
+
+def _fit_budget(
+    want: np.ndarray, floor: np.ndarray, src: np.ndarray, n_src: int, budget: float
+) -> np.ndarray:
+    """Rates within each source's budget: a source under it gets what its pairs want; one over it
+    pays its pairs' floors first (shrunk alike if they alone exceed it) and shares what is left in
+    proportion to what each pair wants beyond its floor."""
+
+    def per_src(x: np.ndarray) -> np.ndarray:
+        return np.bincount(src, weights=x, minlength=n_src)
+
+    over = per_src(want) > budget
+    if not over.any():
+        return want
+    floor = floor * np.minimum(1.0, budget / np.maximum(per_src(floor), 1e-12))[src]
+    extra = want - floor
+    left = np.maximum(budget - per_src(floor), 0.0)
+    extra_total = per_src(extra)
+    share = np.minimum(1.0, left / np.maximum(extra_total, 1e-12))
+    return np.where(over[src], floor + extra * share[src], want)
+
+
+def plan_probes(
+    pairs: np.ndarray,
+    policy: ProbePolicy,
+    *,
+    links: LinkIncidence | None = None,
+    rounds: int = 4,
+) -> ProbePlan:
+    """The probe plan of ``pairs`` (an ``(m, 2)`` array of (src, dst) endpoint ids; duplicates are
+    merged and the plan's rows sorted) under ``policy``; ``links`` (from
+    :meth:`FabricLinks.incidence`, rows aligned with the sorted unique pairs) gives each pair's
+    ECMP path count and lets the plan hold every link to ``link_min_per_s``. Without it, every
+    pair is taken to have ``default_ecmp_paths`` paths and only the budget and the path-coverage
+    floor apply."""
+    pairs = np.asarray(pairs)
+    if pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise ConfigError(f"plan_probes: pairs must be an (m, 2) array, got shape {pairs.shape}")
+    pairs = pairs.astype(np.uint32)
+    if pairs.size:
+        pairs = np.unique(pairs, axis=0)  # sorted by (src, dst)
+    m = pairs.shape[0]
+    if links is not None and links.ecmp_paths.size != m:
+        raise ConfigError(
+            f"plan_probes: the link incidence has {links.ecmp_paths.size} pairs, not {m}"
+        )
+    p = policy
+    ecmp = links.ecmp_paths if links is not None else np.full(m, p.default_ecmp_paths)
+    paths = paths_needed(ecmp, p.path_coverage, p.max_paths)
+    if m == 0:
+        return ProbePlan(pairs, np.zeros(0, np.uint16), paths, p, np.zeros(0))
+    src_ids, src = np.unique(pairs[:, 0], return_inverse=True)
+    k = np.bincount(src, minlength=src_ids.size)
+    max_rate = 1.0 / p.min_interval_s
+    base = np.minimum(1.0 / p.interval_s, p.budget_per_s / k[src])
+    # every pair at least once per latency sample period (the detector's latency windows need one
+    # RTT per pair and period), and each of its path ids within coverage_s
+    sample_s = p.ok_sample_s if p.ok_sample_s > 0 else p.interval_s
+    floor = np.minimum(
+        np.maximum(paths / p.coverage_s, 1.0 / max(sample_s, p.interval_s)), max_rate
+    )
+    want = np.maximum(base, floor)
+    rate = base
+    n_links = len(links.names) if links is not None else 0
+    for _ in range(max(1, rounds)):
+        if links is not None and links.pair.size:
+            load = np.bincount(
+                links.link, weights=rate[links.pair] * links.share, minlength=n_links
+            )
+            short = np.where(
+                load < p.link_min_per_s, p.link_min_per_s / np.maximum(load, 1e-9), 1.0
+            )
+            factor = np.ones(m)
+            np.maximum.at(factor, links.pair, short[links.link])
+            want = np.maximum(want, rate * factor)
+        want = np.minimum(want, max_rate)
+        rate = _fit_budget(want, floor, src, src_ids.size, p.budget_per_s)
+    # whole milliseconds: rounded down (a floor stays met) unless that puts the source over its
+    # budget, then up (a plan never sends faster than its budget)
+    lo = max(1, math.ceil(p.min_interval_s * 1000 - 1e-9))
+    iv = np.clip(np.floor(1000.0 / rate + 1e-9), lo, _MS_MAX)
+    over = np.bincount(src, weights=1000.0 / iv, minlength=src_ids.size) > p.budget_per_s + 1e-9
+    up = over[src]
+    iv[up] = np.clip(np.ceil(1000.0 / rate[up] - 1e-9), lo, _MS_MAX)
+    if links is None:
+        return ProbePlan(pairs, iv.astype(np.uint16), paths, p, np.zeros(0))
+    link_rate = np.bincount(
+        links.link, weights=(1000.0 / iv)[links.pair] * links.share, minlength=n_links
+    )
+    used = np.zeros(n_links, bool)
+    used[links.link] = True
+    names = tuple(n for n, u in zip(links.names, used.tolist(), strict=True) if u)
+    return ProbePlan(pairs, iv.astype(np.uint16), paths, p, link_rate[used], names)

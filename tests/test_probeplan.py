@@ -1,0 +1,190 @@
+"""The probe plan: path rotation sized from the ECMP width, the per-endpoint budget, and link
+floors paid for within it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skh.errors import ConfigError, ProtocolError
+from skh.model import Fabric
+from skh.orchestrator.config import load_config
+from skh.probeplan import FabricLinks, ProbePlan, ProbePolicy, paths_needed, plan_probes
+
+
+def test_path_ids_follow_the_coupon_collector_bound():
+    n = paths_needed(np.array([1, 2, 3, 4, 9]), 0.995, 64)
+    assert n.tolist() == [1, 8, 14, 19, 45]
+    for m, k in zip([2, 3, 4, 9], n[1:].tolist(), strict=True):
+        # the chance that one given path is missed by all k hashed ids is within the target,
+        # and one id fewer would not be
+        assert (1 - 1 / m) ** k <= 0.005 < (1 - 1 / m) ** (k - 1)
+    assert paths_needed(16, 0.995, 64).item() == 64  # capped (UDP engines keep 64 ports)
+
+
+def test_the_budget_caps_every_source_and_shares_it_evenly():
+    pol = ProbePolicy(budget_per_s=100.0)
+    busy = np.column_stack([np.zeros(32, np.uint32), np.arange(1, 33)])
+    quiet = np.array([[40, 41], [40, 42]], np.uint32)
+    plan = plan_probes(np.vstack([quiet, busy]), pol)
+    assert plan.pairs[:, 0].tolist() == [0] * 32 + [40, 40]  # sorted by (src, dst)
+    src, rate = plan.endpoint_rates()
+    assert dict(zip(src.tolist(), rate.round(3).tolist(), strict=True)) == {0: 100.0, 40: 20.0}
+    assert set(plan.interval_ms[:32].tolist()) == {320}  # 32 peers share 100 probes/s
+    assert set(plan.interval_ms[32:].tolist()) == {100}  # under budget: the policy's interval
+    assert set(plan.paths.tolist()) == {19}  # no fabric: 4 ECMP paths assumed
+    assert plan.lookup(40) == {41: (0.1, 19), 42: (0.1, 19)}
+
+
+def test_a_link_few_pairs_cross_gets_its_floor_within_the_budget():
+    fab = Fabric.from_params(hosts=8, rnics_per_host=1, hosts_per_segment=2, spines=2)
+    links = FabricLinks(fab)
+    # one pair across the spines (its ECMP paths split over two spines, 4 spine links) and a
+    # pair under one ToR
+    pairs = np.array([[0, 2], [0, 1]], np.uint32)
+    rnic = {0: "host0:rnic0", 1: "host1:rnic0", 2: "host2:rnic0"}
+    inc = links.incidence([rnic[a] for a in (0, 0)], [rnic[b] for b in (1, 2)])
+    plan = plan_probes(pairs, ProbePolicy(), links=inc)
+    assert inc.ecmp_paths.tolist() == [1, 2]
+    # each spine link sees half the pair's probes: 20/s makes 10/s per spine link
+    assert plan.lookup(0) == {1: (0.1, 1), 2: (0.05, 8)}
+    s = plan.summary()
+    assert s["links_below_floor"] == 0 and s["link_rate_min"] == pytest.approx(10.0)
+    assert dict(zip(plan.link_names, plan.link_rate.tolist(), strict=True))[
+        ("spine0", "tor0r0")
+    ] == pytest.approx(10.0)
+    # a budget too small for the floor: the budget wins and the plan says what falls short
+    tight = plan_probes(pairs, ProbePolicy(budget_per_s=15.0), links=inc)
+    assert tight.endpoint_rates()[1].max() <= 15.0
+    assert tight.summary()["links_below_floor"] > 0
+
+
+def test_path_coverage_sets_a_rate_floor():
+    # 45 path ids (9 ECMP paths) must all be probed within coverage_s = 10 s: 4.5 probes/s
+    pol = ProbePolicy(interval_s=1.0, default_ecmp_paths=9)
+    plan = plan_probes(np.array([[1, 2]]), pol)
+    assert plan.paths.tolist() == [45]
+    assert plan.interval_ms.tolist() == [222]
+    assert plan.summary()["pairs_slower_than_coverage"] == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), min_size=1, max_size=300),
+    st.floats(5.0, 500.0),
+)
+def test_no_source_ever_exceeds_its_budget(raw, budget):
+    pairs = np.array([p for p in raw if p[0] != p[1]] or [(0, 1)], np.uint32)
+    pol = ProbePolicy(budget_per_s=budget)
+    plan = plan_probes(pairs, pol)
+    _, rate = plan.endpoint_rates()
+    assert (rate <= budget + 1e-6).all()
+    assert (plan.interval_ms >= 20).all()
+    assert np.array_equal(plan.pairs, np.unique(pairs, axis=0))
+
+
+def test_plan_round_trips_the_wire_and_refuses_a_misfit():
+    pairs = np.array([[1, 2], [1, 3], [2, 1]], np.uint32)
+    plan = plan_probes(pairs, ProbePolicy())
+    back = ProbePlan.from_wire(plan.to_wire(), plan.pairs, plan.policy)
+    assert np.array_equal(back.interval_ms, plan.interval_ms)
+    assert np.array_equal(back.paths, plan.paths)
+    with pytest.raises(ProtocolError):
+        ProbePlan.from_wire(plan.to_wire(), plan.pairs[:2], plan.policy)
+    with pytest.raises(ProtocolError):
+        ProbePlan.from_wire({"interval_ms": b"\0\0" * 3, "paths": b"\1\0" * 3}, pairs, plan.policy)
+    assert ProbePolicy.from_wire(ProbePolicy().to_wire()) == ProbePolicy()
+    with pytest.raises(ProtocolError):
+        ProbePolicy.from_wire({"budget_per_s": -1})
+
+
+def test_controller_settings_make_the_policy_and_name_a_bad_one():
+    cfg = load_config(None, {"controller.probe_budget_per_s": 50, "controller.ok_sample_s": 0.5})
+    pol = ProbePolicy.from_config(cfg.controller)
+    assert (pol.budget_per_s, pol.ok_sample_s, pol.interval_s) == (50.0, 0.5, 0.1)
+    with pytest.raises(ConfigError, match="controller.probe_max_paths"):
+        load_config(None, {"controller.probe_max_paths": 65})
+    assert pol.differences(interval_s=0.1, ok_sample_s=1.0) == [
+        "ok_sample_s: 1 here, 0.5 from the controller"
+    ]
+
+
+def test_plans_at_the_paper_scale_fabric_are_fast():
+    """Every ToR pair's ECMP set is worked out once: a Lingjun pod of 847 hosts x 8 rails."""
+    from skh.sim import LINGJUN_TOPO
+
+    fab = Fabric.from_lingjun(LINGJUN_TOPO)
+    hosts = list(fab.hosts)
+    rng = np.random.default_rng(1)
+    n = 20_000
+    a, b = rng.integers(len(hosts), size=n), rng.integers(len(hosts), size=n)
+    rail = rng.integers(8, size=n)
+    keep = a != b
+    src = [f"{hosts[i]}:rnic{r}" for i, r in zip(a[keep], rail[keep], strict=True)]
+    dst = [f"{hosts[i]}:rnic{r}" for i, r in zip(b[keep], rail[keep], strict=True)]
+    pairs = np.column_stack([np.arange(keep.sum()), np.arange(keep.sum()) + n]).astype(np.uint32)
+    inc = FabricLinks(fab).incidence(src, dst)
+    plan = plan_probes(pairs, ProbePolicy(), links=inc)
+    # one ToR, or the 2-3 spines two of the pod's segments share
+    assert set(np.unique(inc.ecmp_paths).tolist()) == {1, 2, 3}
+    s = plan.summary()
+    assert s["links_below_floor"] == 0 and s["pairs_slower_than_coverage"] == 0
+    assert s["endpoint_rate_max"] <= 100.0
+
+
+def test_the_eval_plans_its_cluster_and_covers_every_ecmp_path():
+    """``skh eval``'s probing-as-deployed figures on the tiny profile: every link at its floor,
+    no endpoint over its budget, and nearly every (pair, ECMP path) probed within 10 s where one
+    path id per pair leaves paths unprobed."""
+    from skh.eval.plan import planned_probing
+    from skh.sim import LINGJUN_TOPO
+    from skh.sim.scenario import Simulation
+
+    fab = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=64)
+    sim = Simulation.build(fab, 10, seed=2, probe_interval_s=0.1)
+    out = planned_probing(sim, fab, seed=2, hash_seeds=5)
+    assert out["plan"]["endpoint_rate_max"] <= 100.0
+    assert out["links_below_floor"]["planned"] == 0
+    cov = out["ecmp_paths_covered_share"]
+    assert cov["planned_min"] >= 0.99
+    if set(out["ecmp_paths_per_pair"]) != {"1"}:
+        assert cov["one_path_id_mean"] < cov["planned_min"]
+    b = out["busiest_container"]
+    assert b["planned_probes_per_s"] <= 8 * 100.0
+    assert out == planned_probing(sim, fab, seed=2, hash_seeds=5)  # deterministic
+
+
+def test_path_coverage_counts_every_window_not_the_whole_rotation():
+    """A path is covered when no window of 10 s misses it: with 10 ids at 2 s (5 per window) a
+    path whose ids sit 6 apart is missed by some window."""
+    from skh.eval.plan import path_coverage
+
+    class Fixed:
+        """A generator whose hash puts id i on path i % 2 (and path 0 for the one-id draw)."""
+
+        def integers(self, lo, hi):
+            hi = np.asarray(hi)
+            return np.arange(hi.size) % 2 if hi.size > 1 else np.zeros(1, np.int64)
+
+    pol = ProbePolicy(interval_s=2.0, min_interval_s=0.02)
+    plan = ProbePlan(
+        np.array([[0, 1]], np.uint32),
+        np.array([2000], np.uint16),
+        np.array([10], np.uint16),
+        pol,
+        np.zeros(0),
+    )
+    # ids alternate paths: gaps of 2 <= 5 probes per window: both paths covered
+    assert path_coverage(plan, np.array([2]), Fixed())[0] == 1.0
+    # three paths, ids 0..9 on paths i % 2: path 2 never hashed onto
+    assert path_coverage(plan, np.array([3]), Fixed())[0] == pytest.approx(2 / 3)
+
+    class Lumpy(Fixed):
+        def integers(self, lo, hi):
+            hi = np.asarray(hi)
+            # path 1 only at ids 0 and 6: a cyclic gap of 6 > 5
+            return (np.isin(np.arange(hi.size), [0, 6])).astype(np.int64)
+
+    assert path_coverage(plan, np.array([2]), Lumpy())[0] == 0.5
