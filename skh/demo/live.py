@@ -70,10 +70,11 @@ class DemoSpec:
     insecure: bool = False
 
     def __post_init__(self) -> None:
-        unknown = [k for k in self.faults if k not in KINDS]
-        if unknown or not self.faults:
+        # none: the caller injects its own (LiveDemo.fault)
+        unknown = [repr(k) for k in self.faults if k not in KINDS]
+        if unknown:
             raise ConfigError(
-                f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}:"
+                f"unknown fault kind(s) {', '.join(unknown)}:"
                 f" the testbed injects {', '.join(KINDS)}"
             )
         if self.insecure and self.keys_dir:

@@ -22,7 +22,9 @@ def test_an_unknown_fault_kind_is_refused_before_anything_is_built():
     with pytest.raises(ConfigError, match="fault kind"):
         DemoSpec(faults=("link_down", "meteor_strike"))
     with pytest.raises(ConfigError, match="fault kind"):
-        DemoSpec(faults=())
+        DemoSpec(faults=("",))
+    # no scripted faults: a caller that injects its own (tests/demo/test_ecmp.py)
+    assert DemoSpec(faults=()).faults == ()
 
 
 def _settings(argv: list[str]) -> dict[str, str]:
