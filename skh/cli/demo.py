@@ -2,8 +2,9 @@
 an HTML report in ``./skh-report/``. As root it runs on the namespace testbed with the real
 daemons; ``--sim`` runs the same pipeline over the simulator (no root needed). The exit code
 says whether every fault was detected, localized on the right component and resolved (and, live,
-whether every skeleton equals the traffic's truth). ``--sim --serve`` plays the simulated
-scenario behind a real analyzer instead, for alert subscribers to try (docs/alerts.md)."""
+whether every skeleton covers the traffic's truth: no pair the job uses goes unprobed).
+``--sim --serve`` plays the simulated scenario behind a real analyzer instead, for alert
+subscribers to try (docs/alerts.md)."""
 
 from __future__ import annotations
 
@@ -226,7 +227,7 @@ def run_live(args: argparse.Namespace, console) -> int:
             "[green]yes[/]" if o.ok else "[red]no[/]",
         )
     console.print(table)
-    skeleton_ok = bool(demo.skeletons) and all(s["equal"] for s in demo.skeletons.values())
+    skeleton_ok = bool(demo.skeletons) and all(s["covers"] for s in demo.skeletons.values())
     data = build_data(
         title="skh demo: SkeletonHunter on a namespace testbed",
         mode="live",

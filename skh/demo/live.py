@@ -679,12 +679,20 @@ class LiveDemo:
                 "applied": sorted(applied),
                 "truth": sorted(truth),
                 "equal": applied == truth,
+                # probed wider than the traffic is fine (the inference says why it kept a
+                # group); a pair the job uses and nobody probes is not
+                "covers": truth <= applied,
                 "endpoints": [e.ep_id for e in self.cluster.job_endpoints(job.name)],
             }
+            if applied == truth:
+                vs = "equal"
+            elif truth <= applied:
+                vs = f"covers it, {len(applied - truth)} pairs more"
+            else:
+                vs = f"MISSES {len(truth - applied)} pairs"
             self.mark(
                 f"skeleton of {job.name}: {rec['mode']}, {len(applied)} pairs "
-                f"(truth {len(truth)}, {'equal' if applied == truth else 'DIFFERENT'}), "
-                f"confidence {rec['confidence']:.2f}"
+                f"(truth {len(truth)}: {vs}), confidence {rec['confidence']:.2f}"
             )
 
     # -- faults -------------------------------------------------------------------------------

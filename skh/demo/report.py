@@ -11,7 +11,7 @@ simulated demo share it::
     {"title", "mode", "started_ns", "ended_ns", "ok",
      "endpoints": [{"ep_id", "name", "job", "host", "rail"}],
      "skeletons": {job: {"endpoints": [id], "applied": [[a, b]], "truth": [[a, b]], "equal",
-                         "mode", "confidence"}},
+                         "covers", "mode", "confidence"}},
      "rtt": {"pairs": [[a, b]], "p50_us": [float], "n": [int]},
      "faults": [FaultOutcome.to_dict()], "alerts": [alert records], "timeline": [[ns, text]]}
 """
@@ -130,11 +130,13 @@ def _skeleton_section(data: Mapping[str, Any]) -> str:
                 elif tru:
                     cells[(idx[a], idx[b])] = ("#c62828", "used but NOT inferred (missed)")
         labels = [_short(eps[e]) if e in eps else str(e) for e in ids]
-        verdict = (
-            '<span class="ok">equals the truth</span>'
-            if sk.get("equal")
-            else '<span class="bad">differs from the truth</span>'
-        )
+        if sk.get("equal"):
+            verdict = '<span class="ok">equals the truth</span>'
+        elif sk.get("covers"):
+            verdict = '<span class="ok">covers the truth (probes wider)</span>'
+        else:
+            verdict = '<span class="bad">misses pairs of the truth</span>'
+
         parts.append(
             f'<div class="card"><b>{_e(job)}</b> — {_e(sk.get("mode", ""))}, confidence '
             f"{float(sk.get('confidence', 0)):.2f}, {len(applied)} pairs inferred, "

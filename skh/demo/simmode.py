@@ -164,6 +164,7 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
             "applied": sorted(got),
             "truth": sorted(truth),
             "equal": got == truth,
+            "covers": truth <= got,
             "mode": st.skeleton.mode if st and st.skeleton else "preload",
             "confidence": float(st.skeleton.confidence) if st and st.skeleton else 0.0,
         }
