@@ -537,20 +537,12 @@ class Localizer:
     ) -> None:
         if not w.left:
             return
-        failing = []
-        for p in sorted(w.left):
-            for pid in w.path_ids.get(p, (0,)):
-                t = source.traceroute(p, pid)
-                if t is not None:
-                    failing.append(t)
-        if not failing:
-            return
-        w.failing = failing
-        for p in self._exoneration(sorted(w.left), healthy_pairs):
-            for pid in self.exoneration_path_ids:
-                t = source.traceroute(p, pid)
-                if t is not None:
-                    w.healthy.append(t)
+        wanted = [(p, pid) for p in sorted(w.left) for pid in w.path_ids.get(p, (0,))]
+        clear = [
+            (p, pid)
+            for p in self._exoneration(sorted(w.left), healthy_pairs)
+            for pid in self.exoneration_path_ids
+        ]
         # a pair that fails on some flows only (an unreachable ECMP path) carries others: a
         # trace of another flow label that reaches its destination clears the path it took. One
         # pair per pair of ToRs, on the probed labels it did not fail on and a few more (a
@@ -558,6 +550,7 @@ class Localizer:
         seen: set[tuple[int, int]] = set()
         top = max(self.exoneration_path_ids) + 1
         extra = tuple(range(top, top + _EXTRA_LABELS))
+        beside = []
         for p in sorted(w.left):
             if w.symptom.get(p) != "unreachable" or p in w.refused:
                 continue
@@ -566,11 +559,25 @@ class Localizer:
                 continue
             seen.add(tors)
             bad = w.path_ids.get(p, (0,))
-            for pid in (*self.exoneration_path_ids, *extra):
-                if pid not in bad:
-                    t = source.traceroute(p, pid)
-                    if t is not None and t.reached:
-                        w.healthy.append(t)
+            beside += [(p, pid) for pid in (*self.exoneration_path_ids, *extra) if pid not in bad]
+        # a source that can take many traces at once (agents run them side by side) is told
+        # all of them before the first is asked for; a trace that does not reach its
+        # destination waits out its hops, so one at a time they would add up
+        plan = getattr(source, "plan_traces", None)
+        if plan is not None:
+            plan([*wanted, *clear, *beside])
+        failing = [t for p, pid in wanted if (t := source.traceroute(p, pid)) is not None]
+        if not failing:
+            return
+        w.failing = failing
+        for p, pid in clear:
+            t = source.traceroute(p, pid)
+            if t is not None:
+                w.healthy.append(t)
+        for p, pid in beside:
+            t = source.traceroute(p, pid)
+            if t is not None and t.reached:
+                w.healthy.append(t)
         soft = [i for i, t in enumerate(failing) if w.symptom.get(t.pair) != "unreachable"]
         res = vote(failing, w.healthy, expected_paths=self._expected_paths, soft=soft)
         for c in res.culprits:

@@ -578,22 +578,11 @@ class Pipeline:
         failing = {p for s in suspects for p in s.pairs}
         eps = {e for p in failing for e in p} | {e for s in suspects for e in s.agents}
         # cheap, decisive reads first (every host's overlay state and report, in one go); the
-        # traces the underlay vote will want (the failing pairs' and the healthy ones it clears
-        # links with) are all fetched at once when it asks for its first
+        # localizer plans the traces its underlay vote wants (plan_traces) and they are all
+        # fetched at once when it asks for its first
         prefetch_hosts = getattr(source, "prefetch_hosts", None)
         if prefetch_hosts is not None:
             prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        plan_traces = getattr(source, "plan_traces", None)
-        if plan_traces is not None and failing:
-            loc = self.localizer
-            plan_traces(
-                [(p, 0) for p in sorted(failing)]
-                + [
-                    (p, pid)
-                    for p in loc._exoneration(sorted(failing), healthy)
-                    for pid in loc.exoneration_path_ids
-                ]
-            )
         verdicts = self.localizer.localize(
             suspects,
             source,
