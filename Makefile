@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.skh-setup
 
-.PHONY: setup develop lint test test-host test-verbs test-systemd demo bench bench-quick debug clean
+.PHONY: setup develop lint test test-host test-verbs test-systemd demo demo-all bench bench-quick debug clean
 
 setup: $(SETUP_STAMP)
 
@@ -40,6 +40,10 @@ test-systemd: develop
 
 demo: develop
 	$(PY) -m skh demo
+
+# every fault kind the testbed can inject, each scored (about 8 minutes; not part of make test)
+demo-all: develop
+	$(PY) -m skh demo --all-faults
 
 bench-quick: develop
 	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done

@@ -2,8 +2,9 @@
 an HTML report in ``./skh-report/``. As root it runs on the namespace testbed with the real
 daemons; ``--sim`` runs the same pipeline over the simulator (no root needed). The exit code
 says whether every fault was detected, localized on the right component and resolved (and, live,
-whether every skeleton equals the traffic's truth). ``--sim --serve`` plays the simulated
-scenario behind a real analyzer instead, for alert subscribers to try (docs/alerts.md)."""
+whether every skeleton covers the traffic's truth: no pair the job uses goes unprobed).
+``--sim --serve`` plays the simulated scenario behind a real analyzer instead, for alert
+subscribers to try (docs/alerts.md)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--hosts", type=int, default=4, help="hosts of the emulated cluster (even, >= 4)"
     )
     p.add_argument("--rnics", type=int, default=4, help="RNICs (rails) per host")
-    p.add_argument(
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
         "--faults",
         help="comma-separated fault kinds (default: link_down,fdb_blackhole,slow_path,agent_crash)",
+    )
+    which.add_argument(
+        "--all-faults",
+        action="store_true",
+        help="every fault kind the testbed can inject, one after the other (about 8 minutes)",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="DIR",
+        help=(
+            "the keyring's directory (docs/trust.md layout; made there, or completed, and kept);"
+            " default: a fresh one in the run directory. Every link runs CURVE with a key per"
+            " daemon, host agent and sidecar unless --insecure"
+        ),
     )
     p.add_argument("--seed", type=int, default=1, help="--sim: simulator seed")
     p.add_argument(
@@ -129,17 +145,24 @@ def run_live(args: argparse.Namespace, console) -> int:
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from skh.demo.live import DemoSpec, LiveDemo
+    from skh.demo.live import ALL_FAULTS, DemoSpec, LiveDemo
     from skh.demo.report import build_data, load_spool, write_report
     from skh.errors import SkhError
 
-    kinds = tuple(k.strip() for k in args.faults.split(",")) if args.faults else DemoSpec().faults
+    if args.all_faults:
+        kinds = ALL_FAULTS
+    elif args.faults:
+        kinds = tuple(k.strip() for k in args.faults.split(","))
+    else:
+        kinds = DemoSpec().faults
     spec = DemoSpec(
         hosts=args.hosts,
         rnics_per_host=args.rnics,
         prefix=args.prefix,
         port_base=args.port_base,
         faults=kinds,
+        keys_dir=args.keys or "",
+        insecure=args.insecure,
     )
     out = Path(args.out)
     run_dir = out / "run"
@@ -185,21 +208,26 @@ def run_live(args: argparse.Namespace, console) -> int:
             left = demo.stop()
             progress.advance(task)
     table = Table(title="Faults vs verdicts")
-    for col in ("fault", "truth", "verdict", "detected", "resolved", "ok"):
+    for col in ("fault", "truth", "verdict", "detect", "alert", "resolve", "ok"):
         table.add_column(col)
+
+    def secs(x: float | None, sign: str = "") -> str:
+        return "—" if x is None else f"{x:{sign}.1f} s"
+
     for o in demo.outcomes:
-        t, d, r = o.truth, o.detected, o.resolved
+        t, d = o.truth, o.detected
         comp = " | ".join(t["component"]) if isinstance(t["component"], list) else t["component"]
         table.add_row(
             t["kind"],
             f"{t['layer']} {comp}",
             f"{d['layer']} {d['component']} ({d['failure_type']})" if d else "—",
-            f"{o.detect_s:.1f} s" if o.detect_s is not None else "—",
-            f"{(r['ts_ns'] - o.cleared_ns) / 1e9:+.1f} s" if r else "—",
+            secs(o.detect_s),
+            secs(o.alert_s),
+            secs(o.resolve_s, "+"),
             "[green]yes[/]" if o.ok else "[red]no[/]",
         )
     console.print(table)
-    skeleton_ok = bool(demo.skeletons) and all(s["equal"] for s in demo.skeletons.values())
+    skeleton_ok = bool(demo.skeletons) and all(s["covers"] for s in demo.skeletons.values())
     data = build_data(
         title="skh demo: SkeletonHunter on a namespace testbed",
         mode="live",

@@ -7,6 +7,12 @@ socket's error queue (``MSG_ERRQUEUE``), which needs neither root nor a raw sock
 the underlay flow is the outer packet, so pin the trace with the outer UDP source port the
 overlay flow hashes to.
 
+All TTLs are sent at once and told apart by their payload, which an ICMP error quotes (RFC 1812
+routers quote up to 576 bytes; the error queue hands back the quoted payload): a trace costs one
+timeout however many hops stay silent, instead of one per silent hop, which is what a trace into
+a dead link is made of. Where a hop quotes too little to tell which probe it answers, the trace
+is taken again one TTL at a time.
+
 Run as a module inside a namespace for a JSON trace on stdout::
 
     python -m skh.collect.trace --src 10.0.0.1 --dst 10.1.1.1 --sport 40002
@@ -64,12 +70,15 @@ def paris_trace(
     max_ttl: int = 16,
     timeout_s: float = 1.0,
     payload: bytes = b"skh-trace",
+    all_at_once: bool = True,
 ) -> TraceResult:
-    """Trace ``dst`` with a fixed 5-tuple; one probe per TTL, stop at the destination or max_ttl.
+    """Trace ``dst`` with a fixed 5-tuple; one probe per TTL, up to the destination or max_ttl.
 
     The destination answers with port-unreachable (nothing listens on ``dport``) or with a UDP
     reply (an echo responder); either ends the trace with ``reached=True``. A silent hop is
-    recorded as ``addr=None``.
+    recorded as ``addr=None``. ``all_at_once``: every TTL in flight together, waiting
+    ``timeout_s`` once (falls back to one TTL at a time, ``timeout_s`` each, when the answers
+    cannot be told apart).
     """
     if not 1 <= max_ttl <= 64:
         raise ConfigError(
@@ -79,28 +88,137 @@ def paris_trace(
         raise ConfigError(
             f"The 'sport'/'dport' parameters of paris_trace must be ports. Got {sport!r}/{dport!r}."
         )
-    hops: list[TraceHop] = []
-    reached = False
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    if all_at_once:
+        with _socket(src, sport) as s:
+            res = _all_at_once(s, dst, dport, max_ttl, timeout_s, payload)
+        if res is not None:
+            return res
+    with _socket(src, sport) as s:
+        return _one_by_one(s, dst, dport, max_ttl, timeout_s, payload)
+
+
+def _socket(src: str, sport: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
         s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
         s.setblocking(False)
         s.bind((src, sport))
-        for ttl in range(1, max_ttl + 1):
-            s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
-            t0 = time.perf_counter()
-            try:
-                s.sendto(payload, (dst, dport))
-            except OSError:
-                # a local error (no route) is itself the answer: the first hop is missing
-                hops.append(TraceHop(ttl, None, (), "sendfail"))
-                break
-            hop = _await_hop(s, ttl, t0, timeout_s)
-            hops.append(hop)
-            if hop.icmp in ("reply", "unreachable") and hop.addr == dst:
-                reached = True
-                break
-            if hop.icmp == "unreachable":
-                break  # a router said no: nothing beyond it will answer
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def _ends(hop: TraceHop, dst: str) -> tuple[bool, bool]:
+    """(the trace ends at this hop, it reached the destination)."""
+    if hop.icmp in ("reply", "unreachable") and hop.addr == dst:
+        return True, True
+    # a router said no: nothing beyond it will answer
+    return hop.icmp in ("unreachable", "sendfail"), False
+
+
+def _all_at_once(
+    s: socket.socket, dst: str, dport: int, max_ttl: int, timeout_s: float, payload: bytes
+) -> TraceResult | None:
+    """Every TTL in flight together; ``None`` when an answer cannot be matched to its probe."""
+    sent: dict[int, float] = {}
+    got: dict[int, TraceHop] = {}
+    for ttl in range(1, max_ttl + 1):
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+        sent[ttl] = time.perf_counter()
+        if not _send(s, payload + bytes([ttl]), (dst, dport)):
+            # a local error (no route) is itself the answer: the first hop is missing
+            got[ttl] = TraceHop(ttl, None, (), "sendfail")
+            break
+    deadline = time.perf_counter() + timeout_s
+    while not _complete(got, sent, dst):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
+        r, _, x = select.select([s], [], [s], left)
+        if not r and not x:
+            continue
+        answer = _receive(s)
+        if answer is None:
+            continue
+        data, hop = answer
+        if len(data) <= len(payload) or not data.startswith(payload):
+            return None  # quoted too little to say which probe this answers
+        ttl = data[len(payload)]  # (an RFC 4884 quote is padded: the TTL byte stays in place)
+        if ttl in sent and ttl not in got:
+            rtt_ms = (round((time.perf_counter() - sent[ttl]) * 1e3, 3),)
+            got[ttl] = TraceHop(ttl, hop.addr, rtt_ms, hop.icmp, hop.code)
+    hops: list[TraceHop] = []
+    reached = False
+    for ttl in sorted(sent):
+        hop = got.get(ttl, TraceHop(ttl, None))
+        hops.append(hop)
+        end, reached = _ends(hop, dst)
+        if end:
+            break
+    return TraceResult(dst=dst, hops=tuple(hops), reached=reached)
+
+
+def _send(s: socket.socket, data: bytes, to: tuple[str, int]) -> bool:
+    """Send one probe. An ICMP error of an earlier probe makes the next send fail once with
+    its errno (the socket's pending error; the error itself waits in the error queue): that
+    send is tried again, and only a second failure is a local error."""
+    for _ in range(2):
+        try:
+            s.sendto(data, to)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _complete(got: dict[int, TraceHop], sent: dict[int, float], dst: str) -> bool:
+    """Every hop up to where the trace ends has answered."""
+    for ttl in sorted(sent):
+        hop = got.get(ttl)
+        if hop is None:
+            return False
+        if _ends(hop, dst)[0]:
+            return True
+    return True
+
+
+def _receive(s: socket.socket) -> tuple[bytes, TraceHop] | None:
+    """One answer: an ICMP error from the error queue (with the payload it quotes), or a UDP
+    reply from an echo responder at the destination (with the payload it echoes)."""
+    try:
+        data, anc, _flags, _addr = s.recvmsg(512, 512, socket.MSG_ERRQUEUE)
+    except BlockingIOError:
+        try:
+            data, addr = s.recvfrom(512)
+        except (BlockingIOError, ConnectionRefusedError):
+            return None
+        return data, TraceHop(0, addr[0], (), "reply")
+    err = _parse_recverr(anc)
+    if err is None:
+        return None
+    if err.type == _ICMP_TIME_EXCEEDED:
+        return data, TraceHop(0, err.offender, (), "time-exceeded")
+    icmp = "unreachable" if err.type == _ICMP_UNREACH else f"icmp-{err.type}"
+    return data, TraceHop(0, err.offender, (), icmp, err.code)
+
+
+def _one_by_one(
+    s: socket.socket, dst: str, dport: int, max_ttl: int, timeout_s: float, payload: bytes
+) -> TraceResult:
+    hops: list[TraceHop] = []
+    reached = False
+    for ttl in range(1, max_ttl + 1):
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+        t0 = time.perf_counter()
+        if not _send(s, payload, (dst, dport)):
+            hops.append(TraceHop(ttl, None, (), "sendfail"))
+            break
+        hop = _await_hop(s, ttl, t0, timeout_s)
+        hops.append(hop)
+        end, reached = _ends(hop, dst)
+        if end:
+            break
     return TraceResult(dst=dst, hops=tuple(hops), reached=reached)
 
 
@@ -112,23 +230,11 @@ def _await_hop(s: socket.socket, ttl: int, t0: float, timeout_s: float) -> Trace
         r, _, x = select.select([s], [], [s], left)
         if not r and not x:
             continue
-        try:
-            _data, anc, _flags, _addr = s.recvmsg(512, 512, socket.MSG_ERRQUEUE)
-        except BlockingIOError:
-            try:  # a real UDP answer from an echo responder at the destination
-                _data, addr = s.recvfrom(512)
-            except (BlockingIOError, ConnectionRefusedError):
-                continue
-            return TraceHop(ttl, addr[0], (round((time.perf_counter() - t0) * 1e3, 3),), "reply")
-        err = _parse_recverr(anc)
-        if err is None:
-            continue
-        rtt_ms = (round((time.perf_counter() - t0) * 1e3, 3),)
-        if err.type == _ICMP_TIME_EXCEEDED:
-            return TraceHop(ttl, err.offender, rtt_ms, "time-exceeded")
-        if err.type == _ICMP_UNREACH:
-            return TraceHop(ttl, err.offender, rtt_ms, "unreachable", err.code)
-        return TraceHop(ttl, err.offender, rtt_ms, f"icmp-{err.type}", err.code)
+        answer = _receive(s)
+        if answer is not None:
+            hop = answer[1]
+            rtt_ms = (round((time.perf_counter() - t0) * 1e3, 3),)
+            return TraceHop(ttl, hop.addr, rtt_ms, hop.icmp, hop.code)
 
 
 def main(argv: list[str] | None = None) -> int:

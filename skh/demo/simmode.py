@@ -75,17 +75,7 @@ class SimRun:
             overlay_endpoint=sim_overlay_endpoint,
             overlay_component=sim_overlay_component,
         )
-        self.pipe.set_endpoints(
-            {
-                "ep": e.ep_id,
-                "job": e.job,
-                "container": e.container,
-                "host": e.host,
-                "rail": e.rail,
-                "ip": e.ip,
-            }
-            for e in sim.cluster.endpoints
-        )
+        self.pipe.set_cluster(sim.cluster)
         self.truths = []
         for i, (name, start, end) in enumerate(script):
             ftype = FailureType[name]
@@ -174,6 +164,7 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
             "applied": sorted(got),
             "truth": sorted(truth),
             "equal": got == truth,
+            "covers": truth <= got,
             "mode": st.skeleton.mode if st and st.skeleton else "preload",
             "confidence": float(st.skeleton.confidence) if st and st.skeleton else 0.0,
         }
@@ -202,7 +193,7 @@ def run_sim(out: Path, *, console: Any, seed: int = 1) -> int:
         seed=seed, say=lambda m: console.print(f"[dim]{time.monotonic() - t:5.1f}s[/] {m}")
     )
     table = Table(title="Faults vs verdicts (simulated)")
-    for col in ("fault", "truth", "verdict", "detected", "resolved"):
+    for col in ("fault", "truth", "verdict", "detect", "alert", "resolved"):
         table.add_column(col)
     for o in res["outcomes"]:
         d = o.detected
@@ -211,6 +202,7 @@ def run_sim(out: Path, *, console: Any, seed: int = 1) -> int:
             f"{o.truth['layer']} {o.truth['component']}",
             f"{d['layer']} {d['component']}" if d else "[red]—[/]",
             f"{o.detect_s:.0f} s" if o.detect_s is not None else "—",
+            f"{o.alert_s:.0f} s" if o.alert_s is not None else "—",
             "yes" if o.resolved else "[red]no[/]",
         )
     console.print(table)

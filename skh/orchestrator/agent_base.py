@@ -37,6 +37,8 @@ _MAX_RUNNING = 64  # commands running or queued for the pool; more are answered 
 
 class AgentBase:
     role = ""
+    #: commands run side by side (a handler may wait on the network for a second)
+    command_workers = 2
 
     def __init__(
         self, cfg: AgentConfig, security: SecurityConfig, *, ctx: zmq.Context | None = None
@@ -59,7 +61,7 @@ class AgentBase:
         self._next_heartbeat = 0.0
         self.handlers: dict[str, CommandHandler] = {"stats": lambda _args: self.stats()}
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="skh-cmd"
+            max_workers=self.command_workers, thread_name_prefix="skh-cmd"
         )
         self._running: dict[str, concurrent.futures.Future[Any]] = {}
         self._done: OrderedDict[str, bytes] = OrderedDict()

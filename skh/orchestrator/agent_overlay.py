@@ -40,7 +40,7 @@ from skh.analysis.sampling import ResultThinner
 from skh.errors import ConfigError, ProtocolError
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig, EndpointSpec
-from skh.orchestrator.daemon import make_socket
+from skh.orchestrator.daemon import RetryRefused, make_socket
 from skh.orchestrator.metrics import (
     RTT_BUCKETS,
     CallbackCollector,
@@ -167,6 +167,7 @@ class OverlayAgent(AgentBase):
         self.push.setsockopt(zmq.IMMEDIATE, 1)
         security.client(self.push, analyzer=True)
         self.push.connect(cfg.analyzer)
+        self.push_retry = RetryRefused(self.push, cfg.analyzer)
         self.engines: list[tuple[EndpointSpec, EngineLike]] = []
         for spec in cfg.endpoints:
             eng = engine_factory(spec, cfg)
@@ -507,6 +508,7 @@ class OverlayAgent(AgentBase):
             self.handle_sub()
         self.session_tick(now)
         self._ready_tick(now)
+        self.push_retry.tick(now)
         if now >= self._next_flush:
             self._next_flush = now + self.cfg.batch_interval_s
             self.flush()
@@ -515,6 +517,7 @@ class OverlayAgent(AgentBase):
         for _spec, eng in self.engines:
             eng.close()
         self.sub.close(0)
+        self.push_retry.close()
         self.push.close(linger=500)  # the last second of results, if the analyzer takes it
         self.close_base()
 

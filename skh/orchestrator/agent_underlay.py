@@ -43,7 +43,7 @@ from skh.errors import ProtocolError, RequestRefused, RequestTimeout
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.counters import CounterSampler, make_source
-from skh.orchestrator.daemon import make_socket
+from skh.orchestrator.daemon import RetryRefused, make_socket
 from skh.orchestrator.enrol import EnrolServer
 from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
 from skh.orchestrator.security import SecurityConfig
@@ -181,6 +181,9 @@ def next_sample_delay_s(wall_s: float, phase_s: float, interval_s: float) -> flo
 
 class UnderlayAgent(AgentBase):
     role = "underlay"
+    #: a localization round asks a host for a trace per failing RNIC pair at once; each mostly
+    #: waits for silent hops
+    command_workers = 8
 
     def __init__(
         self,
@@ -197,6 +200,7 @@ class UnderlayAgent(AgentBase):
         self.push.setsockopt(zmq.IMMEDIATE, 1)
         security.client(self.push, analyzer=True)
         self.push.connect(cfg.analyzer)
+        self.push_retry = RetryRefused(self.push, cfg.analyzer)
         self.handlers.update(default_handlers())
         #: the namespaces a command may name: this host's containers' and the sources'
         self.known_netns = {c.netns for c in cfg.containers if c.netns} | {
@@ -323,6 +327,7 @@ class UnderlayAgent(AgentBase):
         if readable:
             self.handle_dealer()
         self.session_tick(now)
+        self.push_retry.tick(now)
         if now >= self._next_sample:
             # re-aimed at the wall clock's grid each time: a slow tick shifts no later sample,
             # and the monotonic clock drifting from the wall clock cannot either
@@ -337,5 +342,6 @@ class UnderlayAgent(AgentBase):
             if self._enrol_client is not None:
                 self._enrol_client.close()
         self.sampler.close()
+        self.push_retry.close()
         self.push.close(0)
         self.close_base()

@@ -1,16 +1,19 @@
 """What every skh daemon shares: SIGTERM/SIGINT handling, socket set-up with high-water marks and
-a message-size cap, and bind addresses that may ask for an ephemeral port (``tcp://127.0.0.1:0``)."""
+a message-size cap, bind addresses that may ask for an ephemeral port (``tcp://127.0.0.1:0``), and
+a client socket that tries again after its key was refused (:class:`RetryRefused`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-__all__ = ["install_stop_signals", "make_socket", "bind"]
+__all__ = ["install_stop_signals", "make_socket", "bind", "RetryRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +56,50 @@ def bind(sock: zmq.Socket, address: str) -> str:
         address = address[:-1] + "*"
     sock.bind(address)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+class RetryRefused:
+    """Connect ``sock`` to ``address`` afresh every ``retry_s`` while the server refuses its key.
+
+    libzmq never reconnects a socket whose CURVE handshake the server's ZAP handler refused
+    (zeromq/libzmq#2329; pyzmq's bundled 4.3.5 does the same): the connection is gone for good.
+    A key the server does not know *yet* is routine — a sidecar enrols its key with the
+    controller and connects to the analyzer before the analyzer's key mirror (a 0.5 s poll) has
+    seen it, and after an analyzer restart every enrolled key is unknown until its first poll —
+    so without this an agent's results would have nowhere to go until it restarts. A key refused
+    for good (revoked) costs one handshake per ``retry_s``. Call :meth:`tick` from the owner's
+    loop (the monitor socket is not thread-safe either)."""
+
+    def __init__(self, sock: zmq.Socket, address: str, *, retry_s: float = 1.0) -> None:
+        self.sock, self.address, self.retry_s = sock, address, retry_s
+        self.refusals = 0
+        self._retry_at: float | None = None
+        self._mon = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        )
+
+    def tick(self, now: float) -> None:
+        while self._mon.poll(0):
+            event = recv_monitor_message(self._mon)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._retry_at = None
+            elif self._retry_at is None:
+                self.refusals += 1
+                if self.refusals == 1 or self.refusals % 60 == 0:
+                    log.warning(
+                        "%s refused this client's key (%d times so far); trying again every %g s",
+                        self.address,
+                        self.refusals,
+                        self.retry_s,
+                    )
+                self._retry_at = now + self.retry_s
+        if self._retry_at is not None and now >= self._retry_at:
+            self._retry_at = None
+            with contextlib.suppress(zmq.ZMQError):  # no such endpoint left: connect alone
+                self.sock.disconnect(self.address)
+            self.sock.connect(self.address)
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.disable_monitor()
+        self._mon.close(0)

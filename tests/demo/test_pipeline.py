@@ -3,6 +3,8 @@ and the whole pipeline over the simulator (``skh demo --sim``)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -190,3 +192,203 @@ def test_an_event_on_the_reverse_of_an_alerted_pair_confirms_that_alert():
     reverse = SimpleNamespace(pairs=[(3, 1)], endpoints=[])
     other = SimpleNamespace(pairs=[(3, 1), (2, 3)], endpoints=[])
     assert p._unexplained([reverse, other]) == [other]
+
+
+def _two_host_overlay(blackhole: bool):
+    """Two hosts, one rail, one container each (A on host0, B on host1), and the overlay state
+    each host reports; with ``blackhole`` host0's VTEP has no forwarding entry toward host1 (a
+    deleted FDB entry): A's requests to B die there, and so do A's replies to B."""
+    from skh.analysis.localize import OverlayTables
+    from skh.model import Cluster
+
+    fab = Fabric.from_params(hosts=2, rnics_per_host=1)
+    cl = Cluster(fab)
+    a = cl.add_endpoint(job="j", container="ca", host="host0", rail=0, ip="172.16.0.1")
+    b = cl.add_endpoint(job="j", container="cb", host="host1", rail=0, ip="172.16.1.1")
+
+    def tables(host: str, me, peer) -> OverlayTables:
+        vf, rep, route = (
+            f"{host}/vf:{me.container}.0",
+            f"{host}/rep:{me.container}",
+            f"{host}/route",
+        )
+        vtep = f"{host}/vtep:vx0"
+        to_peer = {} if (blackhole and host == "host0") else {peer.ip: f"{peer.host}/decap:vx0"}
+        return OverlayTables(
+            host,
+            {
+                vf: {"*": rep},
+                rep: {"*": route, me.ip: vf},
+                route: {me.ip: rep, peer.ip: vtep},
+                vtep: to_peer,
+                f"{host}/decap:vx0": {"*": route},
+            },
+        )
+
+    state = {"host0": tables("host0", a, b), "host1": tables("host1", b, a)}
+    return fab, cl, a, b, state
+
+
+class _OverlayOnly:
+    """A state source that knows the overlay only (no traces, reports or dumps)."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+    def overlay_tables(self, host):
+        return self.state.get(host)
+
+    def host_report(self, host):
+        return None
+
+    def traceroute(self, pair, path_id):
+        return None
+
+    def flow_tables(self, host, rail):
+        return None
+
+
+def _probes(src: int, dst: int, t0_s: float, n: int, *, failed: bool, seq0: int) -> np.ndarray:
+    from skh.records import ProbeStatus, empty_probes
+
+    r = empty_probes(n)
+    r["src_ep"], r["dst_ep"] = src, dst
+    r["seq"] = np.arange(seq0, seq0 + n)
+    r["t_wall_ns"] = [int((t0_s + 0.25 * i) * 1e9) for i in range(n)]
+    r["status"] = ProbeStatus.LOST if failed else ProbeStatus.OK
+    if not failed:
+        r["rtt_ns"] = 20_000
+        r["ts_source"] = 2
+    return r
+
+
+def _blackhole_rounds(
+    p, a, b, first: str, other_in_first_round: int, healthy=()
+) -> tuple[list, float]:
+    """Drive ``p`` through 4 s of health and then a fault that fails (A, B) and (B, A) from
+    ``t``: the ``first`` side's prober reports its failures a second before the other side's
+    (which has ``other_in_first_round`` failures in already, too few to detect); the
+    ``healthy`` pairs answer all along. Returns the fault alerts opened and ``t``."""
+    from skh.records import empty_counters
+
+    ab, ba = (a.ep_id, b.ep_id), (b.ep_id, a.ep_id)
+    early, late = (ba, ab) if first == "reply side" else (ab, ba)
+    seq = {ab: 0, ba: 0, **{h: 0 for h in healthy}}
+    eps = sorted({e for pair in (ab, *healthy) for e in pair})
+    alerts: list[dict] = []
+
+    def batch(pair, t_s, n, failed):
+        r = _probes(*pair, t_s, n, failed=failed, seq0=seq[pair])
+        seq[pair] += n
+        return r
+
+    def round_(t_s, *rows):
+        hb = np.array(eps, np.uint32)
+        rows = [batch(h, t_s - 1, 4, False) for h in healthy] + [r for r in rows if r.size]
+        rows = rows or [_probes(0, 1, t_s, 0, failed=False, seq0=0)]
+        alerts.extend(
+            p.process(np.concatenate(rows), empty_counters(0), int(t_s * 1e9), heartbeats=hb)
+        )
+
+    t0 = time.time() - 20 if p.source_factory.__name__ == "live" else 1_000.0
+    for k in range(4):
+        round_(t0 + k + 1, batch(ab, t0 + k, 4, False), batch(ba, t0 + k, 4, False))
+    t = t0 + 4
+    k0 = other_in_first_round
+    round_(t + 1, batch(early, t, 4, True), batch(late, t, k0, True))
+    round_(t + 1.5)
+    round_(t + 2, batch(early, t + 1, 4, True), batch(late, t + 0.25 * k0, 8 - k0, True))
+    for k in range(2, 8):
+        round_(t + k + 1, batch(early, t + k, 4, True), batch(late, t + k, 4, True))
+    return [x for x in alerts if x.get("kind") == "fault" and x["state"] == "open"], t
+
+
+def _blackhole_pipeline(fab, cluster, source_factory):
+    from skh.orchestrator.pipeline import Pipeline
+
+    cfg = PipelineConfig.from_mapping(
+        {
+            "fabric": fab.to_mapping(),
+            "detector": {"fast": {"unreachable_after": 3}, "clear_after_s": 6.0},
+            "resolve_after_s": 8.0,
+        }
+    )
+    p = Pipeline(cfg, source_factory=source_factory, apply_skeleton=lambda *_: True)
+    p.set_cluster(cluster)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("first", "other_in_first_round"),
+    [("request side", 0), ("reply side", 0), ("reply side", 2)],
+)
+def test_a_blackhole_seen_first_from_its_intact_side_is_still_placed_on_the_overlay(
+    first, other_in_first_round
+):
+    # issue 18: the FDB entry host0 → host1 is gone, so A → B (requests) and B → A (replies) both
+    # fail. When B's prober reports first, the first event holds only (B, A), whose own chain
+    # is intact: that round alone cannot place it. It must not become an "unexplained" alert that
+    # swallows A's report of (A, B) a moment later.
+    fab, cl, a, b, state = _two_host_overlay(blackhole=True)
+    p = _blackhole_pipeline(fab, cl, lambda _c: _OverlayOnly(state))
+    opened, t = _blackhole_rounds(p, a, b, first, other_in_first_round)
+    assert [(x["layer"], x["component"]) for x in opened] == [("overlay", "host0/vtep:vx0")], opened
+    early = (b.ep_id, a.ep_id) if first == "reply side" else (a.ep_id, b.ep_id)
+    assert early in set(map(tuple, opened[0]["pairs"]))
+    # with the other side's first failures at hand, the first round places it already
+    placed_s = opened[0]["detected_at_ns"] / 1e9 - t
+    assert placed_s == (1.0 if first == "request side" or other_in_first_round else 2.0)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+@pytest.mark.parametrize("first", ["request side", "reply side"])
+def test_the_demos_fdb_blackhole_on_rail_3_is_placed_from_the_testbeds_real_state(first):
+    # the case `make demo` failed: 4 RNICs per host, rail 3, host0 → host3, localized from what
+    # the real agent handlers read in the testbed's namespaces (overlay state, host reports and
+    # traceroutes), whichever side's prober reports first
+    import os
+
+    from skh.demo.live import DemoSpec
+    from skh.orchestrator import agent_underlay as handlers
+    from skh.orchestrator.pipeline import AgentStateSource
+    from skh.testbed import Testbed
+    from skh.testbed.faults import Faults
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    spec = DemoSpec(prefix=os.environ.get("SKH_TESTBED_PREFIX", "skht"))
+    tb = Testbed(spec.testbed_spec(), prefix=spec.prefix)
+    cl, L = tb.cluster(), tb.layout
+    ns_of = {f"ul-{L.host_name(g)}": L.host_ns(g) for g in range(spec.hosts)}
+
+    def answer(agent, name, args):
+        try:
+            result = getattr(handlers, name)({**args, "netns": ns_of[agent]})
+        except Exception as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True, "result": result}
+
+    cfg = PipelineConfig(
+        fabric=tb.fabric().to_mapping(),
+        addr_owner=tb.ip_owners(),
+        host_agents={L.host_name(g): f"ul-{L.host_name(g)}" for g in range(spec.hosts)},
+        vf_devices={e.name: tb.representor(e)[1] for e in cl.endpoints},
+    )
+
+    def live(c):
+        return AgentStateSource(_FakeClient(answer), c, cfg)
+
+    a = next(e for e in cl.endpoints if e.host == "host0" and e.rail == 3 and e.job == "job1")
+    b = next(e for e in cl.endpoints if e.host == "host3" and e.rail == 3 and e.job == "job1")
+    try:
+        tb.up()
+        Faults(tb).inject("fdb_blackhole", host="host0", peer="host3", rail=3)
+        p = _blackhole_pipeline(tb.fabric(), cl, live)
+        # the rest of the rail answers: healthy traces clear the underlay links
+        rail = [e.ep_id for e in cl.endpoints if e.rail == 3 and e.job == "job1"]
+        healthy = [(x, y) for x in rail for y in rail if x != y and {x, y} != {a.ep_id, b.ep_id}]
+        opened, _t = _blackhole_rounds(p, a, b, first, 0, healthy)
+    finally:
+        tb.down()
+    assert [(x["layer"], x["component"]) for x in opened] == [("overlay", "host0/vtep:vx3")], opened

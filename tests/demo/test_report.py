@@ -39,7 +39,15 @@ def _data(ok: bool = True) -> dict:
         "n_pairs": 2,
         "seq": 2,
         "ts_ns": t0 + 12 * 10**9,
-        "evidence": {"votes": 2},
+        "evidence": {"votes": 2, "cleared_by": 3, "path": ["host1:rnic0"]},
+        "detection": {
+            "kind": "unreachable",
+            "explanation": "2 pairs stopped answering",
+            "detected_ns": t0 + 11 * 10**9,
+            "n_pairs": 2,
+            "n_endpoints": 0,
+        },
+        "localization": {"took_s": 0.8, "reads": {"host_report": 2, "traceroute": 5}},
     }
     res = {**det, "state": "resolved", "seq": 3, "ts_ns": t0 + 30 * 10**9}
     other = {
@@ -81,7 +89,9 @@ def _data(ok: bool = True) -> dict:
                 "others": [other],
                 "caught": True,
                 "ok": True,
-                "detect_s": 2.0,
+                "detect_s": 1.0,
+                "alert_s": 2.0,
+                "resolve_s": 10.0,
             }
         ],
         "alerts": [det, other, res],
@@ -108,12 +118,42 @@ def test_render_is_self_contained_and_escapes():
     assert "1 of 1 faults detected" in page
 
 
+def test_each_fault_is_told_step_by_step():
+    from skh.demo.report import fault_steps
+
+    steps = fault_steps(_data()["faults"][0])
+    assert [s["step"] for s in steps] == [
+        "fault",
+        "detection",
+        "evidence",
+        "evidence",
+        "verdict",
+        "other alert",
+        "repair",
+        "resolved",
+    ]
+    assert [s["t_s"] for s in steps if s["t_s"] is not None] == [0.0, 1.0, 2.0, 3.0, 10.0, 20.0]
+    text = "\n".join(s["text"] for s in steps)
+    assert "unreachable event on 2 pair(s): 2 pairs stopped answering" in text
+    assert "read 2 host_report, 5 traceroute in 0.8 s" in text
+    assert "underlay vote: 2 failing trace(s) cross it, 3 healthy one(s) clear it" in text
+    assert "underlay host1:rnic0|tor0r0: switch_port_down (2 pairs)" in text
+    assert "alert resolved +10.0 s after the repair" in text
+    # what was never seen says so
+    missed = {**_data()["faults"][0], "detected": None, "resolved": None, "others": []}
+    assert [s["text"] for s in fault_steps(missed) if s["step"] != "fault"][:2] == [
+        "no alert opened",
+        "NOT placed on its component",
+    ]
+
+
 def test_report_renders_in_chromium(tmp_path, chromium):
     page = write_report(tmp_path, _data())
     assert (tmp_path / "report.json").exists()
     dom = chromium(page, tmp_path / "shot.png")
     assert "1 of 1 faults detected, localized and resolved" in dom
     assert "host1:rnic0|tor0r0" in dom
+    assert "What the system saw, step by step" in dom and "2 pairs stopped answering" in dom
     # a rendered page, not a blank one: the PNG holds the colours of the matrices
     assert (tmp_path / "shot.png").stat().st_size > 20_000
 

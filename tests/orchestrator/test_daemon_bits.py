@@ -1,5 +1,6 @@
 """sd_notify, configuration (TOML + overrides + `skh config check`) and CURVE security."""
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -269,3 +270,69 @@ def test_metrics_endpoint_exports_bounded_series(cfg, ctx, client, run_daemon):
     assert 'skh_controller_registry{kind="endpoints"} 1.0' in text
     assert 'skh_controller_rejected_frames_total{reason="malformed"} 1.0' in text
     assert 'skh_controller_events_total{kind="registrations"} 1.0' in text
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_client_refused_before_the_server_knew_its_key_gets_through_once_it_does(retry):
+    # issue 18: a sidecar enrols, then connects to the analyzer before the analyzer's key mirror
+    # has its key; libzmq never reconnects after a ZAP refusal, so without RetryRefused the
+    # sidecar's results had nowhere to go for the rest of its life
+    import time
+
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from skh.orchestrator.daemon import RetryRefused
+
+    ctx = zmq.Context()
+    server_pub, server_sec = zmq.curve_keypair()
+    client_pub, client_sec = zmq.curve_keypair()
+    known: set[bytes] = set()
+
+    class Mirror:
+        def callback(self, _domain: str, key: bytes) -> bool:
+            return key in known
+
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=Mirror())
+    pull = ctx.socket(zmq.PULL)
+    pull.curve_server, pull.curve_secretkey, pull.curve_publickey = True, server_sec, server_pub
+    address = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
+    push = ctx.socket(zmq.PUSH)
+    push.curve_serverkey, push.curve_publickey, push.curve_secretkey = (
+        server_pub,
+        client_pub,
+        client_sec,
+    )
+    push.setsockopt(zmq.IMMEDIATE, 1)
+    watch = RetryRefused(push, address, retry_s=0.2) if retry else None
+    push.connect(address)
+    got = 0
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not (watch and watch.refusals):
+            if watch:
+                watch.tick(time.monotonic())
+            time.sleep(0.02)
+        time.sleep(0.3)  # refused (a ZAP answer takes milliseconds)
+        known.add(client_pub)  # the mirror caught up
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not got:
+            if watch:
+                watch.tick(time.monotonic())
+            with contextlib.suppress(zmq.Again):
+                push.send(b"result", zmq.NOBLOCK)
+            if pull.poll(50):
+                got += len(pull.recv())
+    finally:
+        if watch:
+            watch.close()
+        for s in (push, pull):
+            s.close(0)
+        auth.stop()
+        ctx.term()
+    if retry:
+        assert watch is not None and watch.refusals == 1
+        assert got
+    else:
+        assert not got  # libzmq alone never tries again: the reason RetryRefused exists

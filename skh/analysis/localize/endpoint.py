@@ -259,9 +259,15 @@ def flow_finding(
     return Finding("rnic", rnic, "rnic", ft, {"churn": bool(churn)}, types)
 
 
-def one_way_in(eps: set[int], failing: Iterable[Pair], sends_ok: bool) -> bool:
+def one_way_in(
+    eps: set[int], failing: Iterable[Pair], sends_ok: bool, receives_ok: bool = False
+) -> bool:
     """The endpoints ``eps`` fail only as destinations — every failing pair touching them ends
-    at them — while pairs they send on are healthy (``sends_ok``): a stale GID (peers address
-    a gone one)."""
+    at them — while pairs they send on are healthy (``sends_ok``) and none towards them is
+    (``receives_ok`` false): a stale GID (peers address a gone one). A peer that still reaches
+    them rules that out: every peer's traffic to a gone GID fails, while a path fault between
+    two hosts (a blackhole whose other side has not reported yet) fails some peers only."""
     touching = [p for p in failing if p[0] in eps or p[1] in eps]
-    return bool(touching) and sends_ok and not any(p[0] in eps for p in touching)
+    return (
+        bool(touching) and sends_ok and not receives_ok and not any(p[0] in eps for p in touching)
+    )

@@ -79,6 +79,8 @@ class _Work:
     known: tuple[Verdict, ...] = ()
     #: endpoints whose own probes came back lately: their agents are alive
     responsive: frozenset[int] = frozenset()
+    #: destinations of the pairs probed without trouble right now (sorted endpoint ids)
+    healthy_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: the round's overlay tables, by host (cached answers)
     tables: Callable[[str], OverlayTables | None] | None = None
     verdicts: list[Verdict] = field(default_factory=list)
@@ -259,6 +261,9 @@ class Localizer:
         self._index()
         now_ns = time.time_ns() if now_ns is None else int(now_ns)
         now_s = now_ns / 1e9 if now_s is None else float(now_s)
+        healthy = np.asarray(
+            np.zeros((0, 2), np.int64) if healthy_pairs is None else healthy_pairs, np.int64
+        ).reshape(-1, 2)
         w = _Work(
             {},
             {},
@@ -269,11 +274,10 @@ class Localizer:
             set(),
             min((s.first_seen_ns for s in suspects), default=now_ns),
             now_s,
-            np.zeros(0, np.int64)
-            if healthy_pairs is None
-            else np.unique(np.asarray(healthy_pairs, np.int64).reshape(-1, 2)[:, 0]),
+            np.unique(healthy[:, 0]),
             tuple(known),
             frozenset(int(e) for e in (responsive if responsive is not None else ())),
+            healthy_dst=np.unique(healthy[:, 1]),
         )
         n_ep = len(self.cluster.endpoints)
         for s in suspects:
@@ -533,20 +537,12 @@ class Localizer:
     ) -> None:
         if not w.left:
             return
-        failing = []
-        for p in sorted(w.left):
-            for pid in w.path_ids.get(p, (0,)):
-                t = source.traceroute(p, pid)
-                if t is not None:
-                    failing.append(t)
-        if not failing:
-            return
-        w.failing = failing
-        for p in self._exoneration(sorted(w.left), healthy_pairs):
-            for pid in self.exoneration_path_ids:
-                t = source.traceroute(p, pid)
-                if t is not None:
-                    w.healthy.append(t)
+        wanted = [(p, pid) for p in sorted(w.left) for pid in w.path_ids.get(p, (0,))]
+        clear = [
+            (p, pid)
+            for p in self._exoneration(sorted(w.left), healthy_pairs)
+            for pid in self.exoneration_path_ids
+        ]
         # a pair that fails on some flows only (an unreachable ECMP path) carries others: a
         # trace of another flow label that reaches its destination clears the path it took. One
         # pair per pair of ToRs, on the probed labels it did not fail on and a few more (a
@@ -554,6 +550,7 @@ class Localizer:
         seen: set[tuple[int, int]] = set()
         top = max(self.exoneration_path_ids) + 1
         extra = tuple(range(top, top + _EXTRA_LABELS))
+        beside = []
         for p in sorted(w.left):
             if w.symptom.get(p) != "unreachable" or p in w.refused:
                 continue
@@ -562,11 +559,25 @@ class Localizer:
                 continue
             seen.add(tors)
             bad = w.path_ids.get(p, (0,))
-            for pid in (*self.exoneration_path_ids, *extra):
-                if pid not in bad:
-                    t = source.traceroute(p, pid)
-                    if t is not None and t.reached:
-                        w.healthy.append(t)
+            beside += [(p, pid) for pid in (*self.exoneration_path_ids, *extra) if pid not in bad]
+        # a source that can take many traces at once (agents run them side by side) is told
+        # all of them before the first is asked for; a trace that does not reach its
+        # destination waits out its hops, so one at a time they would add up
+        plan = getattr(source, "plan_traces", None)
+        if plan is not None:
+            plan([*wanted, *clear, *beside])
+        failing = [t for p, pid in wanted if (t := source.traceroute(p, pid)) is not None]
+        if not failing:
+            return
+        w.failing = failing
+        for p, pid in clear:
+            t = source.traceroute(p, pid)
+            if t is not None:
+                w.healthy.append(t)
+        for p, pid in beside:
+            t = source.traceroute(p, pid)
+            if t is not None and t.reached:
+                w.healthy.append(t)
         soft = [i for i, t in enumerate(failing) if w.symptom.get(t.pair) != "unreachable"]
         res = vote(failing, w.healthy, expected_paths=self._expected_paths, soft=soft)
         for c in res.culprits:
@@ -820,8 +831,10 @@ class Localizer:
         if found is not None:
             return found
         symptom = self._worst(w, pairs)
-        sends = bool(np.isin(np.fromiter(mine, np.int64, len(mine)), w.healthy_src).any())
-        if symptom == "unreachable" and one_way_in(mine, w.symptom, sends):
+        arr = np.fromiter(mine, np.int64, len(mine))
+        sends = bool(np.isin(arr, w.healthy_src).any())
+        receives = bool(np.isin(arr, w.healthy_dst).any())
+        if symptom == "unreachable" and one_way_in(mine, w.symptom, sends, receives):
             if rep is None or not rep.known("gid_changed", max_age_s=age):
                 return Finding(
                     "rnic",

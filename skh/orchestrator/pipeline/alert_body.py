@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -14,9 +15,15 @@ __all__ = ["verdict_alert", "resolved_verdict", "skeleton_alert"]
 
 
 def verdict_alert(
-    v: Verdict, state: str, event: SuspectEvent | None = None, *, max_pairs: int = 32
+    v: Verdict,
+    state: str,
+    event: SuspectEvent | None = None,
+    *,
+    localization: Mapping[str, Any] | None = None,
+    max_pairs: int = 32,
 ) -> dict[str, Any]:
-    """The alert body of a verdict (JSON-friendly)."""
+    """The alert body of a verdict (JSON-friendly). ``event`` is the detection event it
+    answers; ``localization`` what the round read to place it (``took_s``, ``reads``)."""
     out: dict[str, Any] = {
         "kind": "fault",
         "state": state,
@@ -41,7 +48,16 @@ def verdict_alert(
         "candidates": list(v.candidates),
     }
     if event is not None:
-        out["detection"] = {"kind": event.kind, "explanation": event.explanation}
+        out["detection"] = {
+            "kind": event.kind,
+            "explanation": event.explanation,
+            "detected_ns": int(event.detected_ns),
+            "first_seen_ns": int(event.first_seen_ns),
+            "n_pairs": len(event.pairs),
+            "n_endpoints": len(event.endpoints),
+        }
+    if localization is not None:
+        out["localization"] = dict(localization)
     return out
 
 

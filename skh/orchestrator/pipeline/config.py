@@ -74,6 +74,10 @@ class PipelineConfig:
     skeleton_change_s: float = 120.0
     history_s: float = 300.0
     resolve_after_s: float = 30.0
+    #: how long a failure nothing explains is localized again (with what detection finds next)
+    #: before it is published as "unexplained": the first round often holds only part of a
+    #: fault's pairs (one direction, one agent's batch)
+    unexplained_after_s: float = 3.0
     command_timeout_s: float = 10.0
     trace_max_ttl: int = 6
     trace_base_port: int = 33434
@@ -86,6 +90,7 @@ class PipelineConfig:
             "skeleton_change_s",
             "history_s",
             "resolve_after_s",
+            "unexplained_after_s",
             "command_timeout_s",
         ):
             if not getattr(self, name) > 0:

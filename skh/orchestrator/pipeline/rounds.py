@@ -36,11 +36,18 @@ from skh.model import Cluster, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
-from skh.records import PROBE_DTYPE, empty_probes, pair_keys
+from skh.records import LOSS_STATUSES, PROBE_DTYPE, ProbeStatus, empty_probes, pair_keys
 
 __all__ = ["Pipeline"]
 
 log = logging.getLogger(__name__)
+
+_Key = tuple[str, str, int]
+#: statuses of a probe that failed on the network (its request or its reply)
+_FAILED = np.array([*LOSS_STATUSES, ProbeStatus.UNREACHABLE], np.uint8)
+#: a pair's reverse failing this long before the pair's own first failure is the same fault (the
+#: two probers ship their results at different moments)
+_REVERSE_SLACK_NS = 2_000_000_000
 
 
 @dataclass(slots=True)
@@ -91,8 +98,13 @@ class Pipeline:
         self._recent: list[tuple[int, np.ndarray]] = []
         self._next_skeleton_ns = 0
         #: alert id -> (pairs, endpoints) detection must still hold for the alert to stay open
-        self._watch: dict[tuple[str, str, int], tuple[set[tuple[int, int]], set[int]]] = {}
-        self._events: dict[tuple[str, str, int], SuspectEvent | None] = {}
+        self._watch: dict[_Key, tuple[set[tuple[int, int]], set[int]]] = {}
+        self._events: dict[_Key, SuspectEvent | None] = {}
+        #: what the last localization read and how long it took (told with its new alerts)
+        self._localization: dict[str, Any] = {}
+        #: what the last localization could not explain and is not published yet: (verdict, its
+        #: event, when it was first found unexplained)
+        self._pending: tuple[Verdict, SuspectEvent | None, int] | None = None
         # controller id <-> model id (the model's are dense, the controller's need not be)
         self._to_model = np.zeros(0, np.int64)
         self._to_ctl = np.zeros(0, np.int64)
@@ -170,6 +182,21 @@ class Pipeline:
                 old.skeleton if old else None,
             )
         return True
+
+    def set_cluster(self, cluster: Cluster) -> bool:
+        """Adopt a model's endpoints, as :meth:`set_endpoints` takes them from the controller
+        (the simulator and tests know the cluster without one)."""
+        return self.set_endpoints(
+            {
+                "ep": e.ep_id,
+                "job": e.job,
+                "container": e.container,
+                "host": e.host,
+                "rail": e.rail,
+                "ip": e.ip,
+            }
+            for e in cluster.endpoints
+        )
 
     # -- the edge: controller ids <-> model ids -----------------------------------------------
     def _model(self, ids: np.ndarray) -> np.ndarray:
@@ -278,7 +305,8 @@ class Pipeline:
         alerts, events = self.observe(probes, counters, now_ns, heartbeats)
         events = self._unexplained(events)
         verdicts: list[tuple[Verdict, SuspectEvent | None]] = []
-        if events and self.localizer is not None:
+        due = self._pending is not None and now_ns - self._pending[2] >= self._grace_ns
+        if (events or due) and self.localizer is not None:
             verdicts = self._localize(events, now_ns)
         alerts += self._track(verdicts, now_ns)
         return alerts
@@ -312,6 +340,10 @@ class Pipeline:
     def recent_probes(self) -> np.ndarray:
         """The probe records of the last 15 s (what localization reads of recent traffic)."""
         return np.concatenate([r for _t, r in self._recent]) if self._recent else empty_probes()
+
+    @property
+    def _grace_ns(self) -> int:
+        return int(self.cfg.unexplained_after_s * 1e9)
 
     def _skeletons(self, now_ns: int) -> list[dict[str, Any]]:
         out = []
@@ -377,11 +409,14 @@ class Pipeline:
         """The events no open alert explains yet. One fault, one alert: loss seen around an
         outage's start and end, or a dead agent's pairs turning late, concern pairs (endpoints)
         an open alert already holds; they confirm it rather than open another. (A second fault
-        on exactly those pairs surfaces once the first alert resolves.)"""
+        on exactly those pairs surfaces once the first alert resolves.) An "unexplained" alert
+        explains nothing: what detection finds on its pairs is new evidence, localized again."""
         self.stats["events"] += len(events)
         held_pairs: set[tuple[int, int]] = set()
         held_eps: set[int] = set()
-        for pairs, eps in self._watch.values():
+        for key, (pairs, eps) in self._watch.items():
+            if key[0] == "unexplained":
+                continue
             held_pairs |= pairs
             held_eps |= eps
         # a probe and its reply cross both directions: a pair and its reverse fail together
@@ -399,20 +434,27 @@ class Pipeline:
         return out
 
     def _probe_view(
-        self, failing: set[tuple[int, int]], now_ns: int
+        self, p: np.ndarray, failing: set[tuple[int, int]], now_ns: int, since_ns: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Healthy pairs (answered in the last seconds with no failed probe and no open
-        suspicion: the localizer traces some to clear the links they cross) and responsive
+        suspicion, and answered since ``since_ns``, when the failures began: a pair last heard
+        before then says nothing about the fault, neither that the links it crosses are clear
+        nor that its source still sends, which is what tells a changed GID from a blackhole
+        whose other side has not reported yet; the localizer traces some to clear the links
+        they cross) and responsive
         endpoints (their own probes sent since the heartbeat timeout came back: their agents
         are alive). Only that recent: an agent is declared dead once its heartbeats are
         missing for the timeout, and the probes it sent before it died, still in the look-back,
-        must not make it look alive."""
-        p = self.recent_probes()
+        must not make it look alive. ``p``: :meth:`recent_probes`."""
         if not p.size:
             return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
         healthy, _ = probe_view(p)
-        since_ns = now_ns - int(self.cfg.detector.health.heartbeat_timeout_s * 1e9)
-        _, responsive = probe_view(p[p["t_wall_ns"] >= since_ns])
+        heard, _ = probe_view(p[p["t_wall_ns"] >= since_ns])
+        healthy = healthy[
+            np.isin(pair_keys(healthy[:, 0], healthy[:, 1]), pair_keys(heard[:, 0], heard[:, 1]))
+        ]
+        alive_ns = now_ns - int(self.cfg.detector.health.heartbeat_timeout_s * 1e9)
+        _, responsive = probe_view(p[p["t_wall_ns"] >= alive_ns])
         if failing and healthy.size:
             f = np.array(sorted(failing), np.int64)
             healthy = healthy[
@@ -420,21 +462,72 @@ class Pipeline:
             ]
         return healthy, responsive
 
+    def _failing_reverses(self, s: Suspect, p: np.ndarray) -> tuple[tuple[int, int], ...]:
+        """The reverses of ``s``'s pairs that failed a probe (of ``p``, :meth:`recent_probes`)
+        since ``s`` began. A probe and its
+        reply cross both directions, so one fault fails a pair and its reverse; each prober
+        reports its own side, and the side detection saw first may be the one whose forward
+        path is intact (a missing FDB entry at the responder's host breaks only replies)."""
+        if s.symptom == "latency":
+            return ()
+        p = p[
+            np.isin(p["status"], _FAILED) & (p["t_wall_ns"] >= s.first_seen_ns - _REVERSE_SLACK_NS)
+        ]
+        if not p.size:
+            return ()
+        mine = set(s.pairs)
+        rev = np.array(sorted({(b, a) for a, b in s.pairs} - mine), np.int64).reshape(-1, 2)
+        hit = np.isin(pair_keys(rev[:, 0], rev[:, 1]), pair_keys(p["src_ep"], p["dst_ep"]))
+        return tuple((int(a), int(b)) for a, b in rev[hit].tolist())
+
+    def _unexplained_again(
+        self, events: bool, now_ns: int
+    ) -> list[tuple[Suspect, SuspectEvent | None]]:
+        """What nothing explained so far and detection still holds: the pending verdict, and
+        with new events the open "unexplained" alerts. Localized again with the new evidence."""
+        open_pairs, _eps = self.detector.open_incidents(now_ns)
+        out = []
+        if self._pending is not None:
+            v, ev, _since = self._pending
+            pairs = tuple(p for p in v.pairs if p in open_pairs)
+            if pairs:
+                out.append((Suspect(pairs, v.symptom, v.first_seen_ns), ev))
+        if events:
+            for v in self.tracker.open:
+                watched = self._watch.get(v.key)
+                if v.layer != "unexplained" or watched is None:
+                    continue
+                pairs = tuple(sorted(watched[0] & open_pairs))
+                if pairs:
+                    out.append(
+                        (Suspect(pairs, v.symptom, v.first_seen_ns), self._events.get(v.key))
+                    )
+        return out
+
     def _localize(
         self, events: list[SuspectEvent], now_ns: int
     ) -> list[tuple[Verdict, SuspectEvent | None]]:
         assert self.localizer is not None and self.cluster is not None
-        suspects = []
+        suspects: list[tuple[Suspect, SuspectEvent | None]] = []
         for ev in events:
             try:
                 suspects.append((Suspect.from_event(ev), ev))
             except ConfigError as exc:
                 log.warning("cannot localize %s: %s", ev.kind, exc)
+        suspects += self._unexplained_again(bool(suspects), now_ns)
+        pending, self._pending = self._pending, None
         if not suspects:
             return []
         t0 = time.monotonic()
+        recent = self.recent_probes()
+        suspects = [
+            (dataclasses.replace(s, pairs=s.pairs + extra), ev) if extra else (s, ev)
+            for s, ev in suspects
+            for extra in (self._failing_reverses(s, recent),)
+        ]
         failing = {p for s, _ev in suspects for p in s.pairs}
-        healthy, responsive = self._probe_view(failing, now_ns)
+        since_ns = min(s.first_seen_ns for s, _ev in suspects)
+        healthy, responsive = self._probe_view(recent, failing, now_ns, since_ns)
         verdicts, reads = self.locate(
             [s for s, _ev in suspects],
             healthy,
@@ -442,18 +535,29 @@ class Pipeline:
             known=self.tracker.open,
             responsive=responsive,
         )
+        took_s = time.monotonic() - t0
+        self._localization = {"took_s": round(took_s, 3), "reads": reads}
         log.info(
             "localized %d event(s) into %d verdict(s) in %.1f s (%s)",
             len(events),
             len(verdicts),
-            time.monotonic() - t0,
+            took_s,
             reads,
         )
-        self.stats["verdicts"] += len(verdicts)
         out = []
         for v in verdicts:
             ev = next((e for s, e in suspects if set(v.pairs) & set(s.pairs)), suspects[0][1])
+            if v.layer == "unexplained":
+                # the first round often holds part of a fault: keep looking a moment before
+                # telling anyone nothing explains it
+                since = now_ns
+                if pending is not None and set(pending[0].pairs) & set(v.pairs):
+                    since = pending[2]
+                if now_ns - since < self._grace_ns:
+                    self._pending = (v, ev, since)
+                    continue
             out.append((v, ev))
+        self.stats["verdicts"] += len(out)
         return out
 
     def locate(
@@ -473,12 +577,12 @@ class Pipeline:
         source = self.source_factory(self.cluster)
         failing = {p for s in suspects for p in s.pairs}
         eps = {e for p in failing for e in p} | {e for s in suspects for e in s.agents}
+        # cheap, decisive reads first (every host's overlay state and report, in one go); the
+        # localizer plans the traces its underlay vote wants (plan_traces) and they are all
+        # fetched at once when it asks for its first
         prefetch_hosts = getattr(source, "prefetch_hosts", None)
         if prefetch_hosts is not None:
             prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        prefetch_traces = getattr(source, "prefetch_traces", None)
-        if prefetch_traces is not None:
-            prefetch_traces([(p, 0) for p in sorted(failing)])
         verdicts = self.localizer.localize(
             suspects,
             source,
@@ -498,6 +602,14 @@ class Pipeline:
         pairs, eps = self.detector.open_incidents(now_ns)
         confirm = [v for v, _e in verdicts]
         fresh = {v.key for v in confirm}
+        # an "unexplained" alert whose pairs a fresh verdict explains is no longer confirmed by
+        # them (it resolves like any alert no round confirms)
+        covered = {p for v in confirm if v.layer != "unexplained" for p in v.pairs}
+        covered |= {(b, a) for a, b in covered}
+        for v in self.tracker.open:
+            watched = self._watch.get(v.key)
+            if v.layer == "unexplained" and watched is not None and covered & watched[0]:
+                self._watch[v.key] = (watched[0] - covered, watched[1])
         for v in self.tracker.open:
             if v.key in fresh:
                 continue
@@ -511,7 +623,9 @@ class Pipeline:
             ev = by_key.get(v.key)
             self._events[v.key] = ev
             self._watch[v.key] = (set(v.pairs), set(ev.endpoints) if ev is not None else set())
-            out.append(verdict_alert(self._alert_out(v), "open", ev))
+            out.append(
+                verdict_alert(self._alert_out(v), "open", ev, localization=self._localization)
+            )
         for v in upd.ongoing:
             if v.key in fresh:
                 old_p, old_e = self._watch.get(v.key, (set(), set()))

@@ -79,7 +79,10 @@ class AgentStateSource:
 
     Traces are taken between the two RNICs of a pair (the VXLAN underlay path) with a source port
     fixed per (pair's RNICs, path id), so all container pairs over the same RNIC pair share one
-    trace. :meth:`prefetch` asks many questions at once; the localizer's later calls hit the cache.
+    trace. Cheap, decisive reads come first and traces only when the localizer needs one:
+    :meth:`prefetch_hosts` asks every host's overlay state and report at once, :meth:`plan_traces`
+    names the traces the round will likely want, and the first trace the localizer asks for
+    fetches all of them at once (the agents run them side by side); later calls hit the cache.
     """
 
     def __init__(self, client: ControllerClient, cluster: Cluster, cfg: PipelineConfig) -> None:
@@ -91,8 +94,10 @@ class AgentStateSource:
         self._tables: dict[str, OverlayTables | None] = {}
         self._reports: dict[str, HostReport | None] = {}
         self._flows: dict[tuple[str, int], FlowTables | None] = {}
+        self._planned: list[tuple[tuple[int, int], int]] = []
         fab = cluster.fabric
         self._vtep_hosts = {r.ip: h.name for h in fab.hosts.values() for r in h.rnics if r.ip}
+        self._tor_of = {r.key: r.tor for h in fab.hosts.values() for r in h.rnics}
 
     def _agent(self, host: str) -> str | None:
         if host in self.cfg.host_agents:
@@ -155,7 +160,7 @@ class AgentStateSource:
         else:
             result = parse_paris_json(str(res.get("raw", "")))
         src_node = self.cluster.fabric.rnic(key[0], key[1]).key
-        nodes = trace_nodes(result, self.cfg.addr_owner, src_node=src_node)
+        nodes = self._bridged(trace_nodes(result, self.cfg.addr_owner, src_node=src_node))
         # no per-hop round trips: a hop's answer is an ICMP error its control plane builds (here
         # timed in userspace, one probe per hop), so a step between two hops is mostly that
         # noise, not forwarding delay, and the source's own "0" is no measurement at all. Given
@@ -163,14 +168,32 @@ class AgentStateSource:
         # the first ToR and healthy ones cleared nothing past their source.
         return Trace(pair, nodes, result.reached)
 
+    def _bridged(self, nodes: tuple[str | None, ...]) -> tuple[str | None, ...]:
+        """Put back the ToR between two RNICs of its segment: a ToR that bridges them (an L2
+        segment, as on the namespace testbed) forwards without a TTL of its own, so no hop
+        answers for it, yet the frames crossed it and its ports."""
+        out: list[str | None] = []
+        for node in nodes:
+            prev = out[-1] if out else None
+            tor = self._tor_of.get(prev) if prev else None
+            if tor is not None and node is not None and self._tor_of.get(node) == tor:
+                out.append(tor)
+            out.append(node)
+        return tuple(out)
+
+    def plan_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
+        """Traces the round will likely ask for: fetched together with the first one it does."""
+        self._planned += list(wanted)
+
     def traceroute(self, pair: tuple[int, int], path_id: int) -> Trace | None:
         key = self._trace_key(pair, path_id)
         if key not in self._traces:
-            self.prefetch_traces([(pair, path_id)])
+            planned, self._planned = self._planned, []
+            self._fetch_traces([(pair, path_id), *planned])
         t = self._traces.get(key)
         return None if t is None else Trace(pair, t.nodes, t.reached, t.hop_loss, t.hop_rtt_ns)
 
-    def prefetch_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
+    def _fetch_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
         todo: dict[tuple, tuple[tuple[int, int], tuple[str, str, dict[str, Any]]]] = {}
         for pair, pid in wanted:
             key = self._trace_key(pair, pid)
@@ -243,6 +266,7 @@ class AgentStateSource:
             peer_down=frozenset(int(x) for x in r.get("peer_down", ())),
             port_down_count={int(k): int(v) for k, v in dict(r.get("port_down_count", {})).items()},
             agents_dead=frozenset(str(x) for x in r.get("agents_dead", ())),
+            agents_late=frozenset(str(x) for x in r.get("agents_late", ())),
             containers_dead=frozenset(str(x) for x in r.get("containers_dead", ())),
             read=read | (sent & {"agents_dead", "containers_dead"}),
         )
