@@ -129,6 +129,10 @@ class DemoSpec:
                 # two shared cores jitter namespace RTTs by hundreds of µs: only a real detour
                 # counts
                 "min_shift_us": 1000.0,
+                # a shift must hold as long as in production relative to the windows (20 s and
+                # 8 s for a large one against 30 s windows), not the production seconds
+                "min_sustained_s": 4.0,
+                "large_sustained_s": 2.0,
                 "fast": {"unreachable_after": 3, "loss_count": 3, "loss_window_s": 5.0},
                 # user-space stamps on two busy cores swing by milliseconds: only a stall counts
                 "health": {

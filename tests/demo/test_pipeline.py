@@ -335,9 +335,11 @@ def test_a_blackhole_seen_first_from_its_intact_side_is_still_placed_on_the_over
     assert [(x["layer"], x["component"]) for x in opened] == [("overlay", "host0/vtep:vx0")], opened
     early = (b.ep_id, a.ep_id) if first == "reply side" else (a.ep_id, b.ep_id)
     assert early in set(map(tuple, opened[0]["pairs"]))
-    # with the other side's first failures at hand, the first round places it already
+    # with the other side's first failures at hand, the round that first raises them places
+    # it; the statistical fast path (issue 13) raises a young pair's outage on the run's
+    # second second when the first holds too few failures to be improbable, never later
     placed_s = opened[0]["detected_at_ns"] / 1e9 - t
-    assert placed_s == (1.0 if first == "request side" or other_in_first_round else 2.0)
+    assert placed_s <= 2.0
 
 
 @pytest.mark.root

@@ -441,11 +441,11 @@ class Pipeline:
         before then says nothing about the fault, neither that the links it crosses are clear
         nor that its source still sends, which is what tells a changed GID from a blackhole
         whose other side has not reported yet; the localizer traces some to clear the links
-        they cross) and responsive
-        endpoints (their own probes sent since the heartbeat timeout came back: their agents
-        are alive). Only that recent: an agent is declared dead once its heartbeats are
-        missing for the timeout, and the probes it sent before it died, still in the look-back,
-        must not make it look alive. ``p``: :meth:`recent_probes`."""
+        they cross) and responsive endpoints (their own probes came back, sent both since the
+        failures began and within the heartbeat timeout: their agents are alive). Only that
+        recent: the probes a crashed agent sent before it died, still in the look-back, must
+        not make it look late rather than dead, whether the crash was seen by its missing
+        heartbeats or within a second by refused probes. ``p``: :meth:`recent_probes`."""
         if not p.size:
             return np.zeros((0, 2), np.int64), np.zeros(0, np.int64)
         healthy, _ = probe_view(p)
@@ -454,6 +454,7 @@ class Pipeline:
             np.isin(pair_keys(healthy[:, 0], healthy[:, 1]), pair_keys(heard[:, 0], heard[:, 1]))
         ]
         alive_ns = now_ns - int(self.cfg.detector.health.heartbeat_timeout_s * 1e9)
+        alive_ns = max(alive_ns, since_ns)
         _, responsive = probe_view(p[p["t_wall_ns"] >= alive_ns])
         if failing and healthy.size:
             f = np.array(sorted(failing), np.int64)
