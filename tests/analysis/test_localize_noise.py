@@ -250,6 +250,45 @@ def test_a_port_that_came_back_is_its_open_alert_not_an_unexplained_one():
     assert [v.failure_type for v in trk.open] == [F.RNIC_PORT_FLAPPING, F.SWITCH_PORT_DOWN]
 
 
+def test_a_port_that_came_back_keeps_a_pair_one_of_whose_traces_lost_its_last_answer():
+    # as above, but one held pair is traced on two flows and one trace stops one hop short of
+    # its destination, which answers the other: its last answer was lost (field answers), no
+    # evidence that the pair stops somewhere. The pair is the open alert's come back, not
+    # unexplained
+    class Lossy(World):
+        lost: set = set()
+
+        def traceroute(self, pair, path_id=0):
+            t = super().traceroute(pair, path_id)
+            if (pair, path_id) in self.lost and t.reached:
+                return Trace(pair, t.nodes[:-1], False)
+            return t
+
+    w = Lossy()
+    w.down.add("host2:rnic0|tor0r0")
+    w.reports["host2"] = HostReport("host2", rnic_state={0: "down"})
+    mine = w.cluster.endpoint("j/c2/0").ep_id
+    far = {e.ep_id for e in w.cluster.endpoints if e.host not in ("host0", "host1", "host3")}
+    held = [p for p in w.failing() if mine in p and set(p) <= far]
+    loc, trk = Localizer(w.cluster), AlertTracker()
+    first = Suspect(tuple(held), "unreachable", 1_000, path_ids={held[0]: (0, 1)})
+    vs = loc.localize([first], w, healthy_pairs=w.healthy(held), now_ns=10**9)
+    assert [named(v) for v in vs] == [("rnic", "host2:rnic0", F.RNIC_PORT_DOWN)]
+    trk.update(vs, now_ns=10**9)
+    w.down = {"spine1|tor2r1"}
+    w.reports["host2"] = HostReport("host2", rnic_state={0: "up"})
+    w.lost = {(held[0], 1)}
+    new = w.failing()
+    sus = [first, Suspect(tuple(new), "unreachable", 15 * 10**8)]
+    healthy = w.healthy(held + new)
+    vs = loc.localize(sus, w, healthy_pairs=healthy, now_ns=2 * 10**9, known=trk.open)
+    assert sorted(named(v) for v in vs) == [
+        ("rnic", "host2:rnic0", F.RNIC_PORT_FLAPPING),
+        ("underlay", "spine1|tor2r1", F.SWITCH_PORT_DOWN),
+    ]
+    assert set(held) <= set(next(v for v in vs if v.layer == "rnic").pairs)
+
+
 def test_known_culprits_are_checked_first():
     # two faults on one host's pairs; the open alert's RNIC is checked first and keeps its pairs
     w = World()

@@ -43,6 +43,7 @@ from skh.analysis.localize.underlay import (
     UnderlayCulprit,
     fill_silent,
     known_elements,
+    last_answer_lost,
     link_name,
     vote,
 )
@@ -614,8 +615,11 @@ class Localizer:
         flapping = any(p in w.flapping for p in pairs)
         if symptom == "unreachable" and all(t.reached for t in traces):
             # the pairs' outage is not there now: their traces cross the culprit again. An
-            # outage that comes and goes is a flapping port; one named already is that one
-            again = self._known_outage(w, set(c.component.split("|")) | {c.component}, pairs)
+            # outage that comes and goes is a flapping port; one named already is that one,
+            # also when the traces cross it beside this culprit (a partial one the vote found
+            # on the way while the known port, up now and crossed by healthy traces, is cleared)
+            named = set(c.component.split("|")) | {c.component} | self._crossed(traces)
+            again = self._known_outage(w, named, pairs)
             if again is not None:
                 self._came_back(w, again, pairs, evidence, now_ns)
                 return
@@ -712,28 +716,38 @@ class Localizer:
         across an open outage on those pairs: that outage came back. The vote cannot name it
         then (healthy traces cross the element while it is up, so it is cleared), and the
         pairs would open an unexplained alert beside the known one. Pairs whose traces stop
-        somewhere, or miss the known element, stay unexplained (they may be a second fault)."""
+        somewhere, or miss the known element, stay unexplained (they may be a second fault).
+        A trace one hop short of a destination that answers others lost its last answer: no
+        evidence either way, as in the vote."""
+        answering = frozenset(
+            n for t in (*w.failing, *w.healthy) for n in t.nodes[1:] if n is not None
+        )
         traces: dict[Pair, list[Trace]] = {}
         for t in w.failing:
-            if t.pair in w.left and w.symptom.get(t.pair) == "unreachable":
-                traces.setdefault(t.pair, []).append(t)
-
-        def elements(t: Trace) -> set[str]:
-            # a silent hop is named where the fabric allows one node only (a ToR behind its RNIC)
-            links, nodes = known_elements(fill_silent(t, self._expected_paths(t)))
-            return {*links, *nodes}
+            if t.pair not in w.left or w.symptom.get(t.pair) != "unreachable":
+                continue
+            if not t.reached and last_answer_lost(t, answering, self._expected_paths):
+                continue
+            traces.setdefault(t.pair, []).append(t)
 
         # the elements every trace of the pair crossed, for pairs whose traces all got through
-        crossed = {
-            p: set.intersection(*map(elements, ts))
-            for p, ts in traces.items()
-            if all(t.reached for t in ts)
-        }
+        crossed = {p: self._crossed(ts) for p, ts in traces.items() if all(t.reached for t in ts)}
         for v in w.known:
             pairs = sorted(p for p, el in crossed.items() if p in w.left and v.component in el)
             if pairs and self._known_outage(w, {v.component}, pairs) is v:
                 evidence = {"path": list(traces[pairs[0]][0].nodes)}
                 self._came_back(w, v, pairs, evidence, now_ns)
+
+    def _crossed(self, traces: Sequence[Trace]) -> set[str]:
+        """The links and nodes every one of ``traces`` crossed (a silent hop is named where the
+        fabric allows one node only, a ToR behind its RNIC)."""
+        sets = [
+            {*links, *nodes}
+            for links, nodes in (
+                known_elements(fill_silent(t, self._expected_paths(t))) for t in traces
+            )
+        ]
+        return set.intersection(*sets) if sets else set()
 
     def _add_finding(
         self,

@@ -42,6 +42,7 @@ __all__ = [
     "UnderlayResult",
     "fill_silent",
     "known_elements",
+    "last_answer_lost",
     "link_name",
     "loss_trusted",
     "rtt_trusted",
@@ -104,7 +105,7 @@ def _consistent(tr: Trace, expected: Sequence[Sequence[str]] | None) -> list[Seq
     ]
 
 
-def _last_answer_lost(
+def last_answer_lost(
     tr: Trace,
     answering: frozenset[str],
     expected_paths: Callable[[Trace], Sequence[Sequence[str]]] | None,
@@ -328,7 +329,7 @@ def vote(
     answering = frozenset(n for tr in (*failing, *healthy) for n in tr.nodes[1:] if n is not None)
     explains: dict[str, set[int]] = {}
     for i, tr in enumerate(failing):
-        if not tr.reached and _last_answer_lost(tr, answering, expected_paths):
+        if not tr.reached and last_answer_lost(tr, answering, expected_paths):
             continue  # the destination answers other traces: this one's answer was rate-limited
         onset = _onset_elements(tr, latency_jump_ns, use_rtt, use_loss) if tr.reached else None
         if onset is not None:
