@@ -27,7 +27,11 @@ One run (:func:`run_eval`) builds the real Lingjun topology scaled to the profil
    so kept out of the deterministic table).
 
 The deterministic part of the result is ``table`` (same seed → same table); wall-clock figures
-live in ``measured`` and ``timings``.
+live in ``measured`` and ``timings``. Each seed's field run (sections 2, 4 and, for the first
+seed, 1, 6 and the agent rates), the ramps, the oracle localization (3) and the probing sweep
+(5) are independent stages: :func:`run_stages` runs them in worker processes and merges them by
+name, so the table is the same for any number of workers; the agent cost (7) is measured after
+the workers are gone.
 """
 
 from __future__ import annotations
