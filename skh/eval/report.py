@@ -688,10 +688,11 @@ def _provenance(r: dict[str, Any]) -> str:
     drawn = "drawn at run time" if r["calibration"]["evaluated"]["drawn_at_run_time"] else "given"
     cost = ""
     if tm.get("total") is not None:
+        n = tm.get("workers", 1)
         cost = (
             f" It took {tm['total'] / 60:.0f} min of wall time and "
-            f"{tm.get('total_cpu', 0) / 60:.0f} min of CPU ({tm.get('workers', 1)} worker "
-            "processes)."
+            f"{tm.get('total_cpu', 0) / 60:.0f} min of CPU ({n} worker "
+            f"process{'es' if n != 1 else ''})."
         )
     return (
         f"Profile **{meta['profile']}** on commit `{meta['commit'][:12]}`: "
