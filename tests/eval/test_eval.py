@@ -252,3 +252,18 @@ def test_random_sample_keeps_the_budget_on_the_rail():
     assert (rail[p[:, 0]] == rail[p[:, 1]]).all() and (host[p[:, 0]] != host[p[:, 1]]).all()
     assert (np.bincount(p[:, 0], minlength=32) == 2).all()
     assert np.array_equal(p, random_sample_pairs(ep, rail, host, deg, seed=5))
+
+
+def test_stages_come_back_by_name_whichever_finishes_first():
+    """The stages' merge: results by name in the order given, the slow first stage's included,
+    the same in worker processes as here, each with its own CPU and wall seconds."""
+    import time
+
+    from skh.eval.harness import run_stages
+
+    stages = [("slow", time.sleep, (0.5,)), ("fast", abs, (-2,)), ("sum", sum, ((1, 2, 3),))]
+    here, pooled = run_stages(stages, 1), run_stages(stages, 2)
+    for done in (here, pooled):
+        assert list(done) == ["slow", "fast", "sum"]
+        assert [v[0] for v in done.values()] == [None, 2, 6]
+        assert done["slow"][2] >= 0.5 and all(v[1] >= 0 for v in done.values())
