@@ -191,6 +191,9 @@ class Localizer:
         self._dumps: dict[tuple[str, int], tuple[float, FlowDiff | None, FlowDiff | None]] = {}
         #: (host, rail) -> carrier-down counts seen, (time, count), oldest first
         self._port_counts: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        #: (host, rail) -> which end read its port down ("rnic": the RNIC's own port; "peer":
+        #: no light from the switch), (time, which), oldest first
+        self._port_downs: dict[tuple[str, int], list[tuple[float, str]]] = {}
         self._switch_paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._n_indexed = 0
         self._rnic_of: dict[tuple[str, int], tuple[int, int]] | None = None
@@ -654,6 +657,7 @@ class Localizer:
                     tor=self.cluster.fabric.rnic(host, rail).tor,
                     flapping=flapping,
                     max_age_s=self._failure_age_s(w, pairs),
+                    downs=self._downs_seen(host, rail, now_s - self._failure_age_s(w, pairs)),
                 )
                 self._add_finding(w, pairs, found, now_ns, evidence)
                 return
@@ -824,6 +828,29 @@ class Localizer:
         during = [c for ts, c in seen if ts >= since_s - 1e-6]
         return bool(during) and n - min(during) >= 1
 
+    def _remember_downs(self, host: str, rail: int, rep: HostReport | None, now_s: float) -> None:
+        """Keep which end a reading saw the port down from: a flapping port read while it is up
+        reads clear, and the readings taken while it was down say whose port it is."""
+        if rep is None:
+            return
+        seen = self._port_downs.setdefault((host, rail), [])
+        for flag, which, down in (
+            ("rnic_state", "rnic", rep.rnic_state.get(rail) == "down"),
+            ("peer_down", "peer", rail in rep.peer_down),
+        ):
+            if down and rep.known(flag):
+                got = (now_s - float(rep.age_s.get(flag, 0.0)), which)
+                if got not in seen:
+                    seen.append(got)
+        while seen and seen[0][0] < now_s - self.flap_window_s:
+            seen.pop(0)
+
+    def _downs_seen(self, host: str, rail: int, since_s: float) -> frozenset[str]:
+        """Which ends read the port down at or after ``since_s`` (see :meth:`_remember_downs`)."""
+        return frozenset(
+            w for t, w in self._port_downs.get((host, rail), ()) if t >= since_s - 1e-6
+        )
+
     def _check_endpoint(
         self,
         w: _Work,
@@ -840,6 +867,7 @@ class Localizer:
         rate-limited dump)."""
         pairs = list(pairs)
         rep = report(host)
+        self._remember_downs(host, rail, rep, w.now_s)
         flapping = flapping or self._flapped(
             host, rail, rep, w.now_s, since_s=w.now_s - self._failure_age_s(w, pairs)
         )
