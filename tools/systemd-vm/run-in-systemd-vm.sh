@@ -2,9 +2,10 @@
 # run-in-systemd-vm.sh CMD [ARGS...]   (skh's systemd test VM; `make test-systemd` uses it)
 #
 # Run CMD inside a throw-away qemu VM whose PID 1 is the host's own systemd, booted on a stock
-# Debian kernel (linux-image-<abi>-amd64).  The VM is tools/vm/common.sh's, as for tools/rxe-vm: the guest's root
-# filesystem is the HOST's root, shared read-only over 9p with a tmpfs overlay on top (writes
-# are thrown away), and the current directory is shared read-write unless SYSVM_SHARE_CWD=0.
+# Debian kernel (linux-image-<abi>-amd64).  The VM is tools/vm/common.sh's, as tools/rxe-vm's
+# is: the guest's root filesystem is the HOST's root, shared read-only over 9p with a tmpfs
+# overlay on top (writes are thrown away), and the current directory is shared read-write
+# unless SYSVM_SHARE_CWD=0.
 #
 # The guest boots `skh-vm.target` (basic.target plus one service that runs CMD as root with
 # the caller's exported environment, in the caller's cwd), so CMD sees a real, fully started
@@ -37,7 +38,7 @@ SYSVM_JOURNAL=${SYSVM_JOURNAL-}
 RXEVM_CACHE=${RXEVM_CACHE:-${TMPDIR:-/tmp}/skh-rxevm/cache}
 # TCG only: the build machines' KVM is PVM, which hangs a stock kernel (notes/rxe-vm.md).
 VM_NAME=run-in-systemd-vm VM_PREFIX=SYSVM VM_ACCEL=tcg
-# ... and what systemd sets for a service itself
+# CMD runs as a system service: none of the caller's XDG session variables
 VM_ENV_DROP='XDG_[A-Z_]*'
 # shellcheck source=tools/vm/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../vm/common.sh"
