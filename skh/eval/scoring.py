@@ -72,7 +72,8 @@ def match_events(
 
     An event that fits several faults (they overlap on its pairs, both active when it was
     raised) detects each of them; as *the* fault it matches it names the first one not in
-    ``ignore`` (gray faults, scored apart), else the first. Handing it to the first fault in
+    ``ignore`` (gray faults, scored apart) whose symptom its kind fits, else the first one not
+    in ``ignore``, else the first. Handing it to the first fault in
     record order alone made a fault's recall depend on what else was open: a port going down
     on pairs a gray loss already touched was missed, its events claimed by the gray fault and
     then set aside with it."""
@@ -92,7 +93,8 @@ def match_events(
                 fits.append(rec)
                 detected[rec.fault_id].append(ev)
         if fits:
-            matched[i] = next((r for r in fits if r.fault_id not in ignore), fits[0])
+            scored = [r for r in fits if r.fault_id not in ignore] or fits
+            matched[i] = next((r for r in scored if ev.kind in accepted_kinds(r)), scored[0])
     return matched, detected
 
 
