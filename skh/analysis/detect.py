@@ -155,6 +155,11 @@ class DetectorConfig:
     #: switch of a path can add, needs to hold only ``large_sustained_s``
     large_shift_us: float = 30.0
     large_sustained_s: float = 8.0
+    #: ... or recur: at least ``burst_recur`` runs above it of ``burst_min_s`` or more each,
+    #: adding up to ``large_sustained_s``, within the RTT ring (repetitive flow offloading:
+    #: +100 us for 5-11 s, again and again, none lasting 8 s at a hop's end)
+    burst_min_s: float = 3.0
+    burst_recur: int = 2
     #: the latency features keep one RTT per pair and period (:mod:`skh.analysis.sampling`)
     latency_sample_s: float = LATENCY_SAMPLE_S
     #: flow labels a prober rotates through: the sampled RTT visits them in turn
@@ -201,6 +206,11 @@ class DetectorConfig:
             raise ConfigError(
                 "DetectorConfig needs young_fleet_min_pairs >= 1 and 0 < young_fleet_quantile "
                 f"<= 1. Got {self.young_fleet_min_pairs!r} and {self.young_fleet_quantile!r}."
+            )
+        if self.burst_recur < 2 or not self.burst_min_s > 0:
+            raise ConfigError(
+                "DetectorConfig needs burst_recur >= 2 and burst_min_s > 0. "
+                f"Got {self.burst_recur!r} and {self.burst_min_s!r} instead."
             )
         if self.latency_paths < 1:
             raise ConfigError(
@@ -788,6 +798,8 @@ class Detector:
             ) | self._sustained(
                 rows[hi], qvalid[rows[hi]], max_p75[hi] + cfg.large_shift_us, cfg.large_sustained_s
             )
+        burst = self._recurring(rows, hop[rows], hop_e, max_p75 + cfg.large_shift_us)
+        hit |= burst
         if not hit.any():
             return
         hp = rows[hit]
@@ -801,10 +813,21 @@ class Detector:
             e - self._win_ns,
         )
         notes = [
-            f"LOF {lo_:.1f} >= {cfg.lof_threshold:g} against {int(nl)} look-back windows; "
-            f"p75 {q:.1f} us vs look-back max {m:.1f} us (+{x:.1f} us)"
-            for lo_, nl, q, m, x in zip(
-                lof[hit], n_lb[hp], query[hit, _P75], max_p75[hit], excess[hit], strict=True
+            (
+                f"recurring bursts over {m + cfg.large_shift_us:.1f} us (look-back max p75 "
+                f"{m:.1f} us + {cfg.large_shift_us:g})"
+                if b
+                else f"LOF {lo_:.1f} >= {cfg.lof_threshold:g} against {int(nl)} look-back "
+                f"windows; p75 {q:.1f} us vs look-back max {m:.1f} us (+{x:.1f} us)"
+            )
+            for lo_, nl, q, m, x, b in zip(
+                lof[hit],
+                n_lb[hp],
+                query[hit, _P75],
+                max_p75[hit],
+                excess[hit],
+                burst[hit] & ~((lof[hit] >= cfg.lof_threshold) & (excess[hit] >= floor[hit])),
+                strict=True,
             )
         ]
         cand["latency-short"].append((hp, lof[hit], first_ns, notes))
@@ -888,6 +911,34 @@ class Detector:
                 last = np.where(vj, pos, -1).max(axis=1)
                 ok |= (run.sum(axis=1) >= need_p + 1) & (last - first + 1 >= need)
         return ok
+
+    def _recurring(
+        self, rows: np.ndarray, hop: np.ndarray, hop_e: int, thr: np.ndarray
+    ) -> np.ndarray:
+        """Per row: its RTT ring (the samples before hop ``hop_e``) holds ``burst_recur`` or
+        more runs in a row above ``thr`` of ``burst_min_s`` or longer, together spanning
+        ``large_sustained_s``. One benign sample above a large shift is a rare spike; runs of
+        them, again and again, are a fault that comes and goes."""
+        cfg = self.config
+        p = self.pairs
+        M = cfg.samples_per_pair
+        need = int(np.ceil(cfg.large_sustained_s / cfg.latency_sample_s))
+        up = (hop >= 0) & (hop < hop_e) & (p["ring_rtt"][rows] > thr[:, None])
+        out = np.zeros(rows.size, bool)
+        cand = np.flatnonzero(up.sum(axis=1) >= need)
+        if cand.size == 0:
+            return out
+        order = (p["ring_pos"][rows[cand]][:, None] + np.arange(M)[None, :]) % M
+        u = np.take_along_axis(up[cand], order, axis=1).astype(np.int8)
+        edge = np.diff(np.pad(u, ((0, 0), (1, 1))), axis=1)
+        r0, c0 = np.nonzero(edge == 1)  # run starts, row-major: they pair with the ends
+        _, c1 = np.nonzero(edge == -1)
+        length = c1 - c0
+        long_ = length >= int(np.ceil(cfg.burst_min_s / cfg.latency_sample_s))
+        runs = np.bincount(r0[long_], minlength=cand.size)
+        span = np.bincount(r0[long_], weights=length[long_], minlength=cand.size)
+        out[cand] = (runs >= cfg.burst_recur) & (span >= need)
+        return out
 
     def _test_block(self, block: int, cand: dict) -> None:
         p = self.pairs[: self._n]

@@ -531,18 +531,21 @@ class FastPathState:
                 ls = _nb_logsf(F, rate[cand] * w, a_p[cand], b_p[cand])
                 hit = (F >= cfg.loss_count) & (ls <= log_alpha)
                 self._mark(hit, cand, rc, in_w, F, ls, flagged, evidence, first_ns, fails)
-            scopes = [(src, dst, m_ep)]
+            scopes = [(src, dst, m_ep, None)]
             for g in groups or []:
                 gs = np.where(src < g.size, g[np.minimum(src, g.size - 1)], -1)
                 gd = np.where(dst < g.size, g[np.minimum(dst, g.size - 1)], -1)
-                scopes.append((gs, gd, int(max(gs.max(initial=-1), gd.max(initial=-1))) + 1))
+                m_g = int(max(gs.max(initial=-1), gd.max(initial=-1))) + 1
+                eg = np.full(m_ep, -1, np.int64)
+                eg[: min(m_ep, g.size)] = g[: min(m_ep, g.size)]
+                scopes.append((gs, gd, m_g, eg))
             # scopes from narrow to wide, each explaining away what it found: a pair lossy on
             # its own, or touching a lossy endpoint, is that scope's story and is set aside from
             # wider ones (a CRC on one access link lifts its ToR's count too, but the ToR's
             # other pairs did not lose with it). What a scope expects: the probes of its
             # settled pairs not explained (pairs in a run are set aside on both sides too)
             explained = flagged.copy()
-            for a, b, m in scopes:
+            for a, b, m, ep_group in scopes:
                 if m <= 0:
                     continue
                 ca, cb = a[cand], b[cand]
@@ -560,6 +563,24 @@ class FastPathState:
                     if busy.size == 0:
                         continue
                     ls_g = _nb_logsf(F_g[busy], n_g[busy], A_g[busy], B_g[busy])
+                    if ep_group is not None:
+                        # a group's loss is shared: it must hold without its worst endpoint.
+                        # A young pair on one lossy access link (its own and its endpoint's
+                        # baselines too short to call it) lifted its ToR's count on its own,
+                        # and the ToR's pairs that merely lost a probe were called lossy with it
+                        F_e = _per_group(
+                            src[cand], dst[cand], np.where(use[cand], F_p, 0).astype(float), m_ep
+                        )
+                        n_e = _per_group(src, dst, np.where(use, rate * w, 0.0), m_ep)
+                        top_f, top_n = np.zeros(m), np.zeros(m)
+                        order = np.argsort(-F_e, kind="stable")
+                        order = order[(ep_group[order] >= 0) & (F_e[order] > 0)]
+                        gi, first = np.unique(ep_group[order], return_index=True)
+                        top_f[gi], top_n[gi] = F_e[order[first]], n_e[order[first]]
+                        F_o = np.maximum(F_g[busy] - top_f[busy], 0.0)
+                        n_o = np.maximum(n_g[busy] - top_n[busy], 0.0)
+                        ls_o = _nb_logsf(F_o, n_o, A_g[busy], B_g[busy])
+                        ls_g = np.where(F_o >= cfg.loss_count, np.maximum(ls_g, ls_o), 0.0)
                     sig = busy[ls_g <= log_alpha]
                     if sig.size == 0:
                         continue

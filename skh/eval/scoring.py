@@ -3,7 +3,7 @@
 An event *matches* a fault when it names one of the fault's affected pairs (for ``agent`` events:
 an endpoint of the faulty container) and was detected between the fault's start and its end
 plus one detection window (a window closing just after the fault ended still saw it). An event
-is matched to the first such fault. Then:
+that fits several (overlapping) faults detects each of them. Then:
 
 - precision = matched events / events; recall = faults with a matched event / faults that touch
   a probed pair;
@@ -65,23 +65,36 @@ def match_events(
     events: Sequence[Any],
     window_ns: int,
     eps_of: Mapping[int, Iterable[int]],
+    ignore: Iterable[int] = (),
 ) -> tuple[list[Any | None], dict[int, list[Any]]]:
     """Per event, the fault it matches (or None); per fault id, its matched events in order.
-    ``eps_of`` maps a container fault's id to the container's endpoint ids."""
+    ``eps_of`` maps a container fault's id to the container's endpoint ids.
+
+    An event that fits several faults (they overlap on its pairs, both active when it was
+    raised) detects each of them; as *the* fault it matches it names the first one not in
+    ``ignore`` (gray faults, scored apart) whose symptom its kind fits, else the first one not
+    in ``ignore``, else the first. Handing it to the first fault in
+    record order alone made a fault's recall depend on what else was open: a port going down
+    on pairs a gray loss already touched was missed, its events claimed by the gray fault and
+    then set aside with it."""
+    ignore = set(ignore)
     pairsets = {r.fault_id: set(map(tuple, np.asarray(r.affected_pairs).tolist())) for r in records}
     epsets = {r.fault_id: set(eps_of.get(r.fault_id, ())) for r in records}
     matched: list[Any | None] = [None] * len(events)
     detected: dict[int, list[Any]] = {r.fault_id: [] for r in records}
     for i, ev in enumerate(events):
+        fits = []
         for rec in records:
             end = rec.end_ns if rec.end_ns >= 0 else 2**62
             if not rec.start_ns <= ev.detected_ns <= end + window_ns:
                 continue
             ps, es = pairsets[rec.fault_id], epsets[rec.fault_id]
             if any(tuple(p) in ps for p in ev.pairs) or any(e in es for e in ev.endpoints):
-                matched[i] = rec
+                fits.append(rec)
                 detected[rec.fault_id].append(ev)
-                break
+        if fits:
+            scored = [r for r in fits if r.fault_id not in ignore] or fits
+            matched[i] = next((r for r in scored if ev.kind in accepted_kinds(r)), scored[0])
     return matched, detected
 
 
@@ -132,7 +145,7 @@ def detection_scores(
     ``invisible_are_misses`` a fault no probed pair crosses is a miss (it sits on pairs the jobs
     use, so a probe list that skips them failed), else it is left out of recall."""
     ignore = set(ignore)
-    matched, detected = match_events(records, events, window_ns, eps_of)
+    matched, detected = match_events(records, events, window_ns, eps_of, ignore)
     keep = [
         (m, ev)
         for m, ev in zip(matched, events, strict=True)

@@ -541,3 +541,27 @@ def test_after_a_long_outage_the_look_back_is_the_last_clean_windows():
     ev = run(det, syn, range(640, 700), lambda s: {"extra_us": slow})
     lat = [e for e in ev if e.kind == "latency-short"]
     assert lat and lat[0].detected_ns - (T0 + 640 * S) <= 30 * S
+
+
+def test_recurring_short_bursts_of_a_large_shift_are_caught():
+    """Repetitive flow offloading: the flows of an RNIC are offloaded and pulled back over and
+    over, +100 us for 5-6 s at a time, every 18-23 s (aperiodically). No burst lasts the 8 s a
+    large shift must hold, and a hop rarely lands at a burst's end, so the shift anchored at the
+    newest sample never shows; bursts that recur within the window do. One burst alone (a
+    one-off) is no fault."""
+    bursts = ((400, 405), (418, 424), (441, 446), (464, 469))
+    for n_bursts, want in ((1, set()), (4, {"latency-short"})):
+        syn, det = fresh()
+        slow = syn.src == 3
+
+        def at(sec, n=n_bursts, slow=slow):
+            on = any(a <= sec < b for a, b in bursts[:n])
+            return {"extra_us": np.where(slow & on, 100.0, 0.0)}
+
+        ev = run(det, syn, range(400, 500), at)
+        assert {e.kind for e in ev} == want, [e.explanation for e in ev]
+        if want:
+            assert {p for e in ev for p in e.pairs} <= set(
+                zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
+            )
+            assert min(e.detected_ns for e in ev) - (T0 + 400 * S) <= 60 * S

@@ -120,3 +120,28 @@ def test_a_dead_ecmp_path_is_an_outage_and_its_failures_are_not_loss_after():
     assert any(f.unreachable.size for f in flags[60:80])
     assert not any(f.unreachable.size for f in flags[81:])
     assert not any(f.loss.size for f in flags)
+
+
+def test_a_young_lossy_pair_does_not_make_its_tor_corroborate_bystanders():
+    """A job just started on endpoints 0 and 6 (their pairs have 40 s of history), and the
+    access link between them loses: nine failures a direction in 30 s, too few for a baseline
+    that young to call alone, but many against the ToR's hour of history. Five pairs of other
+    endpoints under the ToR each lose one probe meanwhile: the ToR's excess is the young pair's
+    alone (it does not hold without endpoint 0), so they are not called lossy."""
+    src, dst, groups = _two_tors()
+    pr = Pairs(src, dst, groups)
+    for _ in range(300):
+        pr.step()
+    st = pr.fp.state
+    young = np.isin(src, (0, 6)) | np.isin(dst, (0, 6))
+    st["base_n"] = np.where(young, 400.0, 36000.0)  # an hour at 10 Hz, or 40 s
+    st["base_f"] = np.where(young, 1.0, 4.0)
+    lossy = np.flatnonzero(((src == 0) & (dst == 6)) | ((src == 6) & (dst == 0)))
+    bystanders = np.flatnonzero((src == dst - 6) & ~young)[:5]
+    seen: set[int] = set()
+    for i in range(300):
+        f = np.zeros(src.size, bool)
+        f[lossy] = i % 33 == 5
+        f[bystanders[i // 60]] = i % 60 == 30
+        seen |= set(pr.step(f).loss.tolist())
+    assert not seen & set(bystanders.tolist()), seen

@@ -219,6 +219,28 @@ def test_scoring_counts_matches_misses_and_false_events():
     assert 0.2 < lo < 0.6 < hi < 0.95 and wilson(0, 0) == (None, None)
 
 
+def test_an_event_on_overlapping_faults_detects_each_of_them():
+    """A port goes down on pairs a gray loss (scored apart) and an earlier port fault already
+    touch: its event names their shared pair. It detects the new fault too, whatever the
+    records' order; an event that fits only the gray fault stays neither true nor false."""
+    s = 10**9
+    both = np.array([[1, 2], [2, 1]])
+    recs = [
+        _Rec(0, FailureType.CRC_ERROR, 100 * s, 220 * s, both),  # gray
+        _Rec(1, FailureType.SWITCH_PORT_DOWN, 110 * s, 170 * s, np.array([[1, 2], [3, 4]])),
+        _Rec(2, FailureType.RNIC_PORT_DOWN, 150 * s, 210 * s, both),
+    ]
+    evs = [
+        _Ev("unreachable", ((1, 2),), 112 * s),
+        _Ev("unreachable", ((2, 1),), 151 * s),
+        _Ev("loss", ((2, 1),), 105 * s),  # the gray fault's own
+    ]
+    r = detection_scores(recs, evs, 30 * s, {}, ignore={0})
+    assert r["faults"] == 2 and r["recall"] == 1.0 and r["missed"] == []
+    assert r["events"] == 2 and r["precision"] == 1.0
+    assert r["per_type"]["RNIC_PORT_DOWN"]["ttd_s"]["mean"] == 1.0
+
+
 def test_greedy_probe_matrix_covers_every_link_beta_times():
     fab = Fabric.from_params(hosts=16, hosts_per_segment=4, spines=2)
     ix = FabricIndex(fab)
