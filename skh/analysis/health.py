@@ -61,7 +61,10 @@ ALERTING = (
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
     heartbeat_overdue_s: float = 1.5
-    heartbeat_timeout_s: float = 3.5
+    #: longer than a benign host stall lasts (multi-second freezes from reclaim or a lock are
+    #: not rare on busy GPU hosts; the field regime's reach 5 s): a frozen agent is silent as a
+    #: dead one, and its pairs' verdicts are already withheld from ``heartbeat_overdue_s``
+    heartbeat_timeout_s: float = 6.0
     late_after_s: float = 5.0
     #: a REFUSED reply marks the responder unhealthy for this long
     refused_hold_s: float = 10.0

@@ -195,6 +195,30 @@ def test_dead_agent_is_an_agent_problem_not_a_network_one():
     assert run(det, syn, range(420, 460)) == []
 
 
+def test_a_host_frozen_for_seconds_is_no_dead_agent():
+    """A benign multi-second CPU stall (memory reclaim, a lock) silences the agent as a crash
+    does: it neither reports, answers nor sends heartbeats. Its pairs' verdicts are withheld
+    from the first missed beat; the agent is called dead only after longer than such stalls
+    last (5 s here: nothing), and a real death is still called within a few seconds more."""
+    for silent_s, want in ((5, []), (40, ["agent"])):
+        syn, det = fresh()
+        to7, from7 = syn.dst == 7, syn.src == 7
+
+        def frozen(sec, n=silent_s, to7=to7, from7=from7):
+            return {"lost": to7, "keep": ~from7} if 400 <= sec < 400 + n else {}
+
+        ev = run(
+            det,
+            syn,
+            range(400, 460),
+            frozen,
+            dead=lambda sec, n=silent_s: [7] if 400 <= sec < 400 + n else [],
+        )
+        assert [e.kind for e in ev] == want, [e.explanation for e in ev]
+        if want:
+            assert ev[0].detected_ns - (T0 + 400 * S) <= 8 * S
+
+
 def test_refused_means_the_responder_agent_is_gone():
     syn, det = fresh()
     to4 = np.flatnonzero(syn.dst == 4)

@@ -73,7 +73,8 @@ def test_faults_on_a_churning_simulated_cluster():
         assert mine[0].kind == kind, (ft.name, [(ev.kind, ev.explanation) for ev in mine])
         ttd_s = (mine[0].detected_ns - rec.start_ns) / 1e9
         assert (
-            ttd_s <= {"unreachable": 2.0, "loss": 20.0, "latency-short": 30.0, "agent": 5.0}[kind]
+            # agent: heartbeats missed longer than a benign host stall (HealthConfig, 6 s)
+            ttd_s <= {"unreachable": 2.0, "loss": 20.0, "latency-short": 30.0, "agent": 7.0}[kind]
         ), (ft.name, ttd_s)
 
     def explained(ev) -> bool:
