@@ -81,6 +81,7 @@ def period_samples(
     state: np.ndarray,
     *,
     period_ns: int,
+    wait_for_turn: bool = True,
 ) -> np.ndarray:
     """Indices (rising) of the OK rows that are their pair's sample for a period not sampled yet.
 
@@ -91,7 +92,10 @@ def period_samples(
     A late OK stands in for the wanted id only when that id does not come in the period: by
     the pair's interval (seen from probe seqs and send times), it is due after the period ends,
     or was due before this OK and did not answer (lost: the pair then wants the next id, so a
-    path that drops its probes cannot stall the walk)."""
+    path that drops its probes cannot stall the walk). That wait is for a side that sees every
+    probe (an agent's thinner); one that sees what the agents forwarded (``wait_for_turn``
+    False: the analyzer's detector) takes the first late OK, as the agent has already chosen —
+    waiting there for an id the agent did not forward would lose the period's sample."""
     if pid.size == 0:
         return np.zeros(0, np.int64)
     st = state
@@ -145,7 +149,7 @@ def period_samples(
         due = t + ((want - x) % n) * iv  # the wanted id's next probe
         was_due = t - ((x - want) % n) * iv  # ... and its last one
         missed = (iv > 0) & ~turn & (was_due >= p_start + iv // 2)
-        coming = (iv > 0) & (due < p_start + period_ns - iv // 2)
+        coming = wait_for_turn & (iv > 0) & (due < p_start + period_ns - iv // 2)
         ok = np.flatnonzero(turn | (late[rows] & (missed | ~coming)))
         if ok.size == 0:
             continue
