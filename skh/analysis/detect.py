@@ -618,15 +618,8 @@ class Detector:
     ) -> None:
         """``pid`` sorted by pair, then send time."""
         p = self.pairs
-        # the analyzer sees what the agents forwarded: their thinner chose each period's sample
         keep = period_samples(
-            pid,
-            t_ns,
-            seq,
-            path_id,
-            p,
-            period_ns=int(self.config.latency_sample_s * 1e9),
-            wait_for_turn=False,
+            pid, t_ns, seq, path_id, p, period_ns=int(self.config.latency_sample_s * 1e9)
         )
         if keep.size == 0:
             return

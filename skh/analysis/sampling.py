@@ -92,10 +92,9 @@ def period_samples(
     A late OK stands in for the wanted id only when that id does not come in the period: by
     the pair's interval (seen from probe seqs and send times), it is due after the period ends,
     or was due before this OK and did not answer (lost: the pair then wants the next id, so a
-    path that drops its probes cannot stall the walk). That wait is for a side that sees every
-    probe (an agent's thinner); one that sees what the agents forwarded (``wait_for_turn``
-    False: the analyzer's detector) takes the first late OK, as the agent has already chosen —
-    waiting there for an id the agent did not forward would lose the period's sample."""
+    path that drops its probes cannot stall the walk). ``wait_for_turn`` False takes the first
+    late OK instead (no wait): it keeps more samples where the stream is what agents forwarded
+    and the walks have drifted, but the detector does not use it (docs/probing.md)."""
     if pid.size == 0:
         return np.zeros(0, np.int64)
     st = state

@@ -66,12 +66,13 @@ def test_a_silent_spine_link_drop_is_found_through_path_rotation(tmp_path):
         out = demo.fault("loss", link=link, percent=100.0, direction="both")
     finally:
         demo.stop()
+    print("\n".join(log))  # shown on failure: what was raised and when
     plans = [r["result"]["plan"] for r in lists if r.get("ok")]
     assert plans, lists
     paths = {n for p in plans for per_dst in p.values() for _iv, n in per_dst.values()}
     # no fabric given to the controller: 4 ECMP paths assumed, 19 path ids per pair
     assert paths == {19}, paths
-    assert out.detected is not None, (out.truth, demo.alerts(), log)
+    assert out.detected is not None, (out.truth, out.others)
     assert out.detected["layer"] == "underlay", out.detected
     assert matches(out.truth, out.detected), (out.truth["component"], out.detected["component"])
     # The probes must see the drop that spares path id 0: with one path id per pair
