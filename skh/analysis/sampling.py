@@ -81,7 +81,6 @@ def period_samples(
     state: np.ndarray,
     *,
     period_ns: int,
-    wait_for_turn: bool = True,
 ) -> np.ndarray:
     """Indices (rising) of the OK rows that are their pair's sample for a period not sampled yet.
 
@@ -92,9 +91,7 @@ def period_samples(
     A late OK stands in for the wanted id only when that id does not come in the period: by
     the pair's interval (seen from probe seqs and send times), it is due after the period ends,
     or was due before this OK and did not answer (lost: the pair then wants the next id, so a
-    path that drops its probes cannot stall the walk). ``wait_for_turn`` False takes the first
-    late OK instead (no wait): it keeps more samples where the stream is what agents forwarded
-    and the walks have drifted, but the detector does not use it (docs/probing.md)."""
+    path that drops its probes cannot stall the walk)."""
     if pid.size == 0:
         return np.zeros(0, np.int64)
     st = state
@@ -148,7 +145,7 @@ def period_samples(
         due = t + ((want - x) % n) * iv  # the wanted id's next probe
         was_due = t - ((x - want) % n) * iv  # ... and its last one
         missed = (iv > 0) & ~turn & (was_due >= p_start + iv // 2)
-        coming = wait_for_turn & (iv > 0) & (due < p_start + period_ns - iv // 2)
+        coming = (iv > 0) & (due < p_start + period_ns - iv // 2)
         ok = np.flatnonzero(turn | (late[rows] & (missed | ~coming)))
         if ok.size == 0:
             continue
