@@ -223,6 +223,9 @@ class FabricLinks:
         n = len(src_rnic)
         if len(dst_rnic) != n:
             raise ConfigError("FabricLinks.incidence: src_rnic and dst_rnic differ in length")
+        if n == 0:
+            empty = np.zeros(0, np.int64)
+            return LinkIncidence(empty, empty, np.zeros(0), tuple(self._names), empty)
         rows, links, shares = [], [], []
         ecmp = np.ones(n, np.int64)
         idx = np.arange(n, dtype=np.int64)

@@ -188,3 +188,10 @@ def test_path_coverage_counts_every_window_not_the_whole_rotation():
             return (np.isin(np.arange(hi.size), [0, 6])).astype(np.int64)
 
     assert path_coverage(plan, np.array([2]), Lumpy())[0] == 0.5
+
+
+def test_a_job_without_pairs_has_an_empty_incidence_and_plan():
+    fl = FabricLinks(Fabric.from_params(hosts=8, hosts_per_segment=4, spines=2))
+    inc = fl.incidence([], [])
+    assert inc.pair.size == 0 and inc.ecmp_paths.size == 0
+    assert plan_probes(np.zeros((0, 2), np.uint32), ProbePolicy(), links=inc).pairs.shape == (0, 2)

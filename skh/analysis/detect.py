@@ -96,7 +96,13 @@ from skh.analysis.features import N_FEATURES, window_features
 from skh.analysis.health import ALERTING, EndpointHealth, HealthConfig, HealthReason
 from skh.analysis.lof import LofFit, fit_lof, score_lof
 from skh.analysis.longterm import LongTermConfig, LongTermState
-from skh.analysis.sampling import LATENCY_PATHS, LATENCY_SAMPLE_S, NO_PHASE, period_samples
+from skh.analysis.sampling import (
+    LATENCY_PATHS,
+    LATENCY_SAMPLE_S,
+    SAMPLE_STATE,
+    blank_sample_state,
+    period_samples,
+)
 from skh.errors import ConfigError
 from skh.records import PROBE_DTYPE, ProbeStatus, is_loss, pair_keys
 
@@ -162,7 +168,8 @@ class DetectorConfig:
     burst_recur: int = 2
     #: the latency features keep one RTT per pair and period (:mod:`skh.analysis.sampling`)
     latency_sample_s: float = LATENCY_SAMPLE_S
-    #: flow labels a prober rotates through: the sampled RTT visits them in turn
+    #: flow slots of the RTT ring (``path_id % latency_paths``): the sampled RTT walks a pair's
+    #: path ids in turn (:mod:`skh.analysis.sampling`), so a slow ECMP path shows in its slots
     latency_paths: int = LATENCY_PATHS
     #: RTT ring per pair; must hold a window plus a hop at one sample per ``latency_sample_s``
     samples_per_pair: int = 48
@@ -281,8 +288,7 @@ class Detector:
                 ("ring_hop", "<i4", (M,)),
                 ("ring_path", "<u1", (M,)),  # flow slot of each sample (path id % paths)
                 ("ring_pos", "<i8"),
-                ("lat_phase", "<i8"),  # send time that starts the pair's sampling periods
-                ("lat_slot", "<i8"),  # newest sampling period that gave the ring an RTT
+                *SAMPLE_STATE,  # which OK is the pair's latency sample of a period
                 ("lb", "<f4", (self._lb_slots, N_FEATURES)),
                 ("lb_win", "<i4", (self._lb_slots,)),
                 ("fit_key", "<i8"),
@@ -299,8 +305,7 @@ class Detector:
         blank["ring_hop"] = -1
         blank["lb_win"] = -1
         blank["fit_key"] = _NONE
-        blank["lat_phase"] = NO_PHASE
-        blank["lat_slot"] = NO_PHASE
+        blank_sample_state(blank)
         blank["act_since"] = _NONE
         blank["act_last"] = _NONE
         self._blank = blank
@@ -431,7 +436,9 @@ class Detector:
         self._excuse_restarts(t.max())
         ok = (status == ProbeStatus.OK) & (b["rtt_ns"] > 0)
         if ok.any():
-            self._store_samples(pid[ok], t[ok], b["rtt_ns"][ok] / 1e3, b["path_id"][ok])
+            self._store_samples(
+                pid[ok], t[ok], b["rtt_ns"][ok] / 1e3, b["seq"][ok], b["path_id"][ok]
+            )
 
     def open_incidents(self, now_ns: int | None = None) -> tuple[set[tuple[int, int]], set[int]]:
         """What is still open as of the last tick: pairs with a network incident of any kind,
@@ -612,18 +619,17 @@ class Detector:
             self.fast.excuse_toward(toward, g[:, 0], g[:, 1])
 
     def _store_samples(
-        self, pid: np.ndarray, t_ns: np.ndarray, rtt_us: np.ndarray, path_id: np.ndarray
+        self,
+        pid: np.ndarray,
+        t_ns: np.ndarray,
+        rtt_us: np.ndarray,
+        seq: np.ndarray,
+        path_id: np.ndarray,
     ) -> None:
         """``pid`` sorted by pair, then send time."""
         p = self.pairs
         keep = period_samples(
-            pid,
-            t_ns,
-            path_id,
-            p["lat_phase"],
-            p["lat_slot"],
-            period_ns=int(self.config.latency_sample_s * 1e9),
-            paths=self.config.latency_paths,
+            pid, t_ns, seq, path_id, p, period_ns=int(self.config.latency_sample_s * 1e9)
         )
         if keep.size == 0:
             return

@@ -8,11 +8,21 @@ so the analyzer ingests about one record per pair and second, not ten. Both use 
 what the agent forwards always holds what the detector would have picked.
 
 Periods are phased half a period before the pair's first OK, so a schedule of one probe per
-period, jitter and all, lands one probe mid-period. Which OK: the first on the path whose turn
-it is (``path_id % paths == period_index % paths``), else the first after a quarter of the
-period. Taking simply the first would alias with a prober that rotates its flow labels: ten
-probes a second over four paths start every second on the same two paths, and a slow third
-path would never be sampled.
+period, jitter and all, lands one probe mid-period. Which OK: the first on the path id the pair
+wants next, else the first after a quarter of the period. A pair's probes rotate over path ids
+``0 .. n - 1`` (``n`` from the probe plan, :mod:`skh.probeplan`; probe *k* on ``k % n``); the
+pair wants id 0 first and, each time it samples the id it wants, the next one (mod ``n``). So
+the sampled ids walk every id of the rotation whatever ``n`` and the probe rate: a wanted id
+recurs every ``n`` probes, and until it comes the period takes a late OK. A rule of the form
+"the first OK" or "the id ``period % paths``" aliases with the rotation (ten probes a second
+over eight ids start every second on the same few ids, so some ids — the ECMP paths they hash
+onto — would never be sampled).
+
+``n`` is each pair's rotation length as its records show it: one more than the largest path id
+it has answered on. The plan hands a pair the ids ``0 .. n - 1``, so within one rotation this is
+the plan's ``n``, on the agents (which see every probe) and on the analyzer (which sees the
+samples they forward, and they walk every id) alike, with no per-pair plan to ship to the
+analyzer.
 """
 
 from __future__ import annotations
@@ -27,11 +37,14 @@ __all__ = [
     "LATENCY_SAMPLE_S",
     "NO_PHASE",
     "ResultThinner",
+    "SAMPLE_STATE",
+    "blank_sample_state",
     "period_samples",
 ]
 
 LATENCY_SAMPLE_S = 1.0
-#: flow labels a prober rotates through (the simulator's and the agents' path ids)
+#: flow slots per pair the detector tells apart in its latency ring (``path_id % LATENCY_PATHS``;
+#: a slow ECMP path shows in the slots its ids fall in); sampling does not depend on it
 LATENCY_PATHS = 4
 #: flow slots per pair the loss side tells apart (``path_id % FLOW_SLOTS``): the fast path's
 #: per-flow failure runs, and the OKs the agents forward to end them
@@ -40,42 +53,110 @@ FLOW_SLOTS = 8
 NO_PHASE = np.iinfo(np.int64).min
 
 
+#: per-pair state of the latency sample, as fields of a structured array (the detector keeps
+#: them among its pair fields); :func:`blank_sample_state` gives their starting values
+SAMPLE_STATE = [
+    ("lat_phase", "<i8"),  # send time that starts the pair's sampling periods (NO_PHASE: none)
+    ("lat_slot", "<i8"),  # newest period sampled
+    ("lat_want", "<i8"),  # path id wanted next
+    ("lat_rotation", "<i8"),  # path ids the pair's probes rotate over, as seen (0: none yet)
+    ("lat_iv_ns", "<i8"),  # the pair's probe interval, as seen (0: not yet)
+    ("lat_t_ns", "<i8"),  # send time and probe seq of its newest OK, for the interval
+    ("lat_seq", "<i8"),
+]
+
+
+def blank_sample_state(state: np.ndarray) -> None:
+    """Set the sample-state fields of ``state`` (a structured array with them) to their start."""
+    for name, _ in SAMPLE_STATE:
+        state[name] = NO_PHASE if name in ("lat_phase", "lat_slot") else 0
+    state["lat_seq"] = -1
+
+
 def period_samples(
     pid: np.ndarray,
     t_ns: np.ndarray,
+    seq: np.ndarray,
     path_id: np.ndarray,
-    phase_ns: np.ndarray,
-    last_slot: np.ndarray,
+    state: np.ndarray,
     *,
     period_ns: int,
-    paths: int,
 ) -> np.ndarray:
-    """Indices of the OK rows that are their pair's sample for a period not sampled yet.
+    """Indices (rising) of the OK rows that are their pair's sample for a period not sampled yet.
 
-    ``pid`` (dense pair ids, sorted, send times ``t_ns`` rising within a pair) indexes the
-    per-pair state ``phase_ns`` (``NO_PHASE`` until the pair's first OK) and ``last_slot`` (the
-    newest period already sampled; start it below any period, e.g. at ``NO_PHASE``), which are
-    updated in place. Rows must all be OKs."""
+    ``pid`` (dense pair ids, sorted, send times ``t_ns`` rising within a pair) indexes
+    ``state``, a structured array with the :data:`SAMPLE_STATE` fields (start them with
+    :func:`blank_sample_state`), updated in place. Rows must all be OKs.
+
+    A late OK stands in for the wanted id only when that id does not come in the period: by
+    the pair's interval (seen from probe seqs and send times), it is due after the period ends,
+    or was due before this OK and did not answer (lost: the pair then wants the next id, so a
+    path that drops its probes cannot stall the walk)."""
     if pid.size == 0:
         return np.zeros(0, np.int64)
+    st = state
     start = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
+    last = np.r_[start[1:] - 1, pid.size - 1]
     first_pid = pid[start]
-    new = phase_ns[first_pid] == NO_PHASE
+    new = st["lat_phase"][first_pid] == NO_PHASE
     if new.any():
-        phase_ns[first_pid[new]] = t_ns[start[new]] - period_ns // 2
-    since = t_ns - phase_ns[pid]
+        st["lat_phase"][first_pid[new]] = t_ns[start[new]] - period_ns // 2
+    ids = path_id.astype(np.int64)
+    np.maximum.at(st["lat_rotation"], pid, ids + 1)
+    # the interval: send-time span over seq span, from the pair's newest OK seen before (seqs
+    # are u32 serial numbers; a restarted prober's new numbering is skipped)
+    seq = seq.astype(np.int64)
+    had = st["lat_seq"][first_pid] >= 0
+    t0 = np.where(had, st["lat_t_ns"][first_pid], t_ns[start])
+    s0 = np.where(had, st["lat_seq"][first_pid], seq[start])
+    dseq = (seq[last] - s0) % 2**32
+    dt = t_ns[last] - t0
+    good = (dseq > 0) & (dseq < 2**31) & (dt > 0)
+    st["lat_iv_ns"][first_pid[good]] = dt[good] // dseq[good]
+    st["lat_t_ns"][first_pid] = t_ns[last]
+    st["lat_seq"][first_pid] = seq[last]
+
+    phase = st["lat_phase"][pid]
+    since = t_ns - phase
     slot = since // period_ns
-    turn = (path_id.astype(np.int64) % paths) == (slot % paths)
     late = since - slot * period_ns >= period_ns // 4
-    cand = np.flatnonzero((slot > last_slot[pid]) & (turn | late))
+    cand = np.flatnonzero(slot > st["lat_slot"][pid])
     if cand.size == 0:
         return cand
+    # a period's choice moves the wanted id for the pair's next period: the periods of a batch
+    # are taken in turn, each pair's first in one vector step, its second in the next, ...
     pc, sc = pid[cand], slot[cand]
-    keep = cand[np.r_[True, (pc[1:] != pc[:-1]) | (sc[1:] != sc[:-1])]]
-    pk = pid[keep]
-    ends = np.r_[np.flatnonzero(pk[1:] != pk[:-1]), pk.size - 1]
-    last_slot[pk[ends]] = slot[keep][ends]
-    return keep
+    pair_start = np.r_[True, pc[1:] != pc[:-1]]
+    group = np.cumsum(np.r_[True, (pc[1:] != pc[:-1]) | (sc[1:] != sc[:-1])]) - 1
+    rank = group - group[pair_start][np.cumsum(pair_start) - 1]
+    by_rank = cand[np.argsort(rank, kind="stable")]
+    bounds = np.searchsorted(np.sort(rank), np.arange(int(rank.max()) + 2))
+    keep = []
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        rows = by_rank[lo:hi]
+        p = pid[rows]
+        n = st["lat_rotation"][p]
+        want = st["lat_want"][p] % n
+        x = ids[rows]
+        turn = x == want
+        iv = st["lat_iv_ns"][p]
+        t = t_ns[rows]
+        p_start = phase[rows] + slot[rows] * period_ns
+        due = t + ((want - x) % n) * iv  # the wanted id's next probe
+        was_due = t - ((x - want) % n) * iv  # ... and its last one
+        missed = (iv > 0) & ~turn & (was_due >= p_start + iv // 2)
+        coming = (iv > 0) & (due < p_start + period_ns - iv // 2)
+        ok = np.flatnonzero(turn | (late[rows] & (missed | ~coming)))
+        if ok.size == 0:
+            continue
+        po = p[ok]
+        sel = ok[np.r_[True, po[1:] != po[:-1]]]
+        first, pf = rows[sel], p[sel]
+        step = turn[sel] | missed[sel]
+        st["lat_want"][pf[step]] = (want[sel][step] + 1) % n[sel][step]
+        st["lat_slot"][pf] = slot[first]
+        keep.append(first)
+    return np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64)
 
 
 class ResultThinner:
@@ -85,13 +166,11 @@ class ResultThinner:
     drop the other OKs anyway) and each prober's newest result (its progress). At ten probes
     per pair and second about 13 % are forwarded (``bench/analyzer.py``)."""
 
-    def __init__(self, period_s: float = LATENCY_SAMPLE_S, paths: int = LATENCY_PATHS) -> None:
+    def __init__(self, period_s: float = LATENCY_SAMPLE_S) -> None:
         self.period_ns = int(period_s * 1e9)
-        self.paths = paths
         self._keys = np.zeros(0, np.uint64)  # sorted pair keys ...
         self._key_id = np.zeros(0, np.int64)  # ... and their dense ids
-        self._phase = np.zeros(0, np.int64)
-        self._last_slot = np.zeros(0, np.int64)
+        self._sample = np.zeros(0, SAMPLE_STATE)
         self._last_failed = np.zeros(0, bool)
         self._flow_failed = np.zeros((0, FLOW_SLOTS), bool)
 
@@ -101,13 +180,14 @@ class ResultThinner:
         found[found] = self._keys[pos[found]] == keys[found]
         if not found.all():
             new = np.unique(keys[~found])
-            n0 = self._phase.size
+            n0 = self._sample.size
             allk = np.concatenate([self._keys, new])
             order = np.argsort(allk, kind="stable")
             self._keys = allk[order]
             self._key_id = np.concatenate([self._key_id, np.arange(n0, n0 + new.size)])[order]
-            self._phase = np.r_[self._phase, np.full(new.size, NO_PHASE)]
-            self._last_slot = np.r_[self._last_slot, np.full(new.size, NO_PHASE)]
+            grown = np.zeros(new.size, SAMPLE_STATE)
+            blank_sample_state(grown)
+            self._sample = np.r_[self._sample, grown]
             self._last_failed = np.r_[self._last_failed, np.zeros(new.size, bool)]
             self._flow_failed = np.r_[self._flow_failed, np.zeros((new.size, FLOW_SLOTS), bool)]
             pos = np.searchsorted(self._keys, keys)
@@ -124,6 +204,7 @@ class ResultThinner:
         pid = pid[order]
         t_ns = batch["t_wall_ns"][order]
         path_id = batch["path_id"][order]
+        seq = batch["seq"][order]
         src = batch["src_ep"][order]
         failed = batch["status"][order] != ProbeStatus.OK
         first = np.r_[True, pid[1:] != pid[:-1]]
@@ -143,11 +224,10 @@ class ResultThinner:
         sampled = period_samples(
             pid[ok],
             t_ns[ok],
+            seq[ok],
             path_id[ok],
-            self._phase,
-            self._last_slot,
+            self._sample,
             period_ns=self.period_ns,
-            paths=self.paths,
         )
         keep[ok[sampled]] = True
         # each prober's newest result: the analyzer scores a window only once the prober has

@@ -431,10 +431,13 @@ class OverlayAgent(AgentBase):
 
     def ping_lists(self) -> dict[str, Any]:
         """What each endpoint probes now (the ``pinglist`` command), and how: each destination's
-        interval and the number of path ids its probes rotate over."""
+        interval and the number of path ids its probes rotate over; ``port``: each endpoint's
+        bound port (path id 0's source port; the other path ids take ports of their own)."""
         pairs = list(zip(self.ep_ids, self.targets, strict=False))
+        ports = [int(eng.local_address().get("port", 0)) for _spec, eng in self.engines]
         return {
             "version": self.job.version if self.job else -1,
+            "port": {str(ep): port for ep, port in zip(self.ep_ids, ports, strict=False)},
             "lists": {str(ep): sorted(t) for ep, t in pairs},
             "plan": {str(ep): {str(d): [iv, n] for d, (_a, iv, n) in t.items()} for ep, t in pairs},
         }

@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import struct
 import threading
 from collections.abc import Callable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 __all__ = ["install_stop_signals", "make_socket", "bind", "RetryRefused"]
 
@@ -80,7 +80,9 @@ class RetryRefused:
 
     def tick(self, now: float) -> None:
         while self._mon.poll(0):
-            event = recv_monitor_message(self._mon)["event"]
+            # a monitor event's first frame: u16 event id, u32 value (zmq_socket_monitor);
+            # decoded here because zmq.utils.monitor imports asyncio into every agent
+            event = struct.unpack("=hi", self._mon.recv_multipart()[0][:6])[0]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._retry_at = None
             elif self._retry_at is None:

@@ -36,7 +36,6 @@ from typing import Any, Protocol
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 from skh.errors import ConfigError
 
@@ -171,6 +170,10 @@ class _SharedAuth:
     names its domain and each domain its own key provider."""
 
     def __init__(self, ctx: zmq.Context) -> None:
+        # only servers authenticate: a client (an agent) does not load it and the asyncio it
+        # pulls in (~6 MB of the agent's resident memory)
+        from zmq.auth.thread import ThreadAuthenticator
+
         self.auth = ThreadAuthenticator(ctx)
         self.auth.start()
         self.users = 0

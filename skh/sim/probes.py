@@ -6,6 +6,11 @@ path (2 links under one ToR, 4 via a spine, 6 via a core), plus a fixed per-pair
 queues) drawn from a hash of the pair. The defaults give 12–16 µs with nearly all samples under
 20 µs, the paper's anchor. Healthy loss is zero unless ``loss_rate`` says otherwise.
 
+How often and over which path ids each pair probes is a :class:`ProbeSchedule`: flat (every pair
+every ``interval_s`` over the same path ids), or as deployed — the controller's probe plan
+(:func:`skh.probeplan.plan_probes`, one plan per job, link by link on the cluster's fabric), the
+per-pair interval and rotation length the real agents apply.
+
 Faults and benign noise (:mod:`skh.sim.faults`, :mod:`skh.sim.noise`) change rows through an
 :class:`Effects`: added latency, loss probability (direction unknown, or of the request or the
 reply alone), a forced status, rows a dead or stalled prober never sends, and slower agents.
@@ -18,10 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from skh.errors import ConfigError
+from skh.model import Cluster
+from skh.probeplan import FabricLinks, ProbePolicy, paths_needed, plan_probes
 from skh.records import ProbeStatus, TsSource, empty_probes
 from skh.sim.topology import EndpointTable, FabricIndex, mix_hash
 
-__all__ = ["Effects", "ProbeModel", "NO_STATUS"]
+__all__ = ["Effects", "ProbeModel", "ProbeSchedule", "NO_STATUS"]
 
 #: ``Effects.status`` value meaning "not forced"
 NO_STATUS = 255
@@ -161,3 +168,60 @@ class ProbeModel:
         if effects is not None and not effects.emit.all():
             out = out[effects.emit]
         return out
+
+
+class ProbeSchedule:
+    """Per ping pair: its probe interval and how many path ids its probes rotate over (probe *k*
+    on path id ``k % paths``, as :meth:`skh.probe.Engine.add_target` rotates them).
+
+    Without a ``policy``, every pair probes every ``interval_s`` over ``n_path_ids`` ids. With
+    one, pairs are planned as the controller plans them: one plan per job (its pairs grouped by
+    the prober's job) on the cluster's fabric; ``n_path_ids`` is then the most any pair of the
+    fabric can get (its widest ECMP set under the policy's coverage)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        index: FabricIndex,
+        endpoints: EndpointTable,
+        *,
+        interval_s: float,
+        n_path_ids: int,
+        policy: ProbePolicy | None = None,
+    ) -> None:
+        self.cluster, self.index, self.endpoints = cluster, index, endpoints
+        self.interval_s = float(interval_s)
+        self.policy = policy
+        self.n_path_ids = int(n_path_ids)
+        self._links: FabricLinks | None = None
+        if policy is not None:
+            fab = cluster.fabric
+            tors = sorted({r.tor for h in fab.hosts.values() for r in h.rnics})
+            # a Clos is symmetric: the first ToR sees every distance there is
+            widest = max((len(fab.switch_paths(tors[0], t)) for t in tors), default=1)
+            self.n_path_ids = int(paths_needed(widest, policy.path_coverage, policy.max_paths))
+            self._links = FabricLinks(fab)
+
+    def plan(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(interval_s, paths)`` of each row of ``pairs`` (an ``(m, 2)`` array of endpoint
+        ids, in the caller's order)."""
+        m = pairs.shape[0]
+        if self.policy is None or m == 0:
+            return np.full(m, self.interval_s), np.full(m, self.n_path_ids, np.int64)
+        iv, n = np.zeros(m), np.zeros(m, np.int64)
+        eps = self.cluster.endpoints
+        job = np.array([eps[int(e)].job for e in pairs[:, 0].tolist()])
+        for name in np.unique(job).tolist():
+            rows = np.flatnonzero(job == name)
+            sub = np.unique(pairs[rows].astype(np.uint32), axis=0)
+            key = [self.index.rnic_key(int(r)) for r in self.endpoints.rnic[sub.ravel()]]
+            assert self._links is not None
+            inc = self._links.incidence(key[0::2], key[1::2])
+            plan = plan_probes(sub, self.policy, links=inc)
+            # the plan's rows are the sorted unique pairs: find each of ours among them
+            code = plan.pairs[:, 0].astype(np.uint64) << np.uint64(32) | plan.pairs[:, 1]
+            mine = pairs[rows].astype(np.uint64)
+            at = np.searchsorted(code, mine[:, 0] << np.uint64(32) | mine[:, 1])
+            iv[rows] = plan.interval_s[at]
+            n[rows] = plan.paths[at]
+        return iv, n

@@ -2,10 +2,12 @@
 would ship (probe and counter batches, heartbeats) plus ground-truth fault events, and answering
 localization queries as agents would.
 
-Probing: every ping pair whose two endpoints are ready (and whose job is alive) probes every
-``probe_interval_s`` at a fixed per-pair phase; probe *k* of a pair has ``seq = k`` (less the
-probe number at its prober's last restart) and ``path_id = k % n_path_ids``, so a pair's probes
-cycle over its ECMP paths. The ping pairs are the jobs' ground-truth skeletons
+Probing: every ping pair whose two endpoints are ready (and whose job is alive) probes at its
+interval at a fixed per-pair phase; probe *k* of a pair has ``seq = k`` (less the probe number at
+its prober's last restart) and ``path_id = k % paths``, so a pair's probes cycle over its ECMP
+paths. Interval and ``paths`` are ``probe_interval_s`` and ``n_path_ids`` for every pair, or,
+given a ``probe_policy``, the controller's per-job probe plan (what the real agents probe:
+:class:`skh.sim.probes.ProbeSchedule`). The ping pairs are the jobs' ground-truth skeletons
 (``ping="skeleton"``), the same-rail preload lists (``ping="same_rail"``), what a callable makes
 of each job (e.g. the skeleton inferred from its traffic) or any ``(m, 2)`` array set with
 :meth:`Simulation.set_ping_pairs`.
@@ -31,6 +33,7 @@ import numpy as np
 from skh.errors import ConfigError
 from skh.failures import FailureType
 from skh.model import Cluster, Fabric
+from skh.probeplan import ProbePolicy
 from skh.records import ProbeStatus
 from skh.sim.faults import (
     FAULT_SPECS,
@@ -43,7 +46,7 @@ from skh.sim.faults import (
 )
 from skh.sim.jobs import HostPool, SimJob, generate_jobs
 from skh.sim.noise import NoiseModel, NoiseRegime, regime
-from skh.sim.probes import NO_STATUS, Effects, ProbeModel
+from skh.sim.probes import NO_STATUS, Effects, ProbeModel, ProbeSchedule
 from skh.sim.state import AgentView, FlowEntry, OverlayWalk, TraceHop
 from skh.sim.topology import EndpointTable, FabricIndex, rng_for
 from skh.sim.traffic import TrafficModel, counter_batch
@@ -129,6 +132,7 @@ class Simulation:
         probe_kw: dict | None = None,
         traffic_kw: dict | None = None,
         noise: str | NoiseRegime | None = None,
+        probe_policy: ProbePolicy | None = None,
     ) -> None:
         if not probe_interval_s > 0:
             raise ConfigError(
@@ -156,7 +160,16 @@ class Simulation:
         self.eps = EndpointTable(self.index, cluster)
         self.pool = pool or HostPool(cluster)
         self.probe_interval_s = float(probe_interval_s)
-        self.n_path_ids = n_path_ids
+        self.schedule = ProbeSchedule(
+            cluster,
+            self.index,
+            self.eps,
+            interval_s=probe_interval_s,
+            n_path_ids=n_path_ids,
+            policy=probe_policy,
+        )
+        #: path ids a pair can rotate over at most (rows of the per-(path id, pair) masks)
+        self.n_path_ids = self.schedule.n_path_ids
         self.transport = transport
         self.arrivals_per_min = float(arrivals_per_min)
         self._traffic_kw = dict(traffic_kw or {})
@@ -184,6 +197,9 @@ class Simulation:
         self.pairs = np.zeros((0, 2), np.uint32)
         self._pair_base = np.zeros(0)
         self._pair_off = np.zeros(0)
+        #: per pair: probe interval (s) and path ids it rotates over
+        self._pair_iv = np.zeros(0)
+        self._pair_paths = np.zeros(0, np.int64)
         #: per pair: probe number its prober restarted numbering at (agent restarts)
         self._seq_base = np.zeros(0, np.int64)
         #: per flow (pair-major: pair * n_path_ids + path id): route switch ids and one-way
@@ -278,6 +294,8 @@ class Simulation:
         self.pairs = np.zeros((0, 2), np.uint32)
         self._pair_base = np.zeros(0)
         self._pair_off = np.zeros(0)
+        self._pair_iv = np.zeros(0)
+        self._pair_paths = np.zeros(0, np.int64)
         self._seq_base = np.zeros(0, np.int64)
         self._flow_nodes = np.zeros((0, 5), np.int32)
         self._flow_loss = np.zeros(0)
@@ -288,11 +306,12 @@ class Simulation:
             return
         base = self.probe_model.base_rtt_ns(pairs[:, 0], pairs[:, 1])
         h = rng_for(self.seed, 0x0FF, self.pairs.shape[0])
+        iv, n_paths = self.schedule.plan(pairs)
         self.pairs = np.concatenate([self.pairs, pairs.astype(np.uint32)])
         self._pair_base = np.concatenate([self._pair_base, base])
-        self._pair_off = np.concatenate(
-            [self._pair_off, h.random(pairs.shape[0]) * self.probe_interval_s]
-        )
+        self._pair_off = np.concatenate([self._pair_off, h.random(pairs.shape[0]) * iv])
+        self._pair_iv = np.concatenate([self._pair_iv, iv])
+        self._pair_paths = np.concatenate([self._pair_paths, n_paths])
         self._seq_base = np.concatenate([self._seq_base, np.zeros(pairs.shape[0], np.int64)])
         if not self.noise.quiet:
             n = self.n_path_ids
@@ -400,8 +419,14 @@ class Simulation:
         if m is None:
             if self._all_rows is None:
                 self._all_rows = self._all_paths_rows()
-            m = self._fmask[fault.fault_id] = self.engine.affected(fault, self._all_rows)
+            m = self.engine.affected(fault, self._all_rows) & self.rows_in_use()
+            self._fmask[fault.fault_id] = m
         return m
+
+    def rows_in_use(self) -> np.ndarray:
+        """Of the ``path_id * n_pairs + pair`` rows, those a pair probes (ids below its
+        rotation length)."""
+        return (np.arange(self.n_path_ids)[:, None] < self._pair_paths[None, :]).ravel()
 
     def _fault_any(self, fault: Fault) -> bool:
         a = self._fany.get(fault.fault_id)
@@ -439,7 +464,7 @@ class Simulation:
             return [link_component(a, b) for a, b in sorted(ix.fabric.links)]
         if self._all_rows is None:
             self._all_rows = self._all_paths_rows()
-        nd = self._all_rows.route.nodes
+        nd = self._all_rows.route.nodes[self.rows_in_use()]
         if t == "switch":
             return [ix.switch_names[s] for s in np.unique(nd[nd >= 0])]
         links = set()
@@ -534,7 +559,7 @@ class Simulation:
         if self._off_order is None:
             self._off_order = np.argsort(self._pair_off, kind="stable")
         idx = self._off_order[active[self._off_order]]
-        iv = self.probe_interval_s
+        iv = self._pair_iv[idx]
         off = self._pair_off[idx]
         k_lo = np.ceil((t - off) / iv - 1e-9).astype(np.int64)
         k_hi = np.ceil((t + 1.0 - off) / iv - 1e-9).astype(np.int64)
@@ -595,13 +620,13 @@ class Simulation:
                 tx[off] = rx[off] = 0.0
             traffic.append((tm, tx, rx))
         rows, k = self._probe_rows(t)
-        t_row = self._pair_off[rows] + k * self.probe_interval_s
-        if self.probe_interval_s != 1.0:
+        t_row = self._pair_off[rows] + k * self._pair_iv[rows]
+        if self.probe_interval_s != 1.0 or self.schedule.policy is not None:
             # rows come in phase order; with one probe per pair per second that is time order
             order = np.argsort(t_row, kind="stable")
             rows, k, t_row = rows[order], k[order], t_row[order]
         src, dst = self.pairs[rows, 0], self.pairs[rows, 1]
-        path = (k % self.n_path_ids).astype(np.uint16)
+        path = (k % self._pair_paths[rows]).astype(np.uint16)
         eff = None
         if active:
             rs = RowSet(self.index, self.eps, src, dst, path, t_row)
@@ -758,7 +783,7 @@ class Simulation:
                     mine = np.flatnonzero(self.eps.container[self.pairs[:, 0]] == c)
                     if mine.size:
                         old = self._seq_base.copy()
-                        kb = np.ceil((s1 - self._pair_off[mine]) / self.probe_interval_s - 1e-9)
+                        kb = np.ceil((s1 - self._pair_off[mine]) / self._pair_iv[mine] - 1e-9)
                         self._seq_base[mine] = kb.astype(np.int64)
                         after = (cs == c) & (t_row >= s1)
                         r_a = rows[after]

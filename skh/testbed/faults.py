@@ -11,7 +11,10 @@ Kinds (layer, component, paper failure type):
   RNIC end: rnic, the RNIC, type 7.
 * ``link_flap``: a helper process toggles that end (``down_s``/``up_s``): types 3 / 8.
 * ``loss``: nftables netdev ingress/egress ``numgen`` drop at one end of a link (``min_len``: only
-  big frames, CRC-like): underlay, the link, type 1.
+  big frames, CRC-like; ``spare_ports``: VXLAN-carried UDP between two of these inner ports —
+  the probers' bound ports, path id 0's flows — passes, every other inner UDP flow (the rotated
+  path ids' own source ports) is dropped: an ECMP path that a fixed set of 5-tuples never
+  takes): underlay, the link, type 1.
 * ``switch_down``: a ToR's bridge goes down while its ports keep carrier (a silent failure):
   underlay, the ToR, type 4.
 * ``fdb_blackhole``: a host's VXLAN FDB entry of a peer VTEP is deleted: overlay,
@@ -317,6 +320,7 @@ class Faults:
         percent: float = 10.0,
         direction: str = "in",
         min_len: int = 0,
+        spare_ports: tuple[int, ...] | list[int] = (),
     ):
         if not 0 < float(percent) <= 100:
             raise ConfigError(
@@ -327,16 +331,31 @@ class Faults:
                 "The 'direction' parameter of loss must be in, out or both."
                 f" Got {direction!r} instead."
             )
+        spare = sorted(set(spare_ports))
+        if not all(isinstance(p, int) and 0 < p < 65536 for p in spare):
+            raise ConfigError(
+                "The 'spare_ports' parameter of loss must be ports in [1, 65535]."
+                f" Got {spare_ports!r} instead."
+            )
         port = self._port(tuple(link), at)
         per10k = round(float(percent) * 100)
         cond = f"meta length >= {int(min_len)} " if min_len else ""
         if per10k < 10000:
             cond += f"numgen random mod 10000 < {per10k} "
+        conds = [cond]
+        if spare:
+            # outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14): the inner IPv4
+            # header starts 50 bytes into the network header, its protocol at 59, the inner
+            # UDP ports at 70 and 72
+            vx = "meta protocol ip ip protocol udp udp dport 4789 @nh,472,8 17 "
+            ports = ", ".join(map(str, spare))
+            conds = [f"{vx}@nh,{70 * 8 + off},16 != {{ {ports} }} {cond}" for off in (0, 16)]
         table = f"{self.tb.prefix}_f{fid}"
         hooks = {"in": ["ingress"], "out": ["egress"], "both": ["ingress", "egress"]}[direction]
         chains = "".join(
-            f'  chain {h} {{ type filter hook {h} device "{port["dev"]}" priority 0; '
-            f"{cond}counter drop; }}\n"
+            f'  chain {h} {{ type filter hook {h} device "{port["dev"]}" priority 0;\n'
+            + "".join(f"    {c}counter drop\n" for c in conds)
+            + "  }\n"
             for h in hooks
         )
         nx.nft_apply(f"table netdev {table} {{\n{chains}}}\n", port["ns"])
@@ -349,6 +368,7 @@ class Faults:
             percent=float(percent),
             direction=direction,
             min_len=int(min_len),
+            spare_ports=spare,
             nft_table=table,
         )
         # loss at the RNIC end is still a lossy link (CRC-like), not an RNIC fault

@@ -4,9 +4,10 @@ the same on that as on everything."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from skh.analysis.detect import Detector
-from skh.analysis.sampling import ResultThinner
+from skh.analysis.sampling import SAMPLE_STATE, ResultThinner, blank_sample_state, period_samples
 from skh.records import ProbeStatus, empty_probes
 
 T0 = 1_700_000_000 * 10**9
@@ -14,8 +15,10 @@ S = 10**9
 PER_S = 10
 
 
-def second(sec: int, n_eps: int, rng: np.random.Generator, *, slow=None, lost=None) -> np.ndarray:
-    """Ten probes per ordered pair in second ``sec``, rotating over four paths."""
+def second(
+    sec: int, n_eps: int, rng: np.random.Generator, *, slow=None, lost=None, paths: int = 4
+) -> np.ndarray:
+    """Ten probes per ordered pair in second ``sec``, rotating over ``paths`` path ids."""
     s, d = np.meshgrid(np.arange(n_eps), np.arange(n_eps), indexing="ij")
     off = s != d
     src, dst = s[off], d[off]
@@ -26,7 +29,7 @@ def second(sec: int, n_eps: int, rng: np.random.Generator, *, slow=None, lost=No
         b = empty_probes(n)
         b["src_ep"], b["dst_ep"] = src, dst
         b["seq"] = sec * PER_S + j
-        b["path_id"] = (sec * PER_S + j) % 4
+        b["path_id"] = (sec * PER_S + j) % paths
         b["t_wall_ns"] = T0 + ((sec + j / PER_S + phase) * S).astype(np.int64)
         rtt = 13.0 * np.exp(0.05 * rng.standard_normal(n))
         if slow is not None:
@@ -73,7 +76,8 @@ def test_failures_the_ok_after_them_one_ok_per_pair_and_second_and_progress_are_
     assert sent == PER_S * pairs_s
 
 
-def test_the_detector_decides_the_same_on_thinned_results():
+@pytest.mark.parametrize("paths", [4, 19])
+def test_the_detector_decides_the_same_on_thinned_results(paths):
     rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
     full, thin = Detector(), Detector()
     th = ResultThinner()
@@ -82,8 +86,8 @@ def test_the_detector_decides_the_same_on_thinned_results():
         kw = {}
         if sec >= 400:
             kw = {"slow": lambda s, d: s == 1, "lost": lambda s, d: d == 3}
-        a = second(sec, 5, rng_a, **kw)
-        b = second(sec, 5, rng_b, **kw)
+        a = second(sec, 5, rng_a, paths=paths, **kw)
+        b = second(sec, 5, rng_b, paths=paths, **kw)
         full.ingest(a)
         thin.ingest(th.thin(b))
         for det, out in ((full, ev_full), (thin, ev_thin)):
@@ -94,3 +98,43 @@ def test_the_detector_decides_the_same_on_thinned_results():
         (e.kind, e.pairs, e.first_seen_ns, e.detected_ns) for e in ev_thin
     ]
     assert thin.stats.records_in * 5 < full.stats.records_in
+
+
+@pytest.mark.parametrize("interval_s", [0.02, 0.05, 0.1, 0.25, 0.63, 1.0])
+@pytest.mark.parametrize("paths", [1, 4, 5, 8, 16, 19, 45, 64])
+def test_the_latency_sample_walks_every_path_id_of_the_plans_rotation(paths, interval_s):
+    """A pair probed every ``interval_s`` over ``paths`` path ids (probe k on k % paths, as the
+    engine rotates them; the plan's lengths: 19 for 4 ECMP paths, 45 for 9): the ids its
+    latency samples take (batches of a second, as an agent drains them) cover the rotation — so
+    an ECMP path that only some ids hash onto is sampled too — and every period has its sample.
+    Before, the id whose turn it was came from ``period % 4``: at 10 probes/s only 5 of 8 ids
+    were ever sampled, 36 of 45."""
+    rng = np.random.default_rng(paths * 1000 + int(interval_s * 100))
+    per_period = max(1.0, 1.0 / interval_s)
+    # each id recurs every `paths` probes; a wanted one is taken at its next turn at the latest
+    horizon_s = int(paths * (paths / per_period + 2) + 30)
+    k = np.arange(int(horizon_s / interval_s))
+    b = empty_probes(k.size)
+    b["src_ep"], b["dst_ep"] = 1, 2
+    b["seq"] = k
+    b["path_id"] = k % paths
+    jitter = rng.uniform(-0.1, 0.1, k.size) * interval_s
+    b["t_wall_ns"] = T0 + ((k * interval_s + jitter) * S).astype(np.int64)
+    state = np.zeros(1, SAMPLE_STATE)
+    blank_sample_state(state)
+    taken = []
+    for sec in range(horizon_s + 1):
+        m = np.flatnonzero((b["t_wall_ns"] >= T0 + sec * S) & (b["t_wall_ns"] < T0 + (sec + 1) * S))
+        keep = period_samples(
+            np.zeros(m.size, np.int64),
+            b["t_wall_ns"][m],
+            b["seq"][m],
+            b["path_id"][m],
+            state,
+            period_ns=S,
+        )
+        taken.append(b["path_id"][m][keep])
+    ids = np.concatenate(taken)
+    assert set(ids.tolist()) == set(range(paths))
+    # one sample per period once probes come at least once a period
+    assert ids.size >= horizon_s - 2

@@ -3,10 +3,13 @@ the link (its ports stay up, nothing reroutes), so only the flows hashed onto it
 agents rotate each pair's probes over its path ids (docs/probing.md), checked here through their
 ``pinglist`` command, and the analyzer must detect the drop and name the link.
 
-On this small fabric (two spines, 16 cross-segment flows per rail) the detection also succeeds
-with one path id per pair (``controller.probe_max_paths = 1``, tried once): some pair's one fixed
-5-tuple always hashes onto the broken spine. What rotation buys — every (pair, ECMP path) probed
-within 10 s — is measured on the eval's fabric by ``bench/probe_plan.py``.
+On this small fabric (two spines, 16 cross-segment flows per rail) a link that drops everything
+is also found with one path id per pair: some pair's one fixed 5-tuple always hashes onto it. So a
+second spine-side link then drops only the flows a fixed path id never takes — the rotated ids'
+(ephemeral source ports), not path id 0's (the engine's bound port) — standing in for an ECMP path
+no fixed 5-tuple of the job hashes onto: rotation finds it, one path id per pair cannot
+(``controller.probe_max_paths = 1``: not detected, tried). What rotation buys on a large fabric —
+every (pair, ECMP path) probed within 10 s — is measured by ``bench/probe_plan.py``.
 """
 
 from __future__ import annotations
@@ -50,14 +53,32 @@ def test_a_silent_spine_link_drop_is_found_through_path_rotation(tmp_path):
         agents = [n.removeprefix("ov-") for n in demo.procs if n.startswith("ov-")]
         assert demo.client is not None
         lists = demo.client.commands([(f"ov-{a}", "pinglist", {}) for a in agents], timeout_s=10.0)
+        # first (no earlier fault's alerts linger): only the rotated path ids' flows drop, the
+        # flows between two engines' bound ports (path id 0) pass
+        bound = sorted({p for r in lists if r.get("ok") for p in r["result"]["port"].values()})
+        unseen = demo.fault(
+            "loss",
+            link=("spine0", L.tor_name(1, 0)),
+            percent=100.0,
+            direction="both",
+            spare_ports=bound,
+        )
         out = demo.fault("loss", link=link, percent=100.0, direction="both")
     finally:
         demo.stop()
+    print("\n".join(log))  # shown on failure: what was raised and when
     plans = [r["result"]["plan"] for r in lists if r.get("ok")]
     assert plans, lists
     paths = {n for p in plans for per_dst in p.values() for _iv, n in per_dst.values()}
     # no fabric given to the controller: 4 ECMP paths assumed, 19 path ids per pair
     assert paths == {19}, paths
-    assert out.detected is not None, (out.truth, demo.alerts(), log)
+    assert out.detected is not None, (out.truth, out.others)
     assert out.detected["layer"] == "underlay", out.detected
     assert matches(out.truth, out.detected), (out.truth["component"], out.detected["component"])
+    # The probes must see the drop that spares path id 0: with one path id per pair
+    # (controller.probe_max_paths = 1) no alert at all is raised. The flow-pinned traceroutes are
+    # not VXLAN flows and cross the link unharmed, so the localizer does not name it yet (it
+    # blames other links and RNICs: docs/probing.md, "Not done yet").
+    raised = [a for a in [unseen.detected, *unseen.others] if a and a.get("kind") == "fault"]
+    print("raised:", [(a["layer"], a["component"], a["failure_type"]) for a in raised])
+    assert raised, (unseen.truth, demo.alerts(), log)

@@ -306,3 +306,18 @@ def test_sidecars_reach_their_hosts_enrolment_socket_and_it_can_attest_them():
     assert socket_dir(upod, uc) == socket_dir(spod, sc) == "/run/skh/enrol.sock"
     assert upod["hostPID"] is True
     assert "SYS_PTRACE" in uc["securityContext"]["capabilities"]["add"]
+
+
+def test_the_controller_and_the_analyzer_read_the_same_fabric_file():
+    """The controller plans each skeleton link by link from the fabric (docs/probing.md), the
+    analyzer localizes on it: both are told where it is and find it there, from one ConfigMap."""
+    found = {}
+    for where, pod, c in skh_containers():
+        path = _overrides(c).get("controller.fabric") or _overrides(c).get("analyzer.fabric")
+        if path is None:
+            continue
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == path)
+        (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        found[where.split(":")[0]] = (path, vol["configMap"]["name"], mount.get("subPath"))
+    assert set(found) == {"controller.yaml", "analyzer.yaml"}, found
+    assert len(set(found.values())) == 1, found

@@ -105,6 +105,8 @@ def test_dynamic_users_keep_their_state_apart_and_the_example_config_points_ther
 def test_the_example_config_loads():
     cfg = load_config(str(EXAMPLE))
     assert cfg.analyzer.detector == "pipeline"
+    # the controller plans link by link from the fabric the analyzer localizes on
+    assert cfg.controller.fabric and cfg.controller.fabric == cfg.analyzer.fabric
 
 
 def test_the_agents_user_and_the_key_directories_are_declared():

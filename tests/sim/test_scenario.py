@@ -133,3 +133,35 @@ def test_validation():
         Simulation(cluster, []).step(0)
     pool = HostPool(cluster)
     assert pool.free_hosts == 8
+
+
+def test_with_a_probe_policy_pairs_probe_as_the_controller_plans_them():
+    """The simulated agents probe each pair at the interval and over the path ids the
+    controller's per-job plan gives it (skh.probeplan on the job's pairs and the fabric): the
+    eval then measures the deployed policy, not every pair at 10 Hz over four ids."""
+    from skh.probeplan import FabricLinks, ProbePolicy, plan_probes
+
+    fabric = Fabric.from_params(hosts=64, hosts_per_segment=8, spines=4)
+    policy = ProbePolicy(budget_per_s=40.0)
+    sim = Simulation.build(
+        fabric, 6, seed=3, start_s=(-900.0, -600.0), probe_interval_s=0.1, probe_policy=policy
+    )
+    dur = 20
+    got = np.concatenate([sim.step(1).probes for _ in range(dur)])
+    fl = FabricLinks(fabric)
+    checked = 0
+    for job in sim.jobs:
+        pairs = np.unique(job.skeleton_pairs.astype(np.uint32), axis=0)
+        key = [sim.index.rnic_key(int(r)) for r in sim.eps.rnic[pairs.ravel()]]
+        plan = plan_probes(pairs, policy, links=fl.incidence(key[0::2], key[1::2]))
+        for (s, d), iv, n in zip(plan.pairs, plan.interval_s, plan.paths, strict=True):
+            mine = got[(got["src_ep"] == s) & (got["dst_ep"] == d)]
+            if mine.size == 0:
+                continue  # not ready yet, or its job ended
+            assert abs(mine.size - dur / iv) <= 1, (s, d, mine.size, iv)
+            assert set(mine["path_id"].tolist()) == set(range(min(int(n), mine.size)))
+            checked += 1
+    assert checked > 100
+    # the plan holds each source to its budget: some pairs are slower than 10 Hz, paths > 4
+    assert sim._pair_iv.max() > 0.1 and sim._pair_paths.max() > 4
+    assert sim.n_path_ids >= sim._pair_paths.max()
