@@ -230,10 +230,8 @@ class _Pulses:
 def _bin_pulses(p: _Pulses, n_ep: int, shift: np.ndarray, t0: float, hz: float, n_bins: int):
     """(tx, rx) bytes per (endpoint, bin) of the pulses; ``shift`` (per endpoint) is how late its
     host's sampling clock runs."""
-    tx = np.zeros(n_ep * n_bins)
-    rx = np.zeros(n_ep * n_bins)
     if not p.ep:
-        return tx.reshape(n_ep, n_bins), rx.reshape(n_ep, n_bins)
+        return np.zeros((n_ep, n_bins)), np.zeros((n_ep, n_bins))
     ep = np.concatenate(p.ep)
     a = (np.concatenate(p.t) - shift[ep] - t0) * hz
     b = a + np.concatenate(p.dur) * hz
@@ -260,10 +258,10 @@ def _bin_pulses(p: _Pulses, n_ep: int, shift: np.ndarray, t0: float, hz: float, 
         flat.append(ep[rows] * n_bins + bins)
         val.append(w[rows] * share)
         side.append(is_rx[rows])
-    f, v, r = np.concatenate(flat), np.concatenate(val), np.concatenate(side)
-    tx += np.bincount(f[~r], v[~r], minlength=n_ep * n_bins)
-    rx += np.bincount(f[r], v[r], minlength=n_ep * n_bins)
-    return tx.reshape(n_ep, n_bins), rx.reshape(n_ep, n_bins)
+    # one pass: RX bins after the TX ones (each bin still sums its pulses in their order)
+    f = np.concatenate(flat) + np.concatenate(side) * (n_ep * n_bins)
+    both = np.bincount(f, np.concatenate(val), minlength=2 * n_ep * n_bins)
+    return both[: n_ep * n_bins].reshape(n_ep, n_bins), both[n_ep * n_bins :].reshape(n_ep, n_bins)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +393,8 @@ class TrafficModel:
         draws = rng.random((max(nj, 1), 8))
         hosts = np.concatenate([j.host for j in self.jobs]) if self.jobs else np.zeros(0, int)
         self.sample_jitter = float(sample_jitter_s)
-        self._host = hosts.astype(np.uint64)
+        # the hosts once each, and each endpoint's: a sample's timing is its host's
+        self._hosts, self._host_of = np.unique(hosts.astype(np.uint64), return_inverse=True)
         self._shift = clock_sigma_s * _normal(
             mix_hash(hosts.astype(np.uint64), np.uint64(self.seed), np.uint64(0xC10C))
         )
@@ -736,8 +735,8 @@ class TrafficModel:
             # from the next interval into this one; the host's samples cover all its RNICs
             edges = np.arange(b * self.block_bins + 1, (b + 1) * self.block_bins).astype(np.uint64)
             eps = self.sample_jitter * _normal(
-                mix_hash(np.uint64(self.seed), self._host[:, None], edges[None, :], np.uint64(9))
-            )
+                mix_hash(np.uint64(self.seed), self._hosts[:, None], edges[None, :], np.uint64(9))
+            )[self._host_of]
             for a in (tx, rx):
                 moved = (a[:, :-1] + a[:, 1:]) * 0.5 * self.sample_hz * eps
                 moved = np.clip(moved, -a[:, :-1], a[:, 1:])
