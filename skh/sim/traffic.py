@@ -60,7 +60,7 @@ from skh.records import empty_counters
 from skh.sim.jobs import SimJob
 from skh.sim.topology import mix_hash, rng_for
 
-__all__ = ["TrafficModel", "throughput", "counter_batch", "pipeline_schedule"]
+__all__ = ["TrafficModel", "throughput", "counter_series", "counter_batch", "pipeline_schedule"]
 
 _U = 1.0 / 2**64
 _KIND = {"train": 0, "ep": 1, "debug": 2, "fsdp": 3}
@@ -734,9 +734,8 @@ class TrafficModel:
             # a sample taken ε late moves the bytes of those ε (at the rate around that edge)
             # from the next interval into this one; the host's samples cover all its RNICs
             edges = np.arange(b * self.block_bins + 1, (b + 1) * self.block_bins).astype(np.uint64)
-            eps = self.sample_jitter * _normal(
-                mix_hash(np.uint64(self.seed), self._hosts[:, None], edges[None, :], np.uint64(9))
-            )[self._host_of]
+            h = mix_hash(np.uint64(self.seed), self._hosts[:, None], edges[None, :], np.uint64(9))
+            eps = self.sample_jitter * _normal(h)[self._host_of]
             for a in (tx, rx):
                 moved = (a[:, :-1] + a[:, 1:]) * 0.5 * self.sample_hz * eps
                 moved = np.clip(moved, -a[:, :-1], a[:, 1:])
@@ -812,6 +811,26 @@ def throughput(
         t0_s = float(model.train_start.min()) if jobs else 0.0
     n = int(round(duration_s * model.sample_hz))
     return model.ep_ids, model.matrix(float(np.floor(t0_s)), n)
+
+
+def counter_series(
+    job: SimJob | Sequence[SimJob],
+    duration_s: int,
+    seed: int = 0,
+    *,
+    sample_hz: float = 10.0,
+    t0_s: float | None = None,
+    **model_kw: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(tx, rx)`` bytes per sample at ``sample_hz`` of one job's (or several jobs')
+    endpoints, as the underlay agents' counters see them, from the moment the (first) job starts
+    training (or ``t0_s``) for ``duration_s``; two ``(n, duration_s · sample_hz)`` arrays in
+    ``ep_ids`` order. Extra keywords go to :class:`TrafficModel`."""
+    jobs = [job] if isinstance(job, SimJob) else list(job)
+    model = TrafficModel(jobs, seed=seed, sample_hz=sample_hz, **model_kw)  # type: ignore[arg-type]
+    if t0_s is None:
+        t0_s = float(model.train_start.min()) if jobs else 0.0
+    return model.window(float(np.floor(t0_s)), int(round(duration_s * sample_hz)))
 
 
 def counter_batch(
