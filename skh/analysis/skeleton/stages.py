@@ -353,9 +353,36 @@ def split_stages(
         _fits(z[idx] @ z[idx].T / z.shape[1], c.label[hinv[idx]], c.k)
         for idx in (np.flatnonzero(rail_inv == r) for r in range(n_rails))
     ]
-    if c.k == 1 or np.mean(np.concatenate(fit)) >= 0.8:
+    share = float(np.mean(np.concatenate(fit)))
+    if c.k == 1 or share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
         return Split(blocks, c.score, how, coherence(feat, c.label))
+    per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
+    if max(b.shape[0] for b in per_rail.blocks) == 1:
+        # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
+        # (independent per RNIC) blur each rail's own series and the RNIC-to-RNIC similarities
+        # above, which the hosts' lower quartile drops; then each RNIC still correlates best
+        # with its own group's (clean) host series. An RNIC of a host holding several stages
+        # does not: its stage's bursts are missing from its host's quartile.
+        onehot = np.zeros((n_h, c.k))
+        onehot[np.arange(n_h), c.label] = 1.0
+        corr = z @ standardize(onehot.T @ feat).T / z.shape[1]
+        mine = c.label[hinv]
+        own = corr[np.arange(mine.size), mine]
+        corr[np.arange(mine.size), mine] = -np.inf
+        near = float(np.mean(own >= corr.max(axis=1)))
+        if near >= 0.8:
+            blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
+            how += (
+                f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
+                f"{near:.0%} nearest its host series)"
+            )
+            return Split(blocks, c.score, how, coherence(feat, c.label))
+    return per_rail
+
+
+def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
+    """Stage blocks from each rail's own burst series (containers holding several stages)."""
     blocks, scores, coh = [], [], []
     for r in range(n_rails):
         idx = np.flatnonzero(rail_inv == r)
