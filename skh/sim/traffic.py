@@ -260,7 +260,8 @@ def _bin_pulses(p: _Pulses, n_ep: int, shift: np.ndarray, t0: float, hz: float, 
         side.append(is_rx[rows])
     # one pass: RX bins after the TX ones (each bin still sums its pulses in their order)
     f = np.concatenate(flat) + np.concatenate(side) * (n_ep * n_bins)
-    both = np.bincount(f, np.concatenate(val), minlength=2 * n_ep * n_bins)
+    # (float even when no pulse falls in the block: bincount gives ints for no input)
+    both = np.bincount(f, np.concatenate(val), minlength=2 * n_ep * n_bins).astype(np.float64)
     return both[: n_ep * n_bins].reshape(n_ep, n_bins), both[n_ep * n_bins :].reshape(n_ep, n_bins)
 
 
