@@ -2,9 +2,10 @@
 
 Skeleton inference pairs pipeline partners from their timing, which 1 Hz counters barely show
 (``bench/skeleton.py`` assumes 10 Hz). This reads one emulated host's 8 VF representors with the
-underlay agent's own reader (:class:`skh.orchestrator.counters.CounterSampler`, a pyroute2 link
-dump per namespace) and with the testbed's ``/proc/net/dev`` reader
-(:class:`skh.testbed.counters.NetnsCounters`), at 1, 10 and 100 Hz, for ``--seconds`` each,
+underlay agent's own reader (:class:`skh.orchestrator.counters.CounterSampler`: per namespace a
+setns, a read of ``/proc/thread-self/net/dev`` and a flags ioctl per device, with its records)
+and with the testbed's reader (:class:`skh.testbed.counters.NetnsCounters`), at 1, 10 and
+100 Hz, for ``--seconds`` each,
 while a training-traffic generator runs, and prints one JSON object: per reader and rate, the
 share of one core used (CPU seconds per wall second), the CPU per sample and per RNIC sample, and
 what the agent would ship (records and bytes per second per host, at 40 B a record).
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         fast = tb.counter_source("host0", cluster=cluster)
         tb.start_traffic("job0")
         for name, read in (
-            ("agent_pyroute2", lambda: sampler.sample(ids)),
+            ("agent", lambda: sampler.sample(ids)),
             ("proc_net_dev", fast.read),
         ):
             out[name] = {}

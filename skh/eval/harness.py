@@ -59,13 +59,17 @@ from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events, summarize, wilson
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
+from skh.orchestrator.config import DEFAULT_COUNTER_HZ
 from skh.probeplan import ProbePolicy
 from skh.sim import LINGJUN_TOPO
 from skh.sim.answers import answers_measured, live_pairs
 from skh.sim.faults import FAULT_SPECS, RowSet
 from skh.sim.noise import REGIMES, TRAIN_SEEDS, regime
 from skh.sim.scenario import Simulation
-from skh.sim.traffic import throughput
+from skh.sim.traffic import counter_series
+
+#: the underlay agents' counter rate, which the skeleton stage reads at
+COUNTER_HZ = float(DEFAULT_COUNTER_HZ)
 
 __all__ = ["run_eval", "THRESHOLDS", "MAXIMA", "PAPER", "commit_id", "draw_seeds"]
 
@@ -114,9 +118,17 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
     worst, worst_job = 1.0, ""
     modes: dict[str, int] = {}
     for job in sim.jobs:
-        _, x = throughput(job, duration_s, seed)
+        # what the underlay agents ship: TX and RX apart at their counter rate (10 Hz)
+        tx, rx = counter_series(job, duration_s, seed, sample_hz=COUNTER_HZ)
         sk = infer_skeleton(
-            job.ep_ids, job.host, job.rail, x, container=job.container, job=job.name
+            job.ep_ids,
+            job.host,
+            job.rail,
+            tx + rx,
+            tx_bytes=tx,
+            sample_hz=COUNTER_HZ,
+            container=job.container,
+            job=job.name,
         )
         truth = job.skeleton_pairs
         cov = pairs_coverage(truth, sk.pairs)
@@ -139,6 +151,7 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
         "list_ratio_vs_same_rail": round(sk_len / max(sr_len, 1), 4),
         "paper_list_ratio_example": round(9 / 64, 4),
         "traffic_s": duration_s,
+        "counter_hz": COUNTER_HZ,
     }
 
 

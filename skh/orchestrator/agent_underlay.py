@@ -1,8 +1,9 @@
 """skh-agent --role underlay: the host agent.
 
-It samples the byte counters of every configured source at 1 Hz (the input of skeleton
-inference) and ships them to the analyzer, and it runs the localization commands the analyzer asks
-for through the controller. Each command is a pluggable handler
+It samples the byte counters of every configured source at ``counter_hz`` (10 Hz by default:
+the input of skeleton inference, whose pipeline partners show only in sub-second timing) and
+ships them to the analyzer once per ``batch_interval_s``, and it runs the localization commands
+the analyzer asks for through the controller. Each command is a pluggable handler
 (``agent.handlers[name] = fn(args) -> result``); the defaults (:func:`default_handlers`) read the
 host with the collectors of :mod:`skh.collect`:
 
@@ -16,7 +17,8 @@ Every command's arguments are checked before a handler sees them
 (``agent.containers``, the sources' namespaces). With ``agent.enrol_socket`` set, the agent
 vouches for the keys of its host's sidecars (:mod:`skh.orchestrator.enrol`).
 
-Counters are sampled on the wall clock's grid, ``sample_phase_s`` into each second, so every host
+Counters are sampled on the wall clock's grid, ``sample_phase_s`` into each sampling interval
+(``(k + sample_phase_s) / counter_hz`` past each whole second), so every host
 samples at the same instants: training traffic comes in bursts that often start on whole seconds
 (iteration boundaries of a job launched by one clock), and a 1 Hz sample at a random phase
 splits such a burst over two one-second bins, by a different share on each host, which blurs the
@@ -34,6 +36,7 @@ import time
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+import numpy as np
 import zmq
 
 from skh.collect.linux import read_linux_state
@@ -168,15 +171,17 @@ def default_handlers() -> dict[str, Any]:
     }
 
 
-def next_sample_delay_s(wall_s: float, phase_s: float, interval_s: float) -> float:
+def next_sample_delay_s(wall_s: float, phase_s: float, interval_s: float, hz: int = 1) -> float:
     """Seconds from wall-clock time ``wall_s`` to the next counter sample: on the grid
-    ``whole second + phase_s``, about ``interval_s`` after the last one. A sample taken late
-    (a slow tick) keeps the grid; one more than half a second late skips a grid point rather
-    than sampling twice within half a second."""
-    delay = (phase_s - wall_s) % 1.0
-    if delay < 0.5:
-        delay += 1.0
-    return delay + max(0, int(interval_s) - 1)
+    ``(k + phase_s) / hz`` past each whole second, about ``interval_s`` after the last one (at
+    most one sampling interval, ``1 / hz``, when ``hz`` > 1). A sample taken late (a slow tick)
+    keeps the grid; one more than half an interval late skips a grid point rather than
+    sampling twice within half an interval."""
+    step = 1.0 / hz
+    delay = ((phase_s - (wall_s * hz) % 1.0) % 1.0) * step
+    if delay < 0.5 * step:
+        delay += step
+    return delay + (max(0, int(interval_s) - 1) if hz == 1 else 0.0)
 
 
 class UnderlayAgent(AgentBase):
@@ -210,7 +215,11 @@ class UnderlayAgent(AgentBase):
         self._enrol_client: Any = None  # the enrolment thread's own connection
         if cfg.enrol_socket:
             self.enrol = EnrolServer(cfg.enrol_socket, cfg.containers, self._vouch)
-        self._next_sample = time.monotonic() + (cfg.sample_phase_s - time.time()) % 1.0
+        self._next_sample = time.monotonic() + next_sample_delay_s(
+            time.time(), cfg.sample_phase_s, 1.0, cfg.counter_hz
+        )
+        self._next_ship = time.monotonic() + cfg.batch_interval_s
+        self._unshipped: list[np.ndarray] = []  # samples since the last batch
         if metrics is not None:
             metrics.register(
                 CallbackCollector(
@@ -294,17 +303,30 @@ class UnderlayAgent(AgentBase):
             if isinstance(ep, int):
                 self.ep_ids[name] = ep
 
-    def sample_and_ship(self) -> int:
+    def sample(self) -> int:
+        """One sample of every source, kept for the next batch."""
         recs = self.sampler.sample(self.ep_ids)
-        if recs.size == 0:
+        if recs.size:
+            self._unshipped.append(recs)
+        return int(recs.size)
+
+    def sample_and_ship(self) -> int:
+        self.sample()
+        return self.ship()
+
+    def ship(self) -> int:
+        """The samples taken since the last batch, in one batch."""
+        if not self._unshipped:
             return 0
+        recs = np.concatenate(self._unshipped)
+        self._unshipped = []
         self._seq += 1
         frame = self.codec.encode(
             MsgType.COUNTER_BATCH, self.name, self._seq, counter_batch_body(self.name, recs)
         )
         try:
             self.push.send(frame, zmq.NOBLOCK)
-        except zmq.Again:  # counters are a 1 Hz stream: a lost second is counted, not buffered
+        except zmq.Again:  # counters are a stream: a lost batch is counted, not buffered
             self.counters["counter_batches_dropped"] += 1
             return 0
         self.counters["counter_records_sent"] += recs.size
@@ -314,7 +336,9 @@ class UnderlayAgent(AgentBase):
         self.notifier.ready(f"{len(self.sampler.sources)} counter sources")
         try:
             while not stop.is_set():
-                readable = bool(self.dealer.poll(100, zmq.POLLIN))
+                # wake for the next counter sample, on its grid (10 Hz leaves no slack)
+                wait_ms = int(max(0.0, min(0.1, self._next_sample - time.monotonic())) * 1000)
+                readable = bool(self.dealer.poll(wait_ms, zmq.POLLIN))
                 self.tick(readable, time.monotonic())
                 self.notifier.watchdog()
         finally:
@@ -331,10 +355,14 @@ class UnderlayAgent(AgentBase):
         if now >= self._next_sample:
             # re-aimed at the wall clock's grid each time: a slow tick shifts no later sample,
             # and the monotonic clock drifting from the wall clock cannot either
+            hz = self.cfg.counter_hz
             self._next_sample = now + next_sample_delay_s(
-                time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s)
+                time.time(), self.cfg.sample_phase_s, max(1.0, self.cfg.batch_interval_s), hz
             )
-            self.sample_and_ship()
+            self.sample()
+        if now >= self._next_ship:
+            self._next_ship = now + max(self.cfg.batch_interval_s, 1.0 / self.cfg.counter_hz)
+            self.ship()
 
     def close(self) -> None:
         if self.enrol is not None:

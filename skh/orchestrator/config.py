@@ -172,6 +172,10 @@ class AnalyzerConfig:
     ray_checkpoint_rounds: int = 30
 
 
+#: underlay agents' counter samples per second (``agent.counter_hz``), also what the eval reads
+DEFAULT_COUNTER_HZ = 10
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     role: str = "overlay"  # overlay | underlay
@@ -203,9 +207,14 @@ class AgentConfig:
     #: ``detector.latency_sample_s`` (it keeps no more); 0 forwards every OK
     ok_sample_s: float = 1.0
     batch_interval_s: float = 1.0
-    #: underlay: counters are sampled this far into each wall-clock second, on every host alike
-    #: (see :mod:`skh.orchestrator.agent_underlay` for why)
+    #: underlay: counters are sampled this far into each sampling interval (as a share of it:
+    #: 0.5 s into each second at 1 Hz), on every host alike on the wall clock's grid (see
+    #: :mod:`skh.orchestrator.agent_underlay` for why)
     sample_phase_s: float = 0.5
+    #: underlay: counter samples per second (whole); skeleton inference tells pipeline partners
+    #: apart by their sends' timing, which 1 Hz hides (bench/skeleton.py assumes 10 Hz); the
+    #: samples still ship once per ``batch_interval_s``
+    counter_hz: int = DEFAULT_COUNTER_HZ
     buffer_s: float = 300.0  # results kept while the analyzer is unreachable
     max_probe_rate: float = 1000.0  # sizes the buffer: buffer_s x rate records
     ready_file: str = ""  # report ready only once this file exists ("" = at once)
@@ -364,6 +373,11 @@ def _validate(cfg: Config) -> None:
     if not g.ok_sample_s >= 0:
         raise ConfigError(
             f"The 'agent.ok_sample_s' setting must be >= 0. Got {g.ok_sample_s!r} instead."
+        )
+    if not (isinstance(g.counter_hz, int) and 1 <= g.counter_hz <= 100):
+        raise ConfigError(
+            "The 'agent.counter_hz' setting must be a whole number of samples per second in "
+            f"[1, 100]. Got {g.counter_hz!r} instead."
         )
     if not 0.0 <= g.sample_phase_s < 1.0:
         raise ConfigError(

@@ -28,15 +28,17 @@ _PATH_CACHE_MAX = 1 << 16
 
 def mix_hash(*cols: np.ndarray) -> np.ndarray:
     """A deterministic 64-bit mix (splitmix64 finaliser) of integer columns, elementwise."""
-    h = np.full(np.broadcast(*cols).shape, 0x9E3779B97F4A7C15, np.uint64)
+    # the state after a column depends only on the columns so far: mix each on the broadcast
+    # shape of those (a per-host key is mixed once per host, not once per host and sample)
+    h = np.full((), 0x9E3779B97F4A7C15, np.uint64)
     with np.errstate(over="ignore"):
         for c in cols:
-            h ^= np.asarray(c).astype(np.uint64)
+            h = h ^ np.asarray(c).astype(np.uint64)
             h *= np.uint64(0xBF58476D1CE4E5B9)
             h ^= h >> np.uint64(31)
             h *= np.uint64(0x94D049BB133111EB)
             h ^= h >> np.uint64(29)
-    return h
+    return np.array(h, np.uint64, ndmin=0) if h.ndim == 0 else h
 
 
 def rng_for(*key: float) -> np.random.Generator:

@@ -60,7 +60,7 @@ from skh.records import empty_counters
 from skh.sim.jobs import SimJob
 from skh.sim.topology import mix_hash, rng_for
 
-__all__ = ["TrafficModel", "throughput", "counter_batch", "pipeline_schedule"]
+__all__ = ["TrafficModel", "throughput", "counter_series", "counter_batch", "pipeline_schedule"]
 
 _U = 1.0 / 2**64
 _KIND = {"train": 0, "ep": 1, "debug": 2, "fsdp": 3}
@@ -230,10 +230,8 @@ class _Pulses:
 def _bin_pulses(p: _Pulses, n_ep: int, shift: np.ndarray, t0: float, hz: float, n_bins: int):
     """(tx, rx) bytes per (endpoint, bin) of the pulses; ``shift`` (per endpoint) is how late its
     host's sampling clock runs."""
-    tx = np.zeros(n_ep * n_bins)
-    rx = np.zeros(n_ep * n_bins)
     if not p.ep:
-        return tx.reshape(n_ep, n_bins), rx.reshape(n_ep, n_bins)
+        return np.zeros((n_ep, n_bins)), np.zeros((n_ep, n_bins))
     ep = np.concatenate(p.ep)
     a = (np.concatenate(p.t) - shift[ep] - t0) * hz
     b = a + np.concatenate(p.dur) * hz
@@ -260,10 +258,11 @@ def _bin_pulses(p: _Pulses, n_ep: int, shift: np.ndarray, t0: float, hz: float, 
         flat.append(ep[rows] * n_bins + bins)
         val.append(w[rows] * share)
         side.append(is_rx[rows])
-    f, v, r = np.concatenate(flat), np.concatenate(val), np.concatenate(side)
-    tx += np.bincount(f[~r], v[~r], minlength=n_ep * n_bins)
-    rx += np.bincount(f[r], v[r], minlength=n_ep * n_bins)
-    return tx.reshape(n_ep, n_bins), rx.reshape(n_ep, n_bins)
+    # one pass: RX bins after the TX ones (each bin still sums its pulses in their order)
+    f = np.concatenate(flat) + np.concatenate(side) * (n_ep * n_bins)
+    # (float even when no pulse falls in the block: bincount gives ints for no input)
+    both = np.bincount(f, np.concatenate(val), minlength=2 * n_ep * n_bins).astype(np.float64)
+    return both[: n_ep * n_bins].reshape(n_ep, n_bins), both[n_ep * n_bins :].reshape(n_ep, n_bins)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +394,8 @@ class TrafficModel:
         draws = rng.random((max(nj, 1), 8))
         hosts = np.concatenate([j.host for j in self.jobs]) if self.jobs else np.zeros(0, int)
         self.sample_jitter = float(sample_jitter_s)
-        self._host = hosts.astype(np.uint64)
+        # the hosts once each, and each endpoint's: a sample's timing is its host's
+        self._hosts, self._host_of = np.unique(hosts.astype(np.uint64), return_inverse=True)
         self._shift = clock_sigma_s * _normal(
             mix_hash(hosts.astype(np.uint64), np.uint64(self.seed), np.uint64(0xC10C))
         )
@@ -735,9 +735,8 @@ class TrafficModel:
             # a sample taken ε late moves the bytes of those ε (at the rate around that edge)
             # from the next interval into this one; the host's samples cover all its RNICs
             edges = np.arange(b * self.block_bins + 1, (b + 1) * self.block_bins).astype(np.uint64)
-            eps = self.sample_jitter * _normal(
-                mix_hash(np.uint64(self.seed), self._host[:, None], edges[None, :], np.uint64(9))
-            )
+            h = mix_hash(np.uint64(self.seed), self._hosts[:, None], edges[None, :], np.uint64(9))
+            eps = self.sample_jitter * _normal(h)[self._host_of]
             for a in (tx, rx):
                 moved = (a[:, :-1] + a[:, 1:]) * 0.5 * self.sample_hz * eps
                 moved = np.clip(moved, -a[:, :-1], a[:, 1:])
@@ -813,6 +812,26 @@ def throughput(
         t0_s = float(model.train_start.min()) if jobs else 0.0
     n = int(round(duration_s * model.sample_hz))
     return model.ep_ids, model.matrix(float(np.floor(t0_s)), n)
+
+
+def counter_series(
+    job: SimJob | Sequence[SimJob],
+    duration_s: int,
+    seed: int = 0,
+    *,
+    sample_hz: float = 10.0,
+    t0_s: float | None = None,
+    **model_kw: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(tx, rx)`` bytes per sample at ``sample_hz`` of one job's (or several jobs')
+    endpoints, as the underlay agents' counters see them, from the moment the (first) job starts
+    training (or ``t0_s``) for ``duration_s``; two ``(n, duration_s · sample_hz)`` arrays in
+    ``ep_ids`` order. Extra keywords go to :class:`TrafficModel`."""
+    jobs = [job] if isinstance(job, SimJob) else list(job)
+    model = TrafficModel(jobs, seed=seed, sample_hz=sample_hz, **model_kw)  # type: ignore[arg-type]
+    if t0_s is None:
+        t0_s = float(model.train_start.min()) if jobs else 0.0
+    return model.window(float(np.floor(t0_s)), int(round(duration_s * sample_hz)))
 
 
 def counter_batch(

@@ -266,3 +266,12 @@ def test_the_analyzer_says_when_its_latency_sampling_differs_from_the_agents(cap
         assert not check_sampling(cfg, ProbePolicy(ok_sample_s=0.5).to_wire())
     assert "detector.latency_sample_s = 1 s" in caplog.text and "0.5 s" in caplog.text
     assert not check_sampling(cfg, None)  # an older controller hands no policy out
+
+
+def test_ten_hz_counter_samples_keep_their_grid():
+    # (k + 0.5) / 10 past each second: 100.55 is too near after a sample at 100.53 (under half
+    # an interval), so the next is 100.65; the batch interval does not stretch a 10 Hz grid
+    assert next_sample_delay_s(100.53, 0.5, 1.0, 10) == pytest.approx(0.12)
+    assert next_sample_delay_s(100.45, 0.5, 1.0, 10) == pytest.approx(0.1)
+    assert next_sample_delay_s(100.40, 0.5, 3.0, 10) == pytest.approx(0.05)
+    assert next_sample_delay_s(100.4999, 0.5, 1.0, 1) == pytest.approx(1.0001)

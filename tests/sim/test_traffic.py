@@ -127,3 +127,15 @@ def test_fsdp_collectives_are_job_wide_and_lockstep():
     _, m = throughput(job, 120, seed=5, sample_hz=10.0, **QUIET)
     z = (m - m.mean(1, keepdims=True)) / m.std(1, keepdims=True)
     assert (z @ z.T / m.shape[1])[~np.eye(job.n_endpoints, dtype=bool)].min() > 0.9
+
+
+def test_a_block_whose_pulses_all_fall_outside_bins_float_bytes():
+    from skh.sim.traffic import _bin_pulses, _Pulses
+
+    p = _Pulses.empty()
+    p.add([0], [50.0], 1.0, 1000.0)  # after the block
+    tx, rx = _bin_pulses(p, 2, np.zeros(2), 0.0, 10.0, 20)
+    assert tx.dtype == rx.dtype == np.float64 and not tx.any() and not rx.any()
+    p.add([1], [0.5], 0.05, 500.0)
+    tx, rx = _bin_pulses(p, 2, np.zeros(2), 0.0, 10.0, 20)
+    assert tx[1, 5] == rx[1, 5] == 500.0 and tx.sum() == rx.sum() == 500.0

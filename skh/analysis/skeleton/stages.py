@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.ndimage import grey_opening
+from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
 
@@ -277,7 +277,9 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     y = np.maximum(x - level[:, None], 0.0)
     width = int(round(_MIN_BURST_S * hz))
     if width > 1:
-        opened = grey_opening(y, size=(1, width))
+        # a flat opening along time: erosion then dilation (grey_opening with size (1, width),
+        # without its n-d machinery)
+        opened = maximum_filter1d(minimum_filter1d(y, width, axis=1), width, axis=1)
         # a series whose bursts are mostly shorter than that (a gradient sync at line rate may
         # last a tenth of a second) is kept whole rather than erased
         kept = (opened**2).sum(axis=1) >= 0.25 * (y**2).sum(axis=1)
@@ -285,14 +287,14 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     return y
 
 
-def bursts(x: np.ndarray, hz: float) -> np.ndarray:
+def bursts(x: np.ndarray, hz: float, part: np.ndarray | None = None) -> np.ndarray:
     """The standardized collective bursts of each series (:func:`_burst_part`). Gradient syncs
     and parameter all-gathers are a stage's own bursts, identical on every member; pipeline
     sends, a context-parallel ring's steps, MoE all-to-alls, loads and checkpoints run shorter
     or lower, and some of those tie a replica's RNICs together more than their stage (the whole
     series would split a stage into its CP pairs or EP groups). Series without bursts are kept
-    whole."""
-    y = _burst_part(x, hz)
+    whole. ``part``: :func:`_burst_part` of ``x`` when the caller has it already."""
+    y = _burst_part(x, hz) if part is None else part
     if np.any(y.max(axis=1) <= 0):
         y = x
     return standardize(y)
@@ -320,11 +322,11 @@ def split_stages(
     per = x[order].reshape(n_h, -1, x.shape[1])
     q = 0.25 * (per.shape[1] - 1)  # the lower quartile, interpolated as np.quantile does
     lo, hi = int(np.floor(q)), int(np.ceil(q))
-    part = np.partition(per, [lo, hi], axis=1)
-    quartile = part[:, lo] + (q - lo) * (part[:, hi] - part[:, lo])
-    feat = bursts(quartile, hz)
-    sim_h = feat @ feat.T / z.shape[1]
+    srt = np.sort(per, axis=1)  # a handful of rails: a sort beats a strided partition
+    quartile = srt[:, lo] + (q - lo) * (srt[:, hi] - srt[:, lo])
     part_h = _burst_part(quartile, hz)
+    feat = bursts(quartile, hz, part_h)
+    sim_h = feat @ feat.T / z.shape[1]
     if (part_h.max(axis=1) <= 0).any() or np.median((part_h > 0).mean(axis=1)) > _MAX_BURST_DUTY:
         # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
         # no collective between containers (a job without data parallelism): no DP group
@@ -351,9 +353,36 @@ def split_stages(
         _fits(z[idx] @ z[idx].T / z.shape[1], c.label[hinv[idx]], c.k)
         for idx in (np.flatnonzero(rail_inv == r) for r in range(n_rails))
     ]
-    if c.k == 1 or np.mean(np.concatenate(fit)) >= 0.8:
+    share = float(np.mean(np.concatenate(fit)))
+    if c.k == 1 or share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
         return Split(blocks, c.score, how, coherence(feat, c.label))
+    per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
+    if max(b.shape[0] for b in per_rail.blocks) == 1:
+        # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
+        # (independent per RNIC) blur each rail's own series and the RNIC-to-RNIC similarities
+        # above, which the hosts' lower quartile drops; then each RNIC still correlates best
+        # with its own group's (clean) host series. An RNIC of a host holding several stages
+        # does not: its stage's bursts are missing from its host's quartile.
+        onehot = np.zeros((n_h, c.k))
+        onehot[np.arange(n_h), c.label] = 1.0
+        corr = z @ standardize(onehot.T @ feat).T / z.shape[1]
+        mine = c.label[hinv]
+        own = corr[np.arange(mine.size), mine]
+        corr[np.arange(mine.size), mine] = -np.inf
+        near = float(np.mean(own >= corr.max(axis=1)))
+        if near >= 0.8:
+            blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
+            how += (
+                f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
+                f"{near:.0%} nearest its host series)"
+            )
+            return Split(blocks, c.score, how, coherence(feat, c.label))
+    return per_rail
+
+
+def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
+    """Stage blocks from each rail's own burst series (containers holding several stages)."""
     blocks, scores, coh = [], [], []
     for r in range(n_rails):
         idx = np.flatnonzero(rail_inv == r)

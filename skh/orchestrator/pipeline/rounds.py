@@ -350,9 +350,12 @@ class Pipeline:
         for job, st in self.jobs.items():
             if self.counters.span_s(st.ep_id) < self.cfg.skeleton.min_duration_s + 2:
                 continue
-            x = self.counters.rates(st.ep_id)
+            # TX apart from RX at the agents' rate (10 Hz by default): partners' sends line up
+            x, tx, hz = self.counters.series(st.ep_id)
             if st.skeleton is not None and st.skeleton.confident:
-                changed, why = traffic_changed(st.skeleton, st.ep_id, x, params=self.cfg.skeleton)
+                changed, why = traffic_changed(
+                    st.skeleton, st.ep_id, x, sample_hz=hz, params=self.cfg.skeleton
+                )
                 if not changed:
                     st.changed_since_ns = 0
                     continue
@@ -363,15 +366,26 @@ class Pipeline:
                     continue
                 log.info("job %s: re-inferring its skeleton: %s", job, why)
                 st.changed_since_ns = 0
+            # no prior: each inference reads the whole history, whose windows overlap (evidence
+            # carried over would count the same seconds twice)
             sk = infer_skeleton(
-                st.ep_id, st.host, st.rail, x, container=st.rank, job=job, params=self.cfg.skeleton
+                st.ep_id,
+                st.host,
+                st.rail,
+                x,
+                tx_bytes=tx,
+                sample_hz=hz,
+                container=st.rank,
+                job=job,
+                params=self.cfg.skeleton,
             )
             st.skeleton = sk
             log.info(
-                "job %s: inferred %s over %d s (confidence %.2f): %s",
+                "job %s: inferred %s over %.0f s at %d Hz (confidence %.2f): %s",
                 job,
                 sk.mode,
-                x.shape[1],
+                x.shape[1] / hz,
+                hz,
                 sk.confidence,
                 sk.reason,
             )
