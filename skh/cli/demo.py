@@ -202,7 +202,12 @@ def run_live(args: argparse.Namespace, console) -> int:
                 progress.advance(task)
         except (SkhError, OSError) as exc:
             error = str(exc)
-            progress.console.print(f"[bold red]demo failed: {exc}[/]")
+            progress.console.print(
+                f"[bold red]demo failed: {exc}[/]\n"
+                f"every process's log (logs/), the controller's and testbed's last state"
+                f" (state.json) and the alert log are kept in {run_dir.resolve()}/ —"
+                " send that directory with a report"
+            )
         finally:
             progress.update(task, description="tearing down")
             left = demo.stop()
@@ -253,5 +258,6 @@ def run_live(args: argparse.Namespace, console) -> int:
         "[bold green]every fault was caught, localized and resolved[/]"
         if ok
         else "[bold red]not every fault was caught and localized[/]"
+        f" (logs and state kept in {run_dir.resolve()}/)"
     )
     return 0 if ok else 1
