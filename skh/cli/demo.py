@@ -213,7 +213,7 @@ def run_live(args: argparse.Namespace, console) -> int:
             left = demo.stop()
             progress.advance(task)
     table = Table(title="Faults vs verdicts")
-    for col in ("fault", "truth", "verdict", "detect", "alert", "resolve", "ok"):
+    for col in ("fault", "truth", "verdict", "type", "detect", "alert", "resolve", "ok"):
         table.add_column(col)
 
     def secs(x: float | None, sign: str = "") -> str:
@@ -226,6 +226,7 @@ def run_live(args: argparse.Namespace, console) -> int:
             t["kind"],
             f"{t['layer']} {comp}",
             f"{d['layer']} {d['component']} ({d['failure_type']})" if d else "—",
+            {True: "[green]right[/]", False: "[yellow]other[/]", None: "—"}[o.type_ok],
             secs(o.detect_s),
             secs(o.alert_s),
             secs(o.resolve_s, "+"),

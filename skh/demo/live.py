@@ -24,6 +24,7 @@ from typing import Any
 import zmq
 
 from skh.errors import ConfigError, TestbedError
+from skh.failures import FailureType, class_members
 from skh.model import JobShape
 from skh.orchestrator.admin import ControllerClient, unpack_skeleton
 from skh.orchestrator.alerts import AlertFollower
@@ -181,6 +182,17 @@ class FaultOutcome:
         return self.detected is not None and self.resolved is not None
 
     @property
+    def type_ok(self) -> bool | None:
+        """Whether the placing alert names the injected type (or one nothing the system reads
+        tells apart from it, :func:`skh.failures.class_members`); None: no alert, or the
+        testbed gives the fault no type."""
+        want = self.truth.get("paper_type")
+        if self.detected is None or want is None:
+            return None
+        got = self.detected.get("failure_type_id")
+        return got is not None and int(got) in class_members(FailureType(int(want)))
+
+    @property
     def alert_s(self) -> float | None:
         """Fault → the alert that places it (on the bus)."""
         if self.detected is None:
@@ -217,6 +229,7 @@ class FaultOutcome:
             "detect_s": self.detect_s,
             "alert_s": self.alert_s,
             "resolve_s": self.resolve_s,
+            "type_ok": self.type_ok,
         }
 
 
