@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.skh-setup
 
-.PHONY: setup develop lint test test-host test-verbs test-systemd demo demo-all bench bench-quick debug clean
+.PHONY: setup develop lint test test-host test-verbs test-systemd demo demo-all bench bench-quick results debug clean
 
 setup: $(SETUP_STAMP)
 
@@ -44,6 +44,11 @@ demo: develop
 # every fault kind the testbed can inject, each scored (about 8 minutes; not part of make test)
 demo-all: develop
 	$(PY) -m skh demo --all-faults
+
+# The full evaluation profile (hours of CPU: see docs/results.md for the last run's cost), then
+# docs/results.md and the README's results section regenerated from its eval.json.
+results: develop
+	$(PY) bench/results.py
 
 bench-quick: develop
 	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done

@@ -208,12 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         n = sum(r["n"] for r in rows)
         kc = sum(round((r["accuracy"] or 0) * r["n"]) for r in rows)
         kt = sum(round((r["type_accuracy"] or 0) * r["n"]) for r in rows)
+        ke = sum(round((r["exact_type_accuracy"] or 0) * r["n"]) for r in rows)
         pooled[key] = {
             "n": n,
             "component": round(kc / n, 4) if n else None,
             "component_ci": _ci(kc, n),
             "type": round(kt / n, 4) if n else None,
             "type_ci": _ci(kt, n),
+            # no class merged (skh.failures.TYPE_CLASSES): what the merges add
+            "exact_type": round(ke / n, 4) if n else None,
         }
     per_type: dict[str, list[int]] = {}
     for p in per_seed:
@@ -237,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         "e2e_component_accuracy_ci": pooled["paper"]["component_ci"],
         "e2e_type_accuracy": pooled["paper"]["type"],
         "e2e_type_accuracy_ci": pooled["paper"]["type_ci"],
+        "e2e_exact_type_accuracy": pooled["paper"]["exact_type"],
+        "spurious_alerts_per_fault": round(
+            sum(
+                (p["result"]["spurious_alerts_per_fault"] or 0) * p["result"]["all_types"]["n"]
+                for p in per_seed
+            )
+            / max(1, sum(p["result"]["all_types"]["n"] for p in per_seed)),
+            3,
+        ),
         "e2e_localized": pooled["paper"]["n"],
         "e2e_all_types": pooled["all"],
         "e2e_per_type": {
@@ -254,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spurious_alerts_per_fault": p["result"]["spurious_alerts_per_fault"],
                 "type_confusion": p["result"]["type_confusion"],
                 "misses": p["result"]["misses"][:6],
+                "spurious": p["result"]["spurious"][:8],
                 "answers_measured": p["answers_measured"],
                 "detect_s": p["detect_s"],
                 "localize_s": p["localize_s"],

@@ -43,6 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="also write eval.json, eval.md and eval.html here")
     p.add_argument("--no-agent", action="store_true", help="skip the agent-cost measurement")
     p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes the independent stages (seeds, ramps, localization, probing) run in "
+        "(default: one per CPU; the result is the same for any N)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="exit 1 when a headline figure misses the CI gate (precision, recall, end-to-end "
@@ -55,11 +62,18 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from skh.errors import ConfigError
     from skh.eval import profile, run_eval
     from skh.eval.report import to_html, to_markdown
 
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"The '--workers' option must be >= 1. Got {args.workers} instead.")
     res = run_eval(
-        profile(args.profile), seeds=args.seed, noise=args.noise, agent=not args.no_agent
+        profile(args.profile),
+        seeds=args.seed,
+        noise=args.noise,
+        agent=not args.no_agent,
+        workers=args.workers,
     )
     if args.out:
         out = Path(args.out)

@@ -27,14 +27,22 @@ One run (:func:`run_eval`) builds the real Lingjun topology scaled to the profil
    so kept out of the deterministic table).
 
 The deterministic part of the result is ``table`` (same seed → same table); wall-clock figures
-live in ``measured`` and ``timings``.
+live in ``measured`` and ``timings``. Each seed's field run (sections 2, 4 and, for the first
+seed, 1, 6 and the agent rates), the ramps, the oracle localization (3) and the probing sweep
+(5) are independent stages: :func:`run_stages` runs them in worker processes and merges them by
+name, so the table is the same for any number of workers; the agent cost (7) is measured after
+the workers are gone.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import multiprocessing
+import os
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -240,9 +248,14 @@ def _overlap(records) -> dict[str, Any]:
     return {"max_concurrent": peak, "overlapping_share": round(over / max(1, len(records)), 3)}
 
 
-def seed_run(fabric: Fabric, profile: Profile, seed: int, regime: Any) -> dict[str, Any]:
+def seed_run(
+    fabric: Fabric, profile: Profile, seed: int, regime: Any, *, first: bool = False
+) -> dict[str, Any]:
     """One seed of the field scenario: the cluster with its noise, probed along the inferred
-    skeleton, the fault plan, detection scored, end-to-end localization, the random list."""
+    skeleton, the fault plan, detection scored, end-to-end localization, the random list.
+    Picklable (a worker process returns it): the simulation itself stays here. ``first``: also
+    the sections read off the first seed's cluster as the run left it (``sim0``: skeleton
+    coverage, agent rates, the probe plan)."""
     sim = Simulation.build(
         fabric,
         profile.jobs,
@@ -272,10 +285,11 @@ def seed_run(fabric: Fabric, profile: Profile, seed: int, regime: Any) -> dict[s
     e2e = e2e_localization(sim, run, detected, skip=gray)
     non_gray = [r for r in run["records"] if r.fault_id not in gray]
     new = [r for r in non_gray if r.fault_id in run["new_job"] and FAULT_SPECS[r.type].in_paper]
-    return {
+    out = {
         "seed": seed,
-        "sim": sim,
-        "run": run,
+        "eps_of": eps_of,
+        # the rounds' inputs stay here: the merge reads records, events and the scores
+        "run": {k: v for k, v in run.items() if k not in ("ticks", "views")},
         "detection": det,
         "e2e": e2e,
         "gray": _gray_curves(run["records"], run["gray"], detected),
@@ -289,6 +303,18 @@ def seed_run(fabric: Fabric, profile: Profile, seed: int, regime: Any) -> dict[s
         "answers": answers_measured(sim),
         "cpu_s": round(cpu, 1),
     }
+    out["first_ttd"] = [
+        (rec.type.name, (ev.detected_ns - rec.start_ns) / 1e9) for rec, ev in _first_events(out)
+    ]
+    if first:
+        out["sim0"] = {
+            "skeleton": skeleton_section(sim, seed, profile.skeleton_s),
+            "rates": _container_rates(sim),
+            "plan": planned_probing(sim, fabric, seed=seed),
+            "ping_pairs": int(sim.pairs.shape[0]),
+            "probe_interval_s": sim.probe_interval_s,
+        }
+    return out
 
 
 # -------------------------------------------------------------------------------- localization
@@ -377,11 +403,7 @@ def _pool(runs: list[dict]) -> dict[str, Any]:
     fp = ev - mt
     p_lo, p_hi = wilson(mt, ev)
     r_lo, r_hi = wilson(de, fa)
-    ttd = [
-        v
-        for r in runs
-        for v in ((ev_.detected_ns - rec.start_ns) / 1e9 for rec, ev_ in _first_events(r))
-    ]
+    ttd = [ttd_s for r in runs for _, ttd_s in r["first_ttd"]]
     healthy = sum(r["healthy_host_h"] for r in runs)
     return {
         "events": ev,
@@ -403,9 +425,7 @@ def _first_events(r: dict):
     """(record, its first matched event) of every detected, non-gray paper-type fault."""
     run = r["run"]
     window_ns = int(DetectorConfig().window_s * 1e9)
-    _, detected = match_events(run["records"], run["events"], window_ns, {})
-    eps_of = _eps_of(r["sim"], run["records"])
-    _, detected = match_events(run["records"], run["events"], window_ns, eps_of)
+    _, detected = match_events(run["records"], run["events"], window_ns, r["eps_of"])
     for rec in run["records"]:
         evs = detected[rec.fault_id]
         if evs and rec.fault_id not in run["gray"] and FAULT_SPECS[rec.type].in_paper:
@@ -426,9 +446,9 @@ def _merge_per_type(runs: list[dict]) -> dict[str, Any]:
             o["events"] += v["events"]
             o["_kind"] += round((v["precision_kind"] or 0) * v["events"])
     for r in runs:
-        for rec, ev in _first_events(r):
-            if rec.type.name in out:
-                out[rec.type.name]["_ttd"].append((ev.detected_ns - rec.start_ns) / 1e9)
+        for name, ttd_s in r["first_ttd"]:
+            if name in out:
+                out[name]["_ttd"].append(ttd_s)
     for o in out.values():
         o["recall"] = round(o["detected"] / o["faults"], 3) if o["faults"] else None
         o["precision_kind"] = round(o.pop("_kind") / o["events"], 3) if o["events"] else None
@@ -560,13 +580,58 @@ def _merge_answers(ans: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _regime_block(fabric: Fabric, profile: Profile, seeds: list[int], regime: Any) -> dict:
-    runs = []
-    for s in seeds:
-        log.info("eval: seed %d (%s)", s, getattr(regime, "name", regime))
-        runs.append(seed_run(fabric, profile, s, regime))
-    head = _pool(runs)
-    return {"runs": runs, "head": head}
+# ----------------------------------------------------------------------------------- stages
+
+
+@functools.lru_cache(maxsize=2)
+def _fabric(hosts: int) -> Fabric:
+    return Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=hosts)
+
+
+def _seed_stage(profile: Profile, seed: int, regime_: Any, first: bool) -> dict[str, Any]:
+    log.info("eval: seed %d (%s)", seed, getattr(regime_, "name", regime_))
+    return seed_run(_fabric(profile.hosts), profile, seed, regime_, first=first)
+
+
+def _localization_stage(profile: Profile, seed: int) -> dict[str, Any]:
+    return localization_section(_fabric(profile.hosts), profile, seed)
+
+
+def _probing_stage(profile: Profile, seed: int) -> dict[str, Any]:
+    return sweep_table(profile.sweep_rnics, seed, duration_s=profile.skeleton_s)
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float, float]:
+    """``fn(*args)`` with the CPU and wall seconds it took (in the process that ran it)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn(*args)
+    return out, time.process_time() - c0, time.perf_counter() - t0
+
+
+def run_stages(
+    stages: list[tuple[str, Any, tuple]], workers: int
+) -> dict[str, tuple[Any, float, float]]:
+    """Run the named stages (each a pure function of its arguments: the simulation and every
+    draw are keyed by the seed) in ``workers`` processes, or here when ``workers`` is 1; the
+    results come back by name, so what the evaluation reports does not depend on which
+    finished first. Stages should come longest first (they are handed out in order)."""
+    if not (workers > 1 and len(stages) > 1):
+        return {name: _timed(fn, *args) for name, fn, args in stages}
+    # fork where there is one: spawn would re-run the caller's main module in every worker (a
+    # script without a ``__main__`` guard breaks) and re-import numpy and scipy there
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(min(workers, len(stages)), mp_context=ctx) as ex:
+        futs = {name: ex.submit(_timed, fn, *args) for name, fn, args in stages}
+        return {name: f.result() for name, f in futs.items()}
+
+
+def default_workers() -> int:
+    """Worker processes for :func:`run_eval`: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def run_eval(
@@ -576,63 +641,72 @@ def run_eval(
     seeds: list[int] | None = None,
     noise: str = "field",
     agent: bool = True,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """The whole evaluation; see the module doc. Headline keys at the top level. Seeds: the
-    given ``seeds`` (or the one ``seed``), else ``profile.seeds`` drawn at run time."""
+    given ``seeds`` (or the one ``seed``), else ``profile.seeds`` drawn at run time. The
+    seeds, the held-out seeds, the ramps, the oracle localization and the probing-cost sweep
+    run as independent stages in ``workers`` processes (default: one per CPU); the result is
+    the same for any number of workers."""
     timings: dict[str, float] = {}
     t_all, cpu_all = time.perf_counter(), time.process_time()
     drawn = seed is None and seeds is None
     seeds = list(seeds) if seeds is not None else ([seed] if seed is not None else None)
     seeds = seeds or draw_seeds(profile.seeds)
     rg = regime(noise)
-
-    def lap(name: str, t0: float) -> None:
-        timings[name] = round(time.perf_counter() - t0, 2)
-        log.info("eval: %s done in %.1f s", name, timings[name])
-
-    fabric = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=profile.hosts)
-
-    t0 = time.perf_counter()
-    main = _regime_block(fabric, profile, seeds, rg)
-    lap("detection", t0)
-    runs = main["runs"]
-    sim0 = runs[0]["sim"]
-
-    t0 = time.perf_counter()
-    skeleton = skeleton_section(sim0, seeds[0], profile.skeleton_s)
-    lap("skeleton", t0)
-
-    heldout = None
+    heavy = REGIMES["field-heavy"]
+    hs: list[int] = []
     if profile.heldout_seeds:
-        t0 = time.perf_counter()
         hs = (
             draw_seeds(profile.heldout_seeds)
             if drawn
             else [s + 7919 for s in seeds][: profile.heldout_seeds]
         )
-        hb = _regime_block(fabric, profile, hs, REGIMES["field-heavy"])
+
+    fabric = _fabric(profile.hosts)
+    # longest first: a seed's field run is most of the CPU
+    stages: list[tuple[str, Any, tuple]] = [
+        (f"seed {s}", _seed_stage, (profile, s, rg, i == 0)) for i, s in enumerate(seeds)
+    ]
+    stages += [(f"heldout {s}", _seed_stage, (profile, s, heavy, False)) for s in hs]
+    stages += [
+        ("ramps", ramp_scenario, (profile, seeds[0], rg)),
+        ("localization", _localization_stage, (profile, seeds[0])),
+        ("probing", _probing_stage, (profile, seeds[0])),
+    ]
+    workers = default_workers() if workers is None else workers
+    pooled = workers > 1 and len(stages) > 1
+    done = run_stages(stages, workers)
+    cpu_children = 0.0
+    for name, (_, cpu_s, wall_s) in done.items():
+        timings[f"{name} cpu"] = round(cpu_s, 2)
+        timings[f"{name} wall"] = round(wall_s, 2)
+        cpu_children += cpu_s
+        log.info("eval: %s done in %.1f s (%.1f s CPU)", name, wall_s, cpu_s)
+    timings["stages"] = round(time.perf_counter() - t_all, 2)
+    timings["workers"] = workers if pooled else 1
+
+    runs = [done[f"seed {s}"][0] for s in seeds]
+    main = {"runs": runs, "head": _pool(runs)}
+    sim0 = runs[0]["sim0"]
+    skeleton = sim0["skeleton"]
+
+    heldout = None
+    if hs:
+        hruns = [done[f"heldout {s}"][0] for s in hs]
         heldout = {
             "regime": "field-heavy",
             "seeds": hs,
-            **{k: hb["head"][k] for k in hb["head"]},
-            "e2e": {k: v for k, v in _merge_e2e(hb["runs"]).items() if k != "misses"},
-            "noise": _merge_noise(hb["runs"]),
+            **_pool(hruns),
+            "e2e": {k: v for k, v in _merge_e2e(hruns).items() if k != "misses"},
+            "noise": _merge_noise(hruns),
         }
-        lap("heldout", t0)
 
-    t0 = time.perf_counter()
-    ramps = ramp_scenario(profile, seeds[0], rg)
-    lap("ramps", t0)
-
-    t0 = time.perf_counter()
-    localization = localization_section(fabric, profile, seeds[0])
+    ramps = done["ramps"][0]
+    localization = done["localization"][0]
     e2e = _merge_e2e(runs)
     localization["end_to_end"] = e2e
-    lap("localization", t0)
-
-    t0 = time.perf_counter()
-    probing = sweep_table(profile.sweep_rnics, seeds[0], duration_s=profile.skeleton_s)
-    lap("probing", t0)
+    probing = done["probing"][0]
 
     head = main["head"]
     fp_total = head["false_events"] + ramps["false_events"]
@@ -681,9 +755,9 @@ def run_eval(
         "per_type": runs[0]["random"]["per_type"],
     }
 
-    rate_p50, rate_max = _container_rates(sim0)
+    rate_p50, rate_max = sim0["rates"]
     # the busiest container as deployed: at the rate the controller's probe plan gives it
-    plan = planned_probing(sim0, fabric, seed=seeds[0])
+    plan = sim0["plan"]
     busiest = plan["busiest_container"]["planned_probes_per_s"]
     run_agent = agent and profile.agent_s > 0
     measured: dict[str, Any] = {
@@ -696,8 +770,11 @@ def run_eval(
         "paper_agent": {"cpu_pct": PAPER["agent_cpu_pct"], "rss_mb": PAPER["agent_rss_mb"]},
     }
     timings["total"] = round(time.perf_counter() - t_all, 2)
-    # CPU seconds of this process: on a shared machine the wall time says little
-    timings["total_cpu"] = round(time.process_time() - cpu_all, 2)
+    # CPU seconds of this process and its stages' workers: on a shared machine the wall time
+    # says little
+    timings["total_cpu"] = round(
+        time.process_time() - cpu_all + (cpu_children if pooled else 0.0), 2
+    )
 
     scale = {
         "topology": "Alibaba Lingjun 2023 (847 hosts, 48 ToR groups, 3 PSW, 1 DSW), "
@@ -707,7 +784,7 @@ def run_eval(
         "rnics": len(fabric.hosts) * fabric.rails,
         "switches": len(fabric.switches),
         "jobs_at_start": profile.jobs,
-        "ping_pairs_at_start": int(sim0.pairs.shape[0]),
+        "ping_pairs_at_start": sim0["ping_pairs"],
         "scaled_down": profile.scaled_down,
         "note": (
             f"scaled DOWN to {len(fabric.hosts)} hosts for the {profile.name} profile; "
@@ -737,7 +814,7 @@ def run_eval(
         "agent_rate": {
             "probes_per_s_container_p50": round(rate_p50, 1),
             "probes_per_s_container_max": round(rate_max, 1),
-            "probe_interval_s": sim0.probe_interval_s,
+            "probe_interval_s": sim0["probe_interval_s"],
         },
         "probe_plan": plan,
     }

@@ -204,6 +204,50 @@ def test_flapping_from_detection_and_from_the_carrier_count():
     assert trk.open[0].key == ("rnic", "host2:rnic0", int(F.RNIC_PORT_DOWN))
 
 
+def test_a_carrier_count_read_before_the_failure_is_not_a_flap():
+    # the collector's first reading of the count (3) is from before the port went down at 5 s;
+    # the next (4) is that one down. Growth from a reading taken before the failure began is
+    # the port's first down, not a flap (before: named flapping on a port that stays down)
+    w = World()
+    w.down.add("host2:rnic0|tor0r0")
+    loc, trk = Localizer(w.cluster), AlertTracker()
+    for now_s, count, age_s in ((6, 3, 10.0), (16, 4, 0.0)):
+        w.reports["host2"] = HostReport(
+            "host2",
+            rnic_state={0: "down"},
+            port_down_count={0: count},
+            age_s={"port_down_count": age_s},
+        )
+        failing = w.failing()
+        s = Suspect(tuple(failing), "unreachable", 5 * 10**9)
+        vs = loc.localize([s], w, healthy_pairs=w.healthy(failing), now_ns=now_s * 10**9)
+        trk.update(vs, now_ns=now_s * 10**9)
+    assert [named(v) for v in vs] == [("rnic", "host2:rnic0", F.RNIC_PORT_DOWN)]
+    assert [v.failure_type for v in trk.open] == [F.RNIC_PORT_DOWN]
+
+
+def test_a_flapping_port_read_up_between_two_downs_is_not_a_dead_rnic():
+    # detection says the pairs flap; the first round reads the RNIC's port down, the next reads
+    # it up (between two downs) while the pairs still fail at it. A port that comes back is no
+    # dead RNIC: still the RNIC's flapping port (before: RNIC_HW_FAILURE, the port read up)
+    w = World()
+    w.down.add("host2:rnic0|tor0r0")
+    loc, trk = Localizer(w.cluster), AlertTracker()
+    for now_s, state in ((6, "down"), (16, "up")):
+        w.reports["host2"] = HostReport("host2", rnic_state={0: state})
+        failing = w.failing()
+        s = Suspect(tuple(failing), "unreachable", 5 * 10**9, flapping=True)
+        vs = loc.localize([s], w, healthy_pairs=w.healthy(failing), now_ns=now_s * 10**9)
+        assert [named(v) for v in vs] == [("rnic", "host2:rnic0", F.RNIC_PORT_FLAPPING)], now_s
+        trk.update(vs, now_ns=now_s * 10**9)
+    # with no reading of the port down, both ports stay open, never a dead RNIC
+    vs = Localizer(w.cluster).localize([s], w, healthy_pairs=w.healthy(failing), now_ns=16 * 10**9)
+    assert {t for t, _p in vs[0].type_candidates} == {
+        F.RNIC_PORT_FLAPPING,
+        F.SWITCH_PORT_FLAPPING,
+    }, vs
+
+
 def test_a_port_that_came_back_is_its_open_alert_not_an_unexplained_one():
     # round 1: host2:rnic0's port is down (detection raised its pairs with other segments).
     # Round 2: the port is up, detection still holds those pairs, their traces cross the port

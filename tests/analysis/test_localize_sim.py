@@ -179,19 +179,10 @@ def _far_rnic(sim, port: str) -> str:
     )
 
 
-_PEER_FLAP = pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 13): a peer RNIC that fails while a port flaps makes the shared "
-    "pairs re-raise as flapping; the rounds start at that re-raise with a fresh tracker and "
-    "name the peer RNIC_PORT_FLAPPING, not down (no rule yet for when a pair's flapping flag "
-    "belongs to which culprit)",
-)
-
-
 @pytest.mark.parametrize("seed", [3, 5])
 @pytest.mark.parametrize(
     "second",
-    [pytest.param(_peer_rnic, marks=_PEER_FLAP), _far_rnic],
+    [_peer_rnic, _far_rnic],
     ids=["peer", "far"],
 )
 def test_second_fault_during_flapping_gets_its_own_alert(seed, second, monkeypatch):

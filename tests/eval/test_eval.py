@@ -13,7 +13,14 @@ import pytest
 
 from skh.eval import MAXIMA, THRESHOLDS, profile, run_eval
 from skh.eval.probing import greedy_probe_matrix, path_links, random_sample_pairs
-from skh.eval.report import to_html, to_markdown
+from skh.eval.report import (
+    README_SECTION,
+    readme_section,
+    replace_readme_section,
+    results_page,
+    to_html,
+    to_markdown,
+)
 from skh.eval.scoring import detection_scores, wilson
 from skh.failures import FailureType
 from skh.model import Fabric
@@ -120,11 +127,14 @@ def test_quick_profile_against_the_gate(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_seed_gives_one_table():
-    """Two runs with one seed agree on every deterministic figure (wall-clock ones live apart).
-    About 40 s of CPU each (end-to-end localization runs rounds through noisy answers), so
-    minutes of wall time on a loaded machine."""
-    a = run_eval(profile("tiny"), 3, agent=False)
-    b = run_eval(profile("tiny"), 3, agent=False)
+    """Two runs with one seed agree on every deterministic figure (wall-clock ones live apart):
+    one runs its stages here, one in two worker processes, so the stages' merge cannot depend
+    on which finished first or in which process. About 40 s of CPU each (end-to-end
+    localization runs rounds through noisy answers), so minutes of wall time on a loaded
+    machine."""
+    a = run_eval(profile("tiny"), 3, agent=False, workers=1)
+    b = run_eval(profile("tiny"), 3, agent=False, workers=2)
+    assert a["timings"]["workers"] == 1 and b["timings"]["workers"] == 2
     det_a, det_b = a["table"]["detection"], b["table"]["detection"]
     det_a.pop("cpu_s_per_seed"), det_b.pop("cpu_s_per_seed")
     assert a["table"] == b["table"]
@@ -142,6 +152,16 @@ def test_one_seed_gives_one_table():
     assert "seeds 3" in md and a["meta"]["commit"][:12] in md
     assert page.startswith("<!doctype html>") and "Probing cost" in page
     assert "Noise measured" in md and "Calibration held out" in md and "Gray faults" in md
+    # the generated pages (make results): every figure from the result, the README's other
+    # sections kept, regenerating twice changes nothing
+    page, section = results_page(a), readme_section(a)
+    assert page.startswith("# Evaluation results") and "Headline" in page and "seeds 3" in page
+    assert section.startswith(README_SECTION) and a["meta"]["commit"][:12] in section
+    assert f"{100 * a['precision']:.1f}%" in section and "docs/results.md" in section
+    readme = (ROOT / "README.md").read_text()
+    once = replace_readme_section(readme, section)
+    assert replace_readme_section(once, section) == once
+    assert once.split(README_SECTION)[0] == readme.split(README_SECTION)[0]
 
 
 # ------------------------------------------------------------------------------------- parts
@@ -232,3 +252,18 @@ def test_random_sample_keeps_the_budget_on_the_rail():
     assert (rail[p[:, 0]] == rail[p[:, 1]]).all() and (host[p[:, 0]] != host[p[:, 1]]).all()
     assert (np.bincount(p[:, 0], minlength=32) == 2).all()
     assert np.array_equal(p, random_sample_pairs(ep, rail, host, deg, seed=5))
+
+
+def test_stages_come_back_by_name_whichever_finishes_first():
+    """The stages' merge: results by name in the order given, the slow first stage's included,
+    the same in worker processes as here, each with its own CPU and wall seconds."""
+    import time
+
+    from skh.eval.harness import run_stages
+
+    stages = [("slow", time.sleep, (0.5,)), ("fast", abs, (-2,)), ("sum", sum, ((1, 2, 3),))]
+    here, pooled = run_stages(stages, 1), run_stages(stages, 2)
+    for done in (here, pooled):
+        assert list(done) == ["slow", "fast", "sum"]
+        assert [v[0] for v in done.values()] == [None, 2, 6]
+        assert done["slow"][2] >= 0.5 and all(v[1] >= 0 for v in done.values())

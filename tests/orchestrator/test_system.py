@@ -95,9 +95,19 @@ def procs(tmp_path):
 
 
 def _status(admin):
-    """The controller's status, each job with its endpoint records (read page by page)."""
-    st = admin.request(MsgType.STATUS, {}, timeout_s=10, want={MsgType.ACK}).body["data"]
-    for job in st["jobs"].values():
+    """The controller's status, each job with its endpoint records (read page by page).
+
+    STATUS and the MEMBERS pages are separate requests: a container registering in between
+    shows up in a page under a job the status did not have yet, so the read starts over.
+    """
+    while True:
+        st = admin.request(MsgType.STATUS, {}, timeout_s=10, want={MsgType.ACK}).body["data"]
+        if _read_members(admin, st["jobs"]):
+            return st
+
+
+def _read_members(admin, jobs) -> bool:
+    for job in jobs.values():
         job["members"] = []
     after = -1
     while True:
@@ -105,9 +115,11 @@ def _status(admin):
             MsgType.MEMBERS, {"after": after}, timeout_s=10, want={MsgType.ACK}
         ).body["data"]
         for m in page["members"]:
-            st["jobs"][m["job"]]["members"].append(m)
+            if m["job"] not in jobs:
+                return False
+            jobs[m["job"]]["members"].append(m)
         if page["next"] is None:
-            return st
+            return True
         after = page["next"]
 
 

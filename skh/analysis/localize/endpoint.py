@@ -148,24 +148,35 @@ def dead_edge_finding(
     tor: str,
     flapping: bool,
     max_age_s: float,
+    downs: frozenset[str] = frozenset(),
 ) -> Finding:
     """An RNIC or its access link no probe crosses any more, when the report names nothing
     wrong: what its fresh, clear flags rule out decides between the switch port (no light
     from the switch), the RNIC's own port and an RNIC that died with its port up (hardware,
-    bond)."""
+    bond). A flapping port comes back, so it is neither dead RNIC, and a port read up now may
+    be one between two downs: which end an earlier reading in the failure saw down
+    (``downs``: "rnic", "peer") decides, else both ports stay open."""
     rnic, link = f"{host}:rnic{rail}", link_name(f"{host}:rnic{rail}", tor)
     fresh = rep is not None
     peer_clear = fresh and rep.known("peer_down", max_age_s=max_age_s)  # type: ignore[union-attr]
     port_clear = fresh and rep.known("rnic_state", max_age_s=max_age_s)  # type: ignore[union-attr]
     bond_clear = fresh and rep.known("bond_degraded", max_age_s=max_age_s)  # type: ignore[union-attr]
-    open_: list[FailureType] = [F.RNIC_HW_FAILURE]
-    if not bond_clear:
-        open_.append(F.BOND_ERROR)
-    if not port_clear:
-        open_.append(F.RNIC_PORT_FLAPPING if flapping else F.RNIC_PORT_DOWN)
-    switch = not peer_clear
-    if switch:
-        open_.append(F.SWITCH_PORT_FLAPPING if flapping else F.SWITCH_PORT_DOWN)
+    open_: list[FailureType] = []
+    if flapping:
+        if "rnic" in downs or not downs:
+            open_.append(F.RNIC_PORT_FLAPPING)
+        if "peer" in downs or not downs:
+            open_.append(F.SWITCH_PORT_FLAPPING)
+        switch = F.SWITCH_PORT_FLAPPING in open_
+    else:
+        open_.append(F.RNIC_HW_FAILURE)
+        if not bond_clear:
+            open_.append(F.BOND_ERROR)
+        if not port_clear:
+            open_.append(F.RNIC_PORT_DOWN)
+        switch = not peer_clear
+        if switch:
+            open_.append(F.SWITCH_PORT_DOWN)
     types = spread(open_)
     first = types[0][0] if types else open_[0]
     evidence = {

@@ -191,6 +191,9 @@ class Localizer:
         self._dumps: dict[tuple[str, int], tuple[float, FlowDiff | None, FlowDiff | None]] = {}
         #: (host, rail) -> carrier-down counts seen, (time, count), oldest first
         self._port_counts: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        #: (host, rail) -> which end read its port down ("rnic": the RNIC's own port; "peer":
+        #: no light from the switch), (time, which), oldest first
+        self._port_downs: dict[tuple[str, int], list[tuple[float, str]]] = {}
         self._switch_paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._n_indexed = 0
         self._rnic_of: dict[tuple[str, int], tuple[int, int]] | None = None
@@ -612,7 +615,10 @@ class Localizer:
         }
         rnic = self._edge_rnic(c)
         symptom = self._worst(w, pairs)
-        flapping = any(p in w.flapping for p in pairs)
+        if rnic is not None:
+            flapping = self._flaps(w, *rnic, pairs)
+        else:
+            flapping = any(p in w.flapping for p in pairs)
         if symptom == "unreachable" and all(t.reached for t in traces):
             # the pairs' outage is not there now: their traces cross the culprit again. An
             # outage that comes and goes is a flapping port; one named already is that one,
@@ -641,7 +647,9 @@ class Localizer:
                 # nothing crosses the RNIC or its access link any more, and its report names
                 # nothing: what its clear flags rule out decides (switch port, RNIC port, an
                 # RNIC dead with its port up), the rest stays open
-                flapping = flapping or self._flapped(host, rail, report(host), now_s)
+                flapping = flapping or self._flapped(
+                    host, rail, report(host), now_s, since_s=now_s - self._failure_age_s(w, pairs)
+                )
                 found = dead_edge_finding(
                     report(host),
                     host,
@@ -649,6 +657,7 @@ class Localizer:
                     tor=self.cluster.fabric.rnic(host, rail).tor,
                     flapping=flapping,
                     max_age_s=self._failure_age_s(w, pairs),
+                    downs=self._downs_seen(host, rail, now_s - self._failure_age_s(w, pairs)),
                 )
                 self._add_finding(w, pairs, found, now_ns, evidence)
                 return
@@ -678,16 +687,18 @@ class Localizer:
         )
         self._settle(w, pairs, ftype)
 
-    @staticmethod
-    def _known_outage(w: _Work, elements: set[str], pairs: Sequence[Pair]) -> Verdict | None:
+    def _known_outage(self, w: _Work, elements: set[str], pairs: Sequence[Pair]) -> Verdict | None:
         """An open alert of an outage that stops forwarding at one of ``elements`` (a culprit,
-        or the RNIC of its access link) on some of these pairs."""
+        or the RNIC of its access link) on some of these pairs: pairs it held, or pairs with an
+        end on its RNIC (every path of such a pair crosses it, so a port that flaps fails them
+        all, whichever pairs the alert was opened on)."""
+        ends = {f"{h}:rnic{r}" for p in pairs for h, r in self._rnics_of(p)}
         for v in w.known:
             if (
                 v.symptom == "unreachable"
                 and v.failure_type in _FORWARDING_OUTAGES
                 and v.component in elements
-                and set(v.pairs) & set(pairs)
+                and (set(v.pairs) & set(pairs) or v.component.partition("|")[0] in ends)
             ):
                 return v
         return None
@@ -796,10 +807,15 @@ class Localizer:
         first = w.first_seen_any if first is None else first
         return max(0.0, w.now_s - first / 1e9)
 
-    def _flapped(self, host: str, rail: int, rep: HostReport | None, now_s: float) -> bool:
+    def _flapped(
+        self, host: str, rail: int, rep: HostReport | None, now_s: float, *, since_s: float
+    ) -> bool:
         """The port's carrier-down count grew within ``flap_window_s`` since a reading taken
-        while the failure was on: it went down, came back and went down again (once down, a
-        port that stays down counts nothing more). Readings are remembered across rounds."""
+        while the failure was on (at or after ``since_s``, when the pairs first failed): it went
+        down, came back and went down again. Once down, a port that stays down counts nothing
+        more; a reading from before the failure began shows the count before its first down,
+        so growth from it is that one down, not a flap. Readings are remembered across
+        rounds."""
         if rep is None or not rep.known("port_down_count") or rail not in rep.port_down_count:
             return False
         seen = self._port_counts.setdefault((host, rail), [])
@@ -809,7 +825,31 @@ class Localizer:
             seen.append((t, n))
         while seen and seen[0][0] < now_s - self.flap_window_s:
             seen.pop(0)
-        return bool(seen) and n - min(c for _t, c in seen) >= 1
+        during = [c for ts, c in seen if ts >= since_s - 1e-6]
+        return bool(during) and n - min(during) >= 1
+
+    def _remember_downs(self, host: str, rail: int, rep: HostReport | None, now_s: float) -> None:
+        """Keep which end a reading saw the port down from: a flapping port read while it is up
+        reads clear, and the readings taken while it was down say whose port it is."""
+        if rep is None:
+            return
+        seen = self._port_downs.setdefault((host, rail), [])
+        for flag, which, down in (
+            ("rnic_state", "rnic", rep.rnic_state.get(rail) == "down"),
+            ("peer_down", "peer", rail in rep.peer_down),
+        ):
+            if down and rep.known(flag):
+                got = (now_s - float(rep.age_s.get(flag, 0.0)), which)
+                if got not in seen:
+                    seen.append(got)
+        while seen and seen[0][0] < now_s - self.flap_window_s:
+            seen.pop(0)
+
+    def _downs_seen(self, host: str, rail: int, since_s: float) -> frozenset[str]:
+        """Which ends read the port down at or after ``since_s`` (see :meth:`_remember_downs`)."""
+        return frozenset(
+            w for t, w in self._port_downs.get((host, rail), ()) if t >= since_s - 1e-6
+        )
 
     def _check_endpoint(
         self,
@@ -827,7 +867,10 @@ class Localizer:
         rate-limited dump)."""
         pairs = list(pairs)
         rep = report(host)
-        flapping = flapping or self._flapped(host, rail, rep, w.now_s)
+        self._remember_downs(host, rail, rep, w.now_s)
+        flapping = flapping or self._flapped(
+            host, rail, rep, w.now_s, since_s=w.now_s - self._failure_age_s(w, pairs)
+        )
         mine = self._rnic_eps(host, rail, pairs)
         containers = {
             self._ep(e).container: f"{self._ep(e).job}/{self._ep(e).container}" for e in mine
@@ -878,6 +921,38 @@ class Localizer:
             return host_board_finding(rep, host, max_age_s=age)
         return None
 
+    def _flaps(self, w: _Work, host: str, rail: int, pairs: Iterable[Pair]) -> bool:
+        """The probes say the RNIC's own port comes and goes: one of ``pairs`` it is on flaps,
+        and not because of its peer there. A pair crosses both its RNICs, so a flapping port
+        makes the pairs it shares with a failing peer flap too: such a pair is the peer's when
+        the peer flaps on pairs without this RNIC, or when this RNIC fails steadily (without
+        flapping) on pairs without that peer — its own port stays down."""
+        me = (host, rail)
+        for p in pairs:
+            if p not in w.flapping or me not in self._rnics_of(p):
+                continue
+            peer = next((r for r in self._rnics_of(p) if r != me), None)
+            if peer is None:
+                return True  # both ends on this RNIC: nothing else to blame
+            without_me = [q for q in w.symptom if peer in self._rnics_of(q)]
+            if any(q in w.flapping and me not in self._rnics_of(q) for q in without_me):
+                continue
+            own = [
+                q
+                for q in w.symptom
+                if me in self._rnics_of(q)
+                and peer not in self._rnics_of(q)
+                and w.symptom[q] == "unreachable"
+            ]
+            if own and not any(q in w.flapping for q in own):
+                continue
+            return True
+        return False
+
+    def _rnics_of(self, p: Pair) -> tuple[tuple[str, int], tuple[str, int]]:
+        a, b = self._ep(p[0]), self._ep(p[1])
+        return (a.host, a.rail), (b.host, b.rail)
+
     def _rnic_eps(self, host: str, rail: int, pairs: Iterable[Pair]) -> set[int]:
         return {
             e for p in pairs for e in p if self._ep(e).host == host and self._ep(e).rail == rail
@@ -923,7 +998,7 @@ class Localizer:
                 containers={
                     self._ep(e).container: f"{self._ep(e).job}/{self._ep(e).container}" for e in eps
                 },
-                flapping=any(p in w.flapping for p in mine),
+                flapping=self._flaps(w, host, rail, mine),
                 max_age_s=self._failure_age_s(w, mine) + _READING_GRACE_S,
             )
             if found is None or found.component in named:
@@ -982,7 +1057,7 @@ class Localizer:
             if not mine:
                 continue
             found = self._check_endpoint(
-                w, host, rail, mine, source, report, any(p in w.flapping for p in mine)
+                w, host, rail, mine, source, report, self._flaps(w, host, rail, mine)
             )
             if found is None:
                 continue
