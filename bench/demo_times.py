@@ -51,9 +51,21 @@ def summarize(reports: list[dict]) -> dict:
     for rep in reports:
         for f in rep.get("faults", ()):
             k = kinds.setdefault(
-                f["truth"]["kind"], {"ok": [], "detect_s": [], "alert_s": [], "resolve_s": []}
+                f["truth"]["kind"],
+                {"ok": [], "detect_s": [], "alert_s": [], "resolve_s": [], "types": {}},
             )
             k["ok"].append(bool(f.get("ok")))
+            # the verdict's type, and whether it is the injected one (by type class)
+            if f.get("detected"):
+                name = (
+                    f"{f['detected'].get('failure_type')}"
+                    + {
+                        True: "",
+                        False: " (not the injected type)",
+                        None: "",
+                    }[f.get("type_ok")]
+                )
+                k["types"][name] = k["types"].get(name, 0) + 1
             for key in ("detect_s", "alert_s", "resolve_s"):
                 if f.get(key) is not None:
                     k[key].append(float(f[key]))
@@ -64,6 +76,7 @@ def summarize(reports: list[dict]) -> dict:
             kind: {
                 "n": len(v["ok"]),
                 "ok": sum(v["ok"]),
+                "verdict_types": v["types"],
                 **{key: stats(v[key]) for key in ("detect_s", "alert_s", "resolve_s")},
             }
             for kind, v in kinds.items()

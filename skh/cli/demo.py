@@ -202,13 +202,18 @@ def run_live(args: argparse.Namespace, console) -> int:
                 progress.advance(task)
         except (SkhError, OSError) as exc:
             error = str(exc)
-            progress.console.print(f"[bold red]demo failed: {exc}[/]")
+            progress.console.print(
+                f"[bold red]demo failed: {exc}[/]\n"
+                f"every process's log (logs/), the controller's and testbed's last state"
+                f" (state.json) and the alert log are kept in {run_dir.resolve()}/ —"
+                " send that directory with a report"
+            )
         finally:
             progress.update(task, description="tearing down")
             left = demo.stop()
             progress.advance(task)
     table = Table(title="Faults vs verdicts")
-    for col in ("fault", "truth", "verdict", "detect", "alert", "resolve", "ok"):
+    for col in ("fault", "truth", "verdict", "type", "detect", "alert", "resolve", "ok"):
         table.add_column(col)
 
     def secs(x: float | None, sign: str = "") -> str:
@@ -221,6 +226,7 @@ def run_live(args: argparse.Namespace, console) -> int:
             t["kind"],
             f"{t['layer']} {comp}",
             f"{d['layer']} {d['component']} ({d['failure_type']})" if d else "—",
+            {True: "[green]right[/]", False: "[yellow]other[/]", None: "—"}[o.type_ok],
             secs(o.detect_s),
             secs(o.alert_s),
             secs(o.resolve_s, "+"),
@@ -253,5 +259,6 @@ def run_live(args: argparse.Namespace, console) -> int:
         "[bold green]every fault was caught, localized and resolved[/]"
         if ok
         else "[bold red]not every fault was caught and localized[/]"
+        f" (logs and state kept in {run_dir.resolve()}/)"
     )
     return 0 if ok else 1

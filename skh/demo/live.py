@@ -24,6 +24,7 @@ from typing import Any
 import zmq
 
 from skh.errors import ConfigError, TestbedError
+from skh.failures import FailureType, class_members
 from skh.model import JobShape
 from skh.orchestrator.admin import ControllerClient, unpack_skeleton
 from skh.orchestrator.alerts import AlertFollower
@@ -181,6 +182,17 @@ class FaultOutcome:
         return self.detected is not None and self.resolved is not None
 
     @property
+    def type_ok(self) -> bool | None:
+        """Whether the placing alert names the injected type (or one nothing the system reads
+        tells apart from it, :func:`skh.failures.class_members`); None: no alert, or the
+        testbed gives the fault no type."""
+        want = self.truth.get("paper_type")
+        if self.detected is None or want is None:
+            return None
+        got = self.detected.get("failure_type_id")
+        return got is not None and int(got) in class_members(FailureType(int(want)))
+
+    @property
     def alert_s(self) -> float | None:
         """Fault → the alert that places it (on the bus)."""
         if self.detected is None:
@@ -217,6 +229,7 @@ class FaultOutcome:
             "detect_s": self.detect_s,
             "alert_s": self.alert_s,
             "resolve_s": self.resolve_s,
+            "type_ok": self.type_ok,
         }
 
 
@@ -340,18 +353,11 @@ class LiveDemo:
         self.spec = spec
         self.run_dir = Path(run_dir)
         self.say = say
-        self.tb = Testbed(spec.testbed_spec(), prefix=spec.prefix)
+        # every process's output stays in the run directory after teardown: a failed run is
+        # diagnosed from it (the testbed's own log directory goes with the testbed)
+        self.tb = Testbed(spec.testbed_spec(), prefix=spec.prefix, log_dir=self.run_dir / "logs")
         self.cluster = self.tb.cluster()
-        L = self.tb.layout
-        ip = L.mgmt_root_ip()
-        p = spec.port_base
-        self.addr = {
-            "router": f"tcp://{ip}:{p}",
-            "pub": f"tcp://{ip}:{p + 1}",
-            "pull": f"tcp://{ip}:{p + 10}",
-            "alerts": f"tcp://{ip}:{p + 11}",
-            "replay": f"tcp://{ip}:{p + 12}",
-        }
+        self.addr = self._addresses()
         self.ring: Keyring | None = None
         self.enrol_dir = self.run_dir / "enrol"
         self._own_enrol_dir = False  # a temporary directory of ours (the run's path is too long)
@@ -363,6 +369,18 @@ class LiveDemo:
         self.timeline: list[tuple[int, str]] = []
         self.t_start_ns = 0
         self.t_end_ns = 0
+
+    def _addresses(self) -> dict[str, str]:
+        """The daemons' sockets, on the management network's root address (which ``tb.up()``
+        may move off the prefix's preferred subnet when another testbed holds it)."""
+        ip, p = self.tb.layout.mgmt_root_ip(), self.spec.port_base
+        return {
+            "router": f"tcp://{ip}:{p}",
+            "pub": f"tcp://{ip}:{p + 1}",
+            "pull": f"tcp://{ip}:{p + 10}",
+            "alerts": f"tcp://{ip}:{p + 11}",
+            "replay": f"tcp://{ip}:{p + 12}",
+        }
 
     # -- identities ---------------------------------------------------------------------------
     def make_keys(self) -> None:
@@ -558,6 +576,13 @@ class LiveDemo:
         return path
 
     def start(self) -> None:
+        """Everything up, every job on its inferred skeleton."""
+        self.start_daemons()
+        self.start_traffic()
+
+    def start_daemons(self) -> None:
+        """The testbed, the keys and every daemon, until each endpoint is ready and each host's
+        underlay agent registered."""
         if os.geteuid() != 0:
             raise TestbedError("the live demo needs root (network namespaces); try --sim")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -568,6 +593,7 @@ class LiveDemo:
             f"{len(L.placements)} containers, {len(self.cluster.endpoints)} endpoints"
         )
         tb.up()
+        self.addr = self._addresses()
         for name in ("registry.db", "alerts.log"):
             with contextlib.suppress(FileNotFoundError):
                 (self.run_dir / name).unlink()
@@ -614,8 +640,12 @@ class LiveDemo:
                 self.sidecar_argv(c), ns=L.container_ns(c.host, c.slot), role=f"ov-{c.name}"
             )
         self._wait_ready()
+
+    def start_traffic(self) -> None:
+        """The jobs' training traffic, until the analyzer inferred each job's skeleton."""
         from skh.testbed.traffic import TrafficConfig
 
+        tb, spec = self.tb, self.spec
         cfg = TrafficConfig(period_s=spec.period_s, slot_s=spec.period_s / 4)
         t0 = (time.time_ns() // 1_000_000_000 + 3) * 1_000_000_000
         for job in self.tb.spec.effective_jobs():
@@ -798,8 +828,29 @@ class LiveDemo:
         return self.outcomes
 
     # -- teardown -----------------------------------------------------------------------------
+    def dump_state(self) -> Path:
+        """What the run looked like just before teardown, beside the daemons' logs: the
+        testbed's processes (alive or not) and the controller's view (agents, readiness,
+        counters, rejected connections). Best effort: a dead controller is noted, not raised."""
+        state: dict[str, Any] = {"ts_ns": time.time_ns(), "timeline": self.timeline}
+        try:
+            state["testbed"] = self.tb.status()
+        except Exception as exc:  # the testbed never came up
+            state["testbed"] = {"error": repr(exc)}
+        if self.client is not None:
+            try:
+                state["controller"] = self.client.status(timeout_s=3.0)
+            except Exception as exc:
+                state["controller"] = {"error": repr(exc)}
+        path = self.run_dir / "state.json"
+        with contextlib.suppress(OSError):
+            path.write_text(json.dumps(state, indent=1, default=str))
+        return path
+
     def stop(self) -> dict[str, Any]:
         self.t_end_ns = time.time_ns()
+        if self.run_dir.exists():
+            self.dump_state()
         if self.bus is not None:
             self.bus.close()
         if self.client is not None:

@@ -122,7 +122,7 @@ def simulate(*, seed: int = 1, duration_s: int = 360, say=print) -> dict[str, An
             "kind": rec.name,
             "layer": rec.layer,
             "component": rec.component,
-            "paper_type": int(rec.type) if int(rec.type) <= 19 else None,
+            "paper_type": int(rec.type),
         }
         out = FaultOutcome(truth, int(rec.start_ns), int(rec.end_ns))
         out.detected = next(

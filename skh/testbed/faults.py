@@ -18,14 +18,15 @@ Kinds (layer, component, paper failure type):
 * ``switch_down``: a ToR's bridge goes down while its ports keep carrier (a silent failure):
   underlay, the ToR, type 4.
 * ``fdb_blackhole``: a host's VXLAN FDB entry of a peer VTEP is deleted: overlay,
-  (VTEP, remote VTEP), type 16.
+  (VTEP, remote VTEP), type 23 (overlay black hole, ours).
 * ``overlay_loop``: two hosts' routes to a third host's containers point at each other
-  (TTL-bounded): overlay, (VTEP a, VTEP b).
+  (TTL-bounded): overlay, (VTEP a, VTEP b), type 22 (ours).
 * ``slow_path``: one flow's (or one RNIC's) frames detoured through a userspace delay relay
   (tc u32 + mirred), standing in for flows evicted from the RNIC: rnic, the RNIC, type 15.
 * ``agent_crash``: SIGKILL a process (respawned on clear when the testbed started it): endpoint,
-  the agent's name.
-* ``agent_hang``: SIGSTOP a process (SIGCONT on clear): endpoint, the agent's name.
+  the agent's name, type 20 (ours).
+* ``agent_hang``: SIGSTOP a process (SIGCONT on clear): endpoint, the agent's name, type 21 (a
+  late agent: alive, answering nothing).
 * ``container_crash``: the container's VFs are deleted and its processes killed (both restored on
   clear): endpoint, the container, type 17.
 """
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skh.errors import ConfigError, TestbedError
+from skh.failures import FailureType
 from skh.testbed import netns as nx
 from skh.testbed.counters import oper_up
 from skh.testbed.testbed import ProcRecord, Testbed, wait_ready
@@ -75,6 +77,8 @@ class FaultTruth:
     kind: str
     layer: str  # underlay | rnic | overlay | endpoint
     component: str | tuple[str, str]
+    #: a :class:`skh.failures.FailureType` value (1-19 the paper's Table 1, 20-23 the
+    #: monitor's own: agents, overlay loops and black holes); None where no type fits
     paper_type: int | None
     detail: dict[str, Any] = field(default_factory=dict)
     t_inject_ns: int = 0
@@ -418,7 +422,7 @@ class Faults:
             "fdb_blackhole",
             "overlay",
             (self.L.vtep_name(g, r), self.L.vtep_name(g2, r)),
-            16,
+            int(FailureType.OVERLAY_BLACKHOLE),
             {
                 "host": host,
                 "peer": peer,
@@ -450,7 +454,7 @@ class Faults:
             "overlay_loop",
             "overlay",
             (L.vtep_name(a, r), L.vtep_name(b, r)),
-            None,
+            int(FailureType.OVERLAY_LOOP),
             {"hosts": list(hosts), "dst_host": dst_host, "rail": r, "prefix": net},
         )
         return truth, undo
@@ -641,7 +645,7 @@ class Faults:
             "agent_crash",
             "endpoint",
             name or (rec.role if rec and rec.role else f"pid{pid}"),
-            None,
+            int(FailureType.AGENT_CRASH),
             {"pid": pid, "ns": rec.ns if rec else None, "respawn": rec is not None},
         )
         return truth, undo
@@ -666,7 +670,8 @@ class Faults:
             "agent_hang",
             "endpoint",
             name or (rec.role if rec and rec.role else f"pid{pid}"),
-            None,
+            # alive but answering nothing: what the host agent reports as a late agent
+            int(FailureType.LATE_AGENT),
             {"pid": pid, "ns": rec.ns if rec else None},
         )
         return truth, undo

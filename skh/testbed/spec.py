@@ -21,7 +21,10 @@ management bridge                ``<P>mgmt`` (ns), br0        root side ``<P>mgm
 ===============================  ==========================  =====================================
 
 Management addresses: host *g* 10.M.1.(g+1), container (g, k) 10.M.(2+g).(k+1), where M is
-250 for the default prefix and 200-249 (a hash of the prefix) otherwise (:attr:`Layout.mgmt_octet`).
+250 for the default prefix and 200-249 (a hash of the prefix) otherwise (:attr:`Layout.mgmt_octet`),
+or, when another device of the root namespace already holds that /16 (a testbed whose prefix
+hashes alike: ``skhe``, ``skhf``, ``skhl`` and ``skhm`` all give 209), the next free one
+(:meth:`Testbed.up` chooses, the state file keeps it).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from skh.errors import ConfigError
 from skh.model import JobShape
 
-__all__ = ["JobSpec", "TestbedSpec", "Layout", "DEFAULT_PREFIX", "MTU", "OVERLAY_MTU"]
+__all__ = ["JobSpec", "TestbedSpec", "Layout", "DEFAULT_PREFIX", "MTU", "OVERLAY_MTU", "owns"]
 
 DEFAULT_PREFIX = "skht"
 MTU = 9000
@@ -41,6 +44,27 @@ MTU = 9000
 OVERLAY_MTU = MTU - 50
 MGMT_OCTET = 250
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,5}$")
+
+
+#: what follows the prefix in the name of a namespace, root link or nft table a testbed makes
+_OWNED_SUFFIX = r"(?:h\d+|c\d+x\d+|t\d+r\d+|s\d+|mgmt|_f\d+)"
+
+
+def owns(prefix: str, name: str) -> bool:
+    """Whether ``name`` is one of the objects a testbed of ``prefix`` makes (see the table
+    above). Matching the whole name, not its start: prefix ``skhd``'s clean-up must leave a
+    testbed of ``skhd2`` (or ``skhdbi``) running beside it alone."""
+    return re.fullmatch(re.escape(prefix) + _OWNED_SUFFIX, name) is not None
+
+
+def preferred_mgmt_octet(prefix: str) -> int:
+    """The management /16 a prefix asks for first. The root namespace routes it, so two
+    testbeds up at once (tests of two worktrees, say) need different ones: the default prefix
+    keeps 10.250/16, any other one of 10.200-249 from a hash of its name (which collides: 50
+    slots; :meth:`Testbed.up` moves on to a free one)."""
+    if prefix == DEFAULT_PREFIX:
+        return MGMT_OCTET
+    return 200 + zlib.crc32(prefix.encode()) % 50
 
 
 def _check_int(owner: str, name: str, value: object, lo: int, hi: int) -> None:
@@ -177,6 +201,9 @@ class Layout:
             )
         self.spec = spec
         self.prefix = prefix
+        #: second octet of this testbed's management /16: the preferred one until
+        #: :meth:`Testbed.up` chose a free one
+        self.mgmt_octet = preferred_mgmt_octet(prefix)
         self.placements: tuple[Placement, ...] = self._place()
         self.by_container: dict[str, Placement] = {c.name: c for c in self.placements}
 
@@ -296,15 +323,6 @@ class Layout:
     #: the host side of every VF answers as this MAC (a routed vSwitch, Calico style)
     GW_MAC = "ee:ee:ee:ee:ee:ee"
     GW_IP = "169.254.1.1"
-
-    @property
-    def mgmt_octet(self) -> int:
-        """Second octet of this testbed's management /16. The root namespace routes it, so two
-        testbeds up at once (tests of two worktrees, say) need different ones: the default
-        prefix keeps 10.250/16, any other takes one of 10.200-249 from a hash of its name."""
-        if self.prefix == DEFAULT_PREFIX:
-            return MGMT_OCTET
-        return 200 + zlib.crc32(self.prefix.encode()) % 50
 
     def mgmt_root_ip(self) -> str:
         return f"10.{self.mgmt_octet}.0.1"

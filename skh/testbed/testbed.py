@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -28,10 +29,26 @@ import skh
 from skh.errors import TestbedError
 from skh.model import Cluster, Container, Endpoint, Fabric, Host, Job, Rnic, Switch
 from skh.testbed import netns as nx
-from skh.testbed.spec import DEFAULT_PREFIX, MTU, OVERLAY_MTU, Layout, Placement, TestbedSpec
+from skh.testbed.spec import (
+    DEFAULT_PREFIX,
+    MTU,
+    OVERLAY_MTU,
+    Layout,
+    Placement,
+    TestbedSpec,
+    owns,
+    preferred_mgmt_octet,
+)
 from skh.testbed.traffic import TrafficConfig, plan_document, plan_job
 
-__all__ = ["Testbed", "ProcRecord", "default_state_dir", "cleanup_stale"]
+__all__ = [
+    "Testbed",
+    "ProcRecord",
+    "default_state_dir",
+    "cleanup_stale",
+    "choose_mgmt_octet",
+    "mgmt_octets_in_use",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +104,44 @@ def default_state_dir(prefix: str = DEFAULT_PREFIX) -> Path:
     return STATE_ROOT / prefix
 
 
+#: held while a testbed chooses its management /16 and builds (testbeds of other prefixes
+#: coming up at the same moment must not both take the same free one)
+MGMT_LOCK = Path("/run/lock/skh-testbed-mgmt.lock")
+
+
+def mgmt_octets_in_use() -> set[int]:
+    """Second octets of the 10.x.0.0/16 networks that a root-namespace address or route already
+    reaches into (a route as wide as the /16 or wider loses to our connected route and does not
+    count)."""
+    used: set[int] = set()
+    nets: list[str] = []
+    addrs = nx.run(["ip", "-j", "-4", "addr", "show"], check=False).stdout or "[]"
+    for link in json.loads(addrs):
+        nets += [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", ())]
+    routes = nx.run(["ip", "-j", "-4", "route", "show", "table", "all"], check=False).stdout
+    nets += [r["dst"] for r in json.loads(routes or "[]") if r.get("dst", "default") != "default"]
+    for text in nets:
+        with contextlib.suppress(ValueError):
+            net = ipaddress.ip_network(text, strict=False)
+            if net.prefixlen >= 16 and net.network_address in ipaddress.ip_network("10.0.0.0/8"):
+                used.add(net.network_address.packed[1])
+    return used
+
+
+def choose_mgmt_octet(prefix: str, used: set[int]) -> int:
+    """The prefix's preferred management octet, or the next free one of 200-250 after it."""
+    first = preferred_mgmt_octet(prefix)
+    span = list(range(200, 251))
+    start = span.index(first)
+    for octet in span[start:] + span[:start]:
+        if octet not in used:
+            return octet
+    raise TestbedError(
+        "no free management subnet: 10.200.0.0/16 to 10.250.0.0/16 are all in use in the root"
+        " namespace (other testbeds up?)"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ProcRecord:
     """A process the testbed started (and will stop)."""
@@ -119,12 +174,12 @@ def _python_env() -> dict[str, str]:
     return env
 
 
+def _namespaces(prefix: str) -> list[str]:
+    return [n for n in nx.list_netns(prefix) if owns(prefix, n)]
+
+
 def _root_links(prefix: str) -> list[str]:
-    out = []
-    for name in os.listdir("/sys/class/net"):
-        if name.startswith(prefix):
-            out.append(name)
-    return out
+    return sorted(n for n in os.listdir("/sys/class/net") if owns(prefix, n))
 
 
 def _root_nft_tables(prefix: str) -> list[tuple[str, str]]:
@@ -134,7 +189,7 @@ def _root_nft_tables(prefix: str) -> list[tuple[str, str]]:
     out = []
     for line in res.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "table" and parts[2].startswith(prefix):
+        if len(parts) == 3 and parts[0] == "table" and owns(prefix, parts[2]):
             out.append((parts[1], parts[2]))
     return out
 
@@ -147,7 +202,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, state_dir: Path | None = None) -
     state = _load_state_file(state_dir)
     recorded = [ProcRecord.from_dict(p) for p in (state or {}).get("processes", ())]
     pids = [p.pid for p in recorded if p.alive()]
-    names = nx.list_netns(prefix)
+    names = _namespaces(prefix)
     inodes = {i for i in (nx.netns_inode(n) for n in names) if i is not None}
     pids += nx.pids_in_netns(inodes)
     pids = sorted(set(pids))
@@ -157,7 +212,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, state_dir: Path | None = None) -
     if names:
         nx.ip_batch((f"netns del {n}" for n in names), check=False)
         # a namespace whose mount point is half gone still fails "netns del"; retry one by one
-        for n in nx.list_netns(prefix):
+        for n in _namespaces(prefix):
             nx.run(["ip", "netns", "del", n], check=False)
         counts["namespaces"] = len(names)
     for fam, name in _root_nft_tables(prefix):
@@ -187,11 +242,11 @@ def _wait_gone(prefix: str, timeout_s: float = 10.0) -> None:
     """Namespace teardown is asynchronous in the kernel: wait until the root links are gone."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _root_links(prefix) and not nx.list_netns(prefix):
+        if not _root_links(prefix) and not _namespaces(prefix):
             return
         time.sleep(0.05)
     raise TestbedError(
-        f"testbed {prefix!r} teardown left {nx.list_netns(prefix)}"
+        f"testbed {prefix!r} teardown left {_namespaces(prefix)}"
         f" namespaces and {_root_links(prefix)} links"
     )
 
@@ -242,11 +297,15 @@ class Testbed:
         *,
         prefix: str = DEFAULT_PREFIX,
         state_dir: str | Path | None = None,
+        log_dir: str | Path | None = None,
     ) -> None:
         self.layout = Layout(spec, prefix)
         self.spec = spec
         self.prefix = prefix
         self.state_dir = Path(state_dir) if state_dir else default_state_dir(prefix)
+        #: where spawned processes write their output; None: the state directory's ``logs/``,
+        #: which ``down`` removes (a kept directory is what one sends when a run fails)
+        self.log_dir = Path(log_dir) if log_dir else None
 
     @classmethod
     def load(cls, prefix: str = DEFAULT_PREFIX, state_dir: str | Path | None = None) -> Testbed:
@@ -255,7 +314,9 @@ class Testbed:
         state = _load_state_file(sd)
         if state is None:
             raise TestbedError(f"no testbed is up under prefix {prefix!r} (no {sd / 'state.json'})")
-        return cls(TestbedSpec.from_dict(state["spec"]), prefix=state["prefix"], state_dir=sd)
+        tb = cls(TestbedSpec.from_dict(state["spec"]), prefix=state["prefix"], state_dir=sd)
+        tb.layout.mgmt_octet = int(state["mgmt"]["root_ip"].split(".")[1])
+        return tb
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -294,23 +355,37 @@ class Testbed:
         t1 = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
-        orig = _read_gc_thresh()
-        state = self._describe()
-        state["gc_thresh_orig"] = orig
-        state["processes"] = []
-        state["faults"] = []
-        state["next_fault"] = 1
-        # written first so that a failed build is still cleaned up by down() / the next up()
-        self.state_path.write_text(json.dumps(state, indent=1))
-        try:
-            nx.write_sysctls(
-                None, {k: max(o, w) for k, o, w in zip(_GC_THRESH, orig, _GC_WANT, strict=True)}
-            )
-            self._build()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                cleanup_stale(self.prefix, self.state_dir)
-            raise
+        MGMT_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        with open(MGMT_LOCK, "a") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+            # two root devices on one /16 route it to the older one: this testbed's agents
+            # would never reach its controller ("0 of 4 host agents registered")
+            self.layout.mgmt_octet = choose_mgmt_octet(self.prefix, mgmt_octets_in_use())
+            if self.layout.mgmt_octet != preferred_mgmt_octet(self.prefix):
+                log.warning(
+                    "testbed %s: management subnet 10.%d.0.0/16 is taken, using %s",
+                    self.prefix,
+                    preferred_mgmt_octet(self.prefix),
+                    self.layout.mgmt_net(),
+                )
+            orig = _read_gc_thresh()
+            state = self._describe()
+            state["gc_thresh_orig"] = orig
+            state["processes"] = []
+            state["faults"] = []
+            state["next_fault"] = 1
+            # written first so that a failed build is still cleaned up by down() / the next up()
+            self.state_path.write_text(json.dumps(state, indent=1))
+            try:
+                nx.write_sysctls(
+                    None,
+                    {k: max(o, w) for k, o, w in zip(_GC_THRESH, orig, _GC_WANT, strict=True)},
+                )
+                self._build()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    cleanup_stale(self.prefix, self.state_dir)
+                raise
         t2 = time.monotonic()
         log.info(
             "testbed %s up: %d namespaces in %.2f s",
@@ -818,13 +893,13 @@ class Testbed:
     ) -> ProcRecord:
         """Start ``argv`` inside namespace ``ns`` (None: the root namespace), tracked so that
         :meth:`down` stops it. ``python -m skh...`` children find this skh package. Its output
-        goes to ``log_path`` (default: a file under the state directory, which ``down`` removes)."""
+        goes to ``log_path`` (default: a file under :attr:`log_dir`)."""
         self.state()  # raises unless the testbed is up: never start what down() would not stop
         argv = tuple(str(a) for a in argv)
         if argv and argv[0] == "python":
             argv = (sys.executable, *argv[1:])
         if log_path is None:
-            logdir = self.state_dir / "logs"
+            logdir = self.log_dir or self.state_dir / "logs"
             logdir.mkdir(parents=True, exist_ok=True)
             log_path = (
                 logdir / f"{role or Path(argv[0]).name}-{ns or 'root'}-{time.monotonic_ns()}.log"
@@ -912,7 +987,7 @@ class Testbed:
     # -- status -------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         state = self.state()
-        present = set(nx.list_netns(self.prefix))
+        present = set(_namespaces(self.prefix))
         want = state["namespaces"]
         procs = [ProcRecord.from_dict(p) for p in state.get("processes", ())]
         return {

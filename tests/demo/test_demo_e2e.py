@@ -27,6 +27,7 @@ import pytest
 from skh.demo.live import DemoSpec, LiveDemo, matches
 from skh.errors import RequestRefused, RequestTimeout
 from skh.orchestrator.admin import ControllerClient
+from skh.testbed.spec import owns
 
 pytestmark = [
     pytest.mark.root,
@@ -49,11 +50,11 @@ LAYER = {
 
 
 def _ours(prefix: str, run_dir: Path) -> dict[str, list]:
-    links = [n for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
+    links = [n for n in os.listdir("/sys/class/net") if owns(prefix, n)]
     netns = [
         n
         for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
-        if n.startswith(prefix)
+        if owns(prefix, n)
     ]
     procs = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -158,6 +159,8 @@ def test_each_fault_is_localized_on_its_layer_and_component(run, kind):
     )
     assert out.detected["layer"] == LAYER[kind]
     assert matches(out.truth, out.detected)
+    # and typed as injected (the FDB black hole's truth once said 16, an offloading fault)
+    assert out.type_ok, (out.truth["paper_type"], out.detected["failure_type"])
     assert out.detected["ts_ns"] >= out.injected_ns
     # the report's times: the detection event comes first, the placing alert after it
     assert 0 < out.detect_s <= out.alert_s

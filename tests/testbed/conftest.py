@@ -19,6 +19,7 @@ from skh.collect import trace
 from skh.model import JobShape
 from skh.testbed import JobSpec, Testbed, TestbedSpec
 from skh.testbed.netns import in_netns, list_netns, pids_in_netns, socket_in
+from skh.testbed.spec import owns
 from skh.testbed.testbed import OWNER_ENV
 
 #: CI and ``make demo`` use the default; on a shared development machine another prefix keeps
@@ -41,11 +42,11 @@ def leftovers(prefix: str = PREFIX) -> dict[str, list]:
     """Everything of ``prefix`` still present: namespaces, root links, nft tables, processes (the
     ones a testbed of ``prefix`` spawned, by the owner mark in their environment, so another
     prefix's testbed running beside this one does not count)."""
-    links = [n for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
+    links = [n for n in os.listdir("/sys/class/net") if owns(prefix, n)]
     tables = []
     res = os.popen("nft list tables 2>/dev/null").read()
     for line in res.splitlines():
-        if line.split()[-1:] and line.split()[-1].startswith(prefix):
+        if line.split()[-1:] and owns(prefix, line.split()[-1]):
             tables.append(line)
     mark = f"{OWNER_ENV}={prefix}".encode()
     procs = []
@@ -60,7 +61,8 @@ def leftovers(prefix: str = PREFIX) -> dict[str, list]:
             except OSError:
                 continue
             procs.append((int(entry), cmd))
-    return {"namespaces": list_netns(prefix), "links": links, "nft": tables, "processes": procs}
+    namespaces = [n for n in list_netns(prefix) if owns(prefix, n)]
+    return {"namespaces": namespaces, "links": links, "nft": tables, "processes": procs}
 
 
 def assert_clean(prefix: str = PREFIX) -> None:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from skh.errors import ConfigError
+from skh.failures import FailureType
 from skh.testbed.counters import CounterEntry, NetnsCounters
 from skh.testbed.faults import Faults
 
@@ -198,6 +199,7 @@ def test_packet_loss_drops_the_set_share_and_only_big_frames_when_asked(testbed,
 def test_fdb_blackhole_breaks_one_direction_of_one_rail_between_two_hosts(testbed, tbh, faults):
     truth = faults.inject("fdb_blackhole", host="host0", peer="host3", rail=0)
     assert (truth.layer, truth.component) == ("overlay", ("host0:vx0", "host3:vx0"))
+    assert truth.paper_type == FailureType.OVERLAY_BLACKHOLE  # not 16, an offloading fault
     cluster = testbed.cluster()
     src = testbed.counter_source()
     vtep = NetnsCounters([CounterEntry(0, testbed.layout.host_ns(0), "vx0")])
@@ -222,6 +224,7 @@ def test_fdb_blackhole_breaks_one_direction_of_one_rail_between_two_hosts(testbe
 def test_overlay_loop_answers_time_exceeded_from_the_looping_vteps(testbed, tbh, faults):
     truth = faults.inject("overlay_loop", hosts=("host0", "host1"), dst_host="host3", rail=1)
     assert (truth.layer, truth.component) == ("overlay", ("host0:vx1", "host1:vx1"))
+    assert truth.paper_type == FailureType.OVERLAY_LOOP
     res = over(testbed, tbh, "c0x0", "c3x0", 1, n=4)
     assert res.arrived == 0 and errno.EHOSTUNREACH in res.errors
     L = testbed.layout
@@ -265,6 +268,7 @@ def test_agent_crash_kills_the_agent_and_clear_restarts_it(testbed, tbh, faults)
     assert rec.alive() and rec.pid in tbh.procs_in(ns)
     truth = faults.inject("agent_crash", pid=rec.pid)
     assert (truth.layer, truth.component) == ("endpoint", "agent-c1x1")
+    assert truth.paper_type == FailureType.AGENT_CRASH
     assert not rec.alive()
     cleared = faults.clear(truth.id)
     new = testbed.find_process(cleared.detail["respawned_pid"])
@@ -276,6 +280,7 @@ def test_agent_hang_stops_and_clear_resumes(testbed, faults):
     rec = testbed.spawn(["sleep", "600"], ns=testbed.container_ns("c1x0"), role="agent-c1x0")
     truth = faults.inject("agent_hang", pid=rec.pid, name="agent-c1x0")
     assert (truth.layer, truth.component) == ("endpoint", "agent-c1x0")
+    assert truth.paper_type == FailureType.LATE_AGENT
     assert _state(rec.pid) == "T"
     faults.clear(truth.id)
     assert _state(rec.pid) == "S"

@@ -14,7 +14,8 @@ import pytest
 from skh.errors import ConfigError, TestbedError
 from skh.model import JobShape
 from skh.testbed import JobSpec, Layout, Testbed, TestbedSpec
-from skh.testbed.testbed import cleanup_stale
+from skh.testbed.spec import owns, preferred_mgmt_octet
+from skh.testbed.testbed import choose_mgmt_octet, cleanup_stale, mgmt_octets_in_use
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -95,16 +96,16 @@ def test_up_removes_leftovers_of_a_crashed_run(tbh):
                 "ip",
                 "link",
                 "add",
-                f"{tbh.PREFIX}stray0",
+                f"{tbh.PREFIX}s7",
                 "type",
                 "veth",
                 "peer",
                 "name",
-                f"{tbh.PREFIX}stray1",
+                f"{tbh.PREFIX}s8",
             ],
             check=True,
         )
-        subprocess.run(["nft", "add", "table", "inet", f"{tbh.PREFIX}_stray"], check=True)
+        subprocess.run(["nft", "add", "table", "inet", f"{tbh.PREFIX}_f99"], check=True)
         time.sleep(0.1)
         tb.state_path.unlink()
         removed = cleanup_stale(tbh.PREFIX)
@@ -167,3 +168,72 @@ def test_cli_up_fault_status_down(tbh):
     finally:
         cleanup_stale(tbh.PREFIX)
     tbh.assert_clean()
+
+
+def test_a_testbed_owns_its_names_only_not_a_longer_prefixs():
+    assert owns("skhd", "skhdh0") and owns("skhd", "skhdc3x1") and owns("skhd", "skhdt1r3")
+    assert owns("skhd", "skhds1") and owns("skhd", "skhdmgmt") and owns("skhd", "skhd_f12")
+    # another engineer's (or another run's) testbed under a prefix that starts like ours
+    for other in ("skhd2h0", "skhd2mgmt", "skhdbic0x1", "skhdbimgmt", "skhd2_f1", "skhdstray"):
+        assert not owns("skhd", other), other
+
+
+def test_a_taken_management_subnet_moves_to_the_next_free_one():
+    first = preferred_mgmt_octet("skhm")
+    assert preferred_mgmt_octet("skhe") == first == 209  # the hash collides: 50 slots
+    assert choose_mgmt_octet("skhm", set()) == first
+    assert choose_mgmt_octet("skhm", {first}) == first + 1
+    assert choose_mgmt_octet("skht", {250}) == 200  # wraps
+    with pytest.raises(TestbedError, match="no free management subnet"):
+        choose_mgmt_octet("skhm", set(range(200, 251)))
+
+
+def _alike_prefixes(base: str) -> tuple[str, str] | None:
+    """Two prefixes of ours, the second extending the first, both asking for the same
+    management subnet."""
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    for a in (base + c for c in chars):
+        want = preferred_mgmt_octet(a)
+        tails = [c for c in chars] + [c + d for c in chars for d in chars]
+        for b in (a + t for t in tails if len(a + t) <= 6):
+            if preferred_mgmt_octet(b) == want:
+                return a, b
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_two_testbeds_on_alike_prefixes_coexist_and_tear_down_apart(tbh):
+    """The start failure of the demo on a shared machine ("0 of 32 endpoints ready, 0 of 4 host
+    agents registered"): another testbed held the same management /16, so the root namespace
+    sent this one's replies to the other's bridge; and a prefix that starts like another's
+    tore that one down too."""
+    pair = _alike_prefixes(tbh.PREFIX) if len(tbh.PREFIX) <= 4 else None
+    if pair is None:
+        pytest.skip(f"no two alike prefixes extend {tbh.PREFIX!r} within 6 characters")
+    spec = TestbedSpec(
+        hosts=2, rnics_per_host=1, hosts_per_segment=2, spines=1, containers_per_host=1
+    )
+    a, b = (Testbed(spec, prefix=p) for p in pair)
+
+    def reach(tb: Testbed) -> bool:
+        ping = ["ping", "-c", "1", "-W", "2", tb.layout.mgmt_root_ip()]
+        cmd = ["ip", "netns", "exec", tb.layout.host_ns(1), *ping]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+    try:
+        a.up()
+        b.up()
+        assert a.layout.mgmt_octet != b.layout.mgmt_octet
+        assert {a.layout.mgmt_octet, b.layout.mgmt_octet} <= mgmt_octets_in_use()
+        assert reach(a) and reach(b)
+        assert Testbed.load(b.prefix).layout.mgmt_root_ip() == b.layout.mgmt_root_ip()
+        a.down()
+        tbh.assert_clean(a.prefix)
+        assert not b.status()["namespaces_missing"]
+        assert reach(b)
+    finally:
+        a.down()
+        b.down()
+    tbh.assert_clean(a.prefix)
+    tbh.assert_clean(b.prefix)
