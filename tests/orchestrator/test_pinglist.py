@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from skh.errors import TopologyError
 from skh.model import same_rail_pairs
-from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
+from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, page_records
 from skh.wire import Codec, MsgType
 
 
@@ -139,8 +139,9 @@ def test_lists_are_counted_and_shown_in_part_without_listing_them(layout, data):
     limit=st.integers(1, 16),
 )
 def test_pages_of_shared_records_follow_every_change(ids, changes, limit):
-    """Snapshot pages copy records encoded once; whatever order endpoints arrive in and whatever
-    changes between reads, the pages read after the change are the controller's state."""
+    """Snapshot pages are cut from the job's columns and kept; whatever order endpoints arrive
+    in and whatever changes between reads, the pages read after the change are the
+    controller's state."""
     codec = Codec()
     j = JobPingLists("j")
     for ep in ids:  # not always increasing: a page's records stay in id order
@@ -164,6 +165,6 @@ def read_pages(codec, j, limit):
     out, after = [], -1
     while after is not None:
         page = codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, j.snapshot(after, limit)))
-        out += page.body["endpoints"]
+        out += page_records(page.body["records"])
         after = page.body["next"]
     return out
