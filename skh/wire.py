@@ -499,7 +499,7 @@ _INDEX = np.dtype("<u2")
 def encode_records(fixed: np.ndarray, text: Mapping[str, tuple[list[str], np.ndarray]]) -> dict:
     """A page of endpoint records: ``fixed`` (:data:`ENDPOINT_DTYPE` rows) and, per field of
     :data:`ENDPOINT_TEXT`, ``(values, index)``: the distinct strings and each row's index into
-    them. About 20 bytes a record where a map per record took ~100 (field names in every one)."""
+    them. 20-40 bytes a record where a map per record took ~100 (field names in every one)."""
     if fixed.size > PAGE_MAX:
         raise ProtocolError(f"a page holds at most {PAGE_MAX} records, not {fixed.size}")
     out = encode_columns(fixed, ENDPOINT_DTYPE)

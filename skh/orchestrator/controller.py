@@ -23,7 +23,7 @@ announced before it is durable. Large answers are paged (snapshots, members, key
 
 A registration costs the same in a job of ten endpoints or of ten thousand: its answer carries
 no snapshot (the agent reads the pages with SYNC), and a snapshot page is cut from the job's
-record columns (:func:`skh.wire.encode_records`, about 20 bytes a record) and kept until one of
+record columns (:func:`skh.wire.encode_records`, 20-40 bytes a record) and kept until one of
 its records changes.
 """
 
