@@ -9,16 +9,19 @@ whose process is killed mid-run is restarted by Ray and restored: nothing lost, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import pytest
 import ray
 
 from skh.demo.simmode import SimRun
+from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.shard.merge import alert_key, event_key
 
 pytestmark = pytest.mark.slow
@@ -49,13 +52,38 @@ def _run(
 ):
     """(per round: events, alerts) of the scripted run; ``shards`` 0 is the single process.
     ``tor_groups``: the detector pools loss evidence over each ToR's endpoints too."""
+
+    with (
+        mock.patch.object(Pipeline, "set_endpoints", _pooling_over_tors)
+        if tor_groups
+        else (contextlib.nullcontext())
+    ):
+        return _run_in(shards, kill_at, checkpoint_rounds, max_cell_endpoints)
+
+
+def _pooling_over_tors(self, members, skeleton_versions=None):
+    """Pipeline.set_endpoints, then the detector told each endpoint's ToR from the pipeline's
+    own model: a pipeline that wires the detector's ToR pooling in (the single process, the
+    sharded coordinator, whose placement must follow, and the shards alike)."""
+    changed = _SET_ENDPOINTS(self, members, skeleton_versions)
+    if self.cluster is not None:
+        tors: dict[str, int] = {}
+        tor = [
+            tors.setdefault(self.fabric.hosts[e.host].rnic(e.rail).tor, len(tors))
+            for e in self.cluster.endpoints
+        ]
+        self.detector.set_endpoint_groups(np.array(tor, np.int64))
+    return changed
+
+
+_SET_ENDPOINTS = Pipeline.set_endpoints
+
+
+def _run_in(shards, kill_at, checkpoint_rounds, max_cell_endpoints):
     from skh.orchestrator.shard import ShardedPipeline, ShardOptions
 
     run = SimRun(seed=3, script=SCRIPT)
     pipe = run.pipe
-    tor = run.sim.index.rnic_tor[run.sim.eps.rnic].astype(np.int64)
-    if tor_groups and not shards:
-        pipe.detector.set_endpoint_groups(tor)
     if shards:
         pipe = ShardedPipeline(
             pipe.cfg,
@@ -70,8 +98,6 @@ def _run(
                 max_cell_endpoints=max_cell_endpoints,
             ),
         )
-        if tor_groups:  # as the single process's detector was told: placement follows
-            pipe.detector.set_endpoint_groups(tor)
         pipe.set_endpoints(
             {"ep": e.ep_id, "job": e.job, "container": e.container, "host": e.host}
             | {"rail": e.rail, "ip": e.ip}

@@ -151,6 +151,8 @@ class ShardedPipeline(Pipeline):
         self._members_version = 0
         #: the detector's corroboration groupings (model ids -> group id), as it was given them
         self._groups: tuple[np.ndarray, ...] = ()
+        self._groups_due = False  # groupings not placed yet
+        self._registering = False  # inside set_endpoints
         n = opt.shards
         self._heartbeats: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(n)]
         self._retire: list[list[int]] = [[] for _ in range(n)]
@@ -184,9 +186,15 @@ class ShardedPipeline(Pipeline):
         (the skeleton versions stay here: :meth:`_install` numbers what they propose)."""
         rows = tuple({k: m[k] for k in _MEMBER_KEYS if k in m} for m in members)
         before = self._members_sig
-        if not super().set_endpoints(rows, skeleton_versions):
-            return False
+        self._registering = True  # groupings set on the way are placed with the new rows
+        try:
+            if not super().set_endpoints(rows, skeleton_versions):
+                return False
+        finally:
+            self._registering = False
         if self._members_sig == before and self._members:
+            if self._groups_due:
+                self._place()
             return True
         self._members = rows
         self._place()
@@ -199,12 +207,14 @@ class ShardedPipeline(Pipeline):
         """The detector's endpoint groupings (model ids): the shards' detectors get them with
         the registry, and cells sharing a group are placed together (:mod:`.placement`)."""
         self._groups = tuple(np.asarray(g, np.int64).copy() for g in groups)
-        if self._members:
+        self._groups_due = True
+        if self._members and not self._registering:
             self._place()
 
     def _place(self) -> None:
         """(Re)place the registry's endpoints with the groupings in controller ids; every shard
         gets the registry and groupings with its next round."""
+        self._groups_due = False
         ctl = self._to_ctl
         groups = []
         for g in self._groups:
