@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from skh.errors import TopologyError
 from skh.model import same_rail_pairs
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, page_records
-from skh.wire import Codec, MsgType
+from skh.wire import ENDPOINT_TEXT, Codec, MsgType
 
 
 def _job(layout, ready=()):
@@ -168,3 +168,17 @@ def read_pages(codec, j, limit):
         out += page_records(page.body["records"])
         after = page.body["next"]
     return out
+
+
+def test_text_tables_stay_bounded_by_the_values_records_hold():
+    # an agent re-registering with a new address each time: the job's table of addresses is
+    # rebuilt from the live records instead of growing for ever, and pages stay right
+    codec = Codec()
+    j = JobPingLists("j")
+    for ep in range(4):
+        j.upsert(EndpointInfo(ep, "j", f"c{ep}", "h", 0, ip="10.0.0.1", port=ep))
+    for k in range(300):
+        j.upsert(EndpointInfo(0, "j", "c0", "h", 0, ip=f"10.1.{k // 256}.{k % 256}", port=0))
+        got = read_pages(codec, j, 2)
+        assert got == [j.endpoints[ep].to_wire() for ep in range(4)]
+    assert len(j._strings[list(ENDPOINT_TEXT).index("ip")]) <= 2 * 4 + 64 + 1
