@@ -82,8 +82,9 @@ def _secure(sock: zmq.Socket, keys: str, name: str) -> None:
 
 
 def _page_header(raw: bytes) -> tuple[MsgType, dict]:
-    """An envelope's type and body with its ``endpoints`` skipped (not built): what the load
-    generator reads of a snapshot page."""
+    """An envelope's type and body with its records skipped (not built): what the load
+    generator reads of a snapshot page (``records``; ``endpoints``, one map per record, from a
+    controller before the columnar pages)."""
     u = msgpack.Unpacker(raw=False, max_buffer_size=len(raw))
     u.feed(raw)
     env: dict = {}
@@ -95,7 +96,7 @@ def _page_header(raw: bytes) -> tuple[MsgType, dict]:
             continue
         for _ in range(u.read_map_header()):
             field = u.unpack()
-            if field == "endpoints":
+            if field in ("records", "endpoints"):
                 u.skip()
             else:
                 body[field] = u.unpack()

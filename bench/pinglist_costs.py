@@ -2,11 +2,12 @@
 
 Per job size (hosts x 8 RNICs, every endpoint ready): the controller's memory per endpoint in
 its ping lists; the job snapshot an agent reads, every page (bytes; time to encode it cold,
-when every record is encoded, and warm, copied from the records encoded once: what SYNCs cost
-the controller since issue 19); what an agent pays to decode the pages and build its lists, and
-per readiness change to recompute one endpoint's targets; and the size of the preload list, counted
-(:func:`skh.model.same_rail_pair_count`) and, up to ``--list-max-hosts``, listed
-(:meth:`JobPingLists.active_pairs`, what ``skh job``/``skh status`` did).
+every page cut from the record columns, and warm, each page as cached until a record in it
+changes: what SYNCs cost the controller since issue 19); what an agent pays to decode the
+pages and build its lists, and per readiness change to recompute one endpoint's targets; and
+the size of the preload list, counted (:func:`skh.model.same_rail_pair_count`) and, up to
+``--list-max-hosts``, listed (:meth:`JobPingLists.active_pairs`, what ``skh job``/``skh status``
+did).
 
 Prints one JSON object. ``--quick``: 128 and 1,280 hosts; default adds 10,240 (one job of
 81,920 endpoints).
@@ -72,7 +73,7 @@ def measure(hosts: int, list_max_hosts: int) -> dict:
     frames = pages()  # cold: every record is encoded on the way
     encode_s = time.perf_counter() - t
     t = time.perf_counter()
-    pages()  # warm: the records encoded once are copied
+    pages()  # warm: the pages cached
     serve_s = time.perf_counter() - t
     t = time.perf_counter()
     agent = JobPingLists.from_snapshot(merge_snapshot_pages([codec.decode(f).body for f in frames]))

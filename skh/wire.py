@@ -7,7 +7,8 @@ and decodes envelopes, checks the body of each known type against a small schema
 
 Bulk data is columnar: a probe or counter batch carries one raw little-endian byte string per
 field of :data:`~skh.records.PROBE_DTYPE` / :data:`~skh.records.COUNTER_DTYPE` plus the row count,
-so neither side builds one Python object per probe::
+so neither side builds one Python object per probe (a snapshot page's endpoint records likewise:
+:func:`encode_records`)::
 
     codec = Codec()
     frame = codec.encode(MsgType.PROBE_BATCH, "agent-1", 7, probe_batch_body("agent-1", records))
@@ -42,7 +43,10 @@ __all__ = [
     "decode_counters",
     "pack_pairs",
     "unpack_pairs",
-    "PackedList",
+    "ENDPOINT_DTYPE",
+    "ENDPOINT_TEXT",
+    "encode_records",
+    "decode_records",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_ELEMENTS",
     "NAME_MAX",
@@ -204,8 +208,8 @@ _SCHEMAS: dict[MsgType, dict[str, tuple[Any, bool, int]]] = {
     MsgType.JOB_SNAPSHOT: {
         "job": (str, True, NAME_MAX),
         "version": (int, True, 0),
-        # [{ep, container, host, rail, ip, port, gid, qpn, ready}]: one page
-        "endpoints": (list, True, _BIG),
+        # one page of endpoint records, columnar: encode_records
+        "records": (dict, True, 3),
         "skeleton_version": (int, True, 0),
         "skeleton": ((bytes, type(None)), True, _BIG),
         "next": ((int, type(None)), False, 0),  # the next page starts after this endpoint id
@@ -330,32 +334,6 @@ def _ext_hook(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not part of the protocol")
 
 
-class PackedList(list):
-    """A body field's list whose items are already msgpack-encoded (``bytes`` each): what many
-    frames share is encoded once (a job's endpoint records, served in every snapshot page) and
-    copied into each frame. :meth:`Codec.encode` writes the items as they are; the receiver
-    decodes an ordinary list."""
-
-    __slots__ = ()
-
-
-def _pack_envelope(envelope: dict[str, Any], body: Mapping[str, Any]) -> bytes:
-    """The envelope with its body packed field by field, :class:`PackedList` items copied."""
-    p = msgpack.Packer(use_bin_type=True)
-    parts = [p.pack_map_header(len(envelope) + 1)]
-    for k, v in envelope.items():
-        parts += (p.pack(k), p.pack(v))
-    parts += (p.pack("body"), p.pack_map_header(len(body)))
-    for k, v in body.items():
-        parts.append(p.pack(k))
-        if isinstance(v, PackedList):
-            parts.append(p.pack_array_header(len(v)))
-            parts += v
-        else:
-            parts.append(p.pack(v))
-    return b"".join(parts)
-
-
 class Codec:
     """Encode/decode envelopes with a frame-size limit, counting every rejection by reason.
 
@@ -397,10 +375,7 @@ class Codec:
         _check_body(mtype, body)
         envelope = {"v": WIRE_VERSION, "type": mtype.value, "sender": sender, "seq": int(seq)}
         try:
-            if any(isinstance(v, PackedList) for v in body.values()):
-                frame = _pack_envelope(envelope, body)
-            else:
-                frame = msgpack.packb({**envelope, "body": body}, use_bin_type=True)
+            frame = msgpack.packb({**envelope, "body": body}, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ProtocolError(f"{mtype.value}: body is not plain data: {exc}") from None
         if len(frame) > self.max_frame_bytes:
@@ -502,6 +477,68 @@ def decode_columns(body: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
     for name in names:
         out[name] = np.frombuffer(cols[name], dtype=dtype.fields[name][0])  # type: ignore[index]
     return out
+
+
+#: an endpoint record's fixed-width fields, one column each in a snapshot page
+ENDPOINT_DTYPE = np.dtype(
+    [("ep", "<u4"), ("rail", "u1"), ("port", "<u2"), ("qpn", "<u4"), ("ready", "u1")]
+)
+#: its text fields and their caps (characters): each column is the page's distinct values and
+#: one little-endian u16 index into them per record (a page has at most PAGE_MAX records)
+ENDPOINT_TEXT: dict[str, int] = {
+    "job": NAME_MAX,
+    "container": NAME_MAX,
+    "host": NAME_MAX,
+    "ip": 64,
+    "gid": 64,
+    "netdev": 64,
+}
+_INDEX = np.dtype("<u2")
+
+
+def encode_records(fixed: np.ndarray, text: Mapping[str, tuple[list[str], np.ndarray]]) -> dict:
+    """A page of endpoint records: ``fixed`` (:data:`ENDPOINT_DTYPE` rows) and, per field of
+    :data:`ENDPOINT_TEXT`, ``(values, index)``: the distinct strings and each row's index into
+    them. 20-40 bytes a record where a map per record took ~100 (field names in every one)."""
+    if fixed.size > PAGE_MAX:
+        raise ProtocolError(f"a page holds at most {PAGE_MAX} records, not {fixed.size}")
+    out = encode_columns(fixed, ENDPOINT_DTYPE)
+    out["text"] = {
+        f: [list(text[f][0]), np.asarray(text[f][1]).astype(_INDEX).tobytes()]
+        for f in ENDPOINT_TEXT
+    }
+    return out
+
+
+def decode_records(body: Any) -> tuple[np.ndarray, dict[str, list[str]]]:
+    """The inverse of :func:`encode_records`, checked whole before anything is built: ``n`` at
+    most :data:`PAGE_MAX`, every column ``n`` entries, every index within its values, every
+    value a string within its field's cap. Returns the fixed columns and each text field's
+    value per record."""
+    if not isinstance(body, dict) or not isinstance(body.get("text"), dict):
+        raise ProtocolError("records: a map with 'n', 'cols' and 'text' expected")
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > PAGE_MAX:
+        raise ProtocolError(f"records: {n} in one page (at most {PAGE_MAX})")
+    fixed = decode_columns(body, ENDPOINT_DTYPE)
+    n = fixed.size
+    text: dict[str, list[str]] = {}
+    for f, cap in ENDPOINT_TEXT.items():
+        col = body["text"].get(f)
+        if not isinstance(col, list) or len(col) != 2:
+            raise ProtocolError(f"records: text column {f!r} is not [values, index]")
+        values, index = col
+        if not isinstance(values, list) or not isinstance(index, bytes) or len(values) > n:
+            raise ProtocolError(f"records: text column {f!r} malformed")
+        if len(index) != n * _INDEX.itemsize:
+            raise ProtocolError(f"records: text column {f!r} index is not {n} x 2 bytes")
+        if not all(isinstance(v, str) and len(v) <= cap for v in values):
+            raise ProtocolError(f"records: a {f!r} value is not a string of <= {cap} characters")
+        ix = np.frombuffer(index, _INDEX)
+        if n and int(ix.max()) >= len(values):
+            raise ProtocolError(f"records: a {f!r} index is past its {len(values)} values")
+        text[f] = [values[i] for i in ix.tolist()]
+    return fixed, text
 
 
 def probe_batch_body(

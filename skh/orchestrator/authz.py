@@ -147,9 +147,15 @@ class KeyBook:
     the ZAP thread and the daemon's loop may read it at any time. ``version`` grows with every
     change."""
 
-    def __init__(self, trusted_dir: str = "", *, reload_s: float = 2.0) -> None:
+    def __init__(
+        self, trusted_dir: str = "", *, reload_s: float = 2.0, full_scan_s: float = 30.0
+    ) -> None:
         self.trusted_dir = trusted_dir
         self.reload_s = reload_s
+        #: every file of the directory is looked at this often, or when the directory changed
+        self.full_scan_s = full_scan_s
+        self._dir_stamp: tuple | None = None
+        self._next_full = 0.0
         self._lock = threading.Lock()
         self._static: dict[str, Identity] = {}
         self._dynamic: dict[str, Identity] = {}
@@ -202,13 +208,22 @@ class KeyBook:
 
     def refresh(self, *, force: bool = False, now: float | None = None) -> bool:
         """Re-read the trusted directory if it changed (checked every ``reload_s``); returns
-        whether the view changed. Removing a certificate file revokes its key."""
+        whether the view changed. Removing a certificate file revokes its key.
+
+        A certificate added, removed or renamed moves the directory's own stamp, seen within
+        ``reload_s``; only then is every file looked at (and every ``full_scan_s``, for one
+        rewritten in place): stat-ing 10,240 certificates every 2 s took 45 % of a loaded
+        controller's CPU (``bench/controller_load.py``)."""
         if not self.trusted_dir:
             return False
         now = time.monotonic() if now is None else now
         if not force and now < self._next_check:
             return False
         self._next_check = now + self.reload_s
+        stamp = _dir_stamp(self.trusted_dir)
+        if not force and stamp is not None and stamp == self._dir_stamp and now < self._next_full:
+            return False
+        self._dir_stamp, self._next_full = stamp, now + self.full_scan_s
         sig = _dir_signature(self.trusted_dir)
         if not force and sig == self._dir_sig:
             return False
@@ -254,6 +269,19 @@ class KeyBook:
 
     def dynamic(self) -> list[Identity]:
         return list(self._dynamic.values())
+
+
+def _dir_stamp(d: str) -> tuple | None:
+    """The directory's own identity and change times; None while they are too fresh to tell
+    (a filesystem's clock ticks coarsely: a second change in the tick of the first, after this
+    look, would leave the stamp as it is)."""
+    try:
+        st = os.stat(os.path.expandvars(d))
+    except OSError:
+        return None
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < 2_000_000_000:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _dir_signature(d: str) -> tuple:

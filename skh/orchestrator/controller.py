@@ -22,8 +22,9 @@ requests, commits the registry once, then publishes and answers: nothing is ackn
 announced before it is durable. Large answers are paged (snapshots, members, key bindings).
 
 A registration costs the same in a job of ten endpoints or of ten thousand: its answer carries
-no snapshot (the agent reads the pages with SYNC), and each endpoint's record is encoded once
-and copied into every page and announcement that carries it until the endpoint changes.
+no snapshot (the agent reads the pages with SYNC), and a snapshot page is cut from the job's
+record columns (:func:`skh.wire.encode_records`, 20-40 bytes a record) and kept until one of
+its records changes.
 """
 
 from __future__ import annotations

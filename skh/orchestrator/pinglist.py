@@ -21,14 +21,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from skh.errors import ProtocolError, TopologyError
 from skh.model import same_rail_pair_count, same_rail_pairs
-from skh.wire import NAME_MAX, PAGE_MAX, MsgType, PackedList, pack_pairs, unpack_pairs
+from skh.wire import (
+    ENDPOINT_DTYPE,
+    ENDPOINT_TEXT,
+    NAME_MAX,
+    PAGE_MAX,
+    MsgType,
+    decode_records,
+    encode_records,
+    pack_pairs,
+    unpack_pairs,
+)
 
-__all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages"]
+__all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages", "page_records"]
+
+_TEXT = tuple(ENDPOINT_TEXT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +145,33 @@ def _str_field(v: Any, cap: int) -> str:
     return v
 
 
+def page_records(records: Any) -> list[dict[str, Any]]:
+    """A snapshot page's endpoint records (:func:`skh.wire.encode_records`) as wire maps, the
+    form :meth:`EndpointInfo.from_wire` checks; the page's layout is checked first."""
+    fixed, text = decode_records(records)
+    ep, rail, port, qpn = (fixed[f].tolist() for f in ("ep", "rail", "port", "qpn"))
+    ready = (fixed["ready"] != 0).tolist()
+    return [
+        {"ep": ep[k], "rail": rail[k], "port": port[k], "qpn": qpn[k], "ready": ready[k]}
+        | {f: text[f][k] for f in _TEXT}
+        for k in range(fixed.size)
+    ]
+
+
 def merge_snapshot_pages(pages: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """One JOB_SNAPSHOT body from its pages (each carries the job's version and skeleton; a
-    change between pages means the copy is stale: ProtocolError, ask again)."""
+    """One JOB_SNAPSHOT body from its pages, their records as wire maps under ``endpoints``
+    (each page carries the job's version and skeleton; a change between pages means the copy
+    is stale: ProtocolError, ask again)."""
     first = pages[0]
     for p in pages[1:]:
         if (p["job"], p["version"]) != (first["job"], first["version"]):
             raise ProtocolError(f"job {first['job']} changed while its snapshot was paged")
-    return {**first, "endpoints": [e for p in pages for e in p["endpoints"]], "next": None}
+    head = {k: v for k, v in first.items() if k != "records"}
+    return {
+        **head,
+        "endpoints": [e for p in pages for e in page_records(p["records"])],
+        "next": None,
+    }
 
 
 class JobPingLists:
@@ -159,44 +189,98 @@ class JobPingLists:
         self.plan: dict[str, Any] | None = None
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._order: list[int] = []  # endpoint ids sorted, for paging
-        #: beside ``_order``, each endpoint's record msgpack-encoded once (None until first
-        #: sent), shared by every snapshot page and announcement that carries it until the
-        #: endpoint changes: a page is a slice of this list
-        self._packed: list[bytes | None] = []
+        #: beside ``_order`` (row i is ``_order[i]``, capacity beyond): each record's fixed
+        #: fields and its text fields as ids into ``_strings`` (one table per text field), what
+        #: a snapshot page is cut from without touching the records one by one. Brought up to
+        #: date when a page is asked for (an agent's copy never serves one): ``_stale`` names
+        #: the endpoints changed since, ``_rebuild`` says every row is
+        self._fixed = np.zeros(0, ENDPOINT_DTYPE)
+        self._text = np.zeros((0, len(_TEXT)), np.uint32)
+        self._strings: list[list[str]] = [[] for _ in _TEXT]
+        self._intern: list[dict[str, int]] = [{} for _ in _TEXT]
+        self._stale: list[int] = []
+        self._rebuild = False
+        #: encoded pages by first row (pages an agent walks start at multiples of their limit):
+        #: (limit, records), dropped when a row in them changes
+        self._pages: dict[int, tuple[int, dict[str, Any]]] = {}
 
     def store(self, info: EndpointInfo) -> None:
-        """Put one endpoint record; every change goes through here so its encoded record is
-        dropped (re-encoded once when next sent)."""
+        """Put one endpoint record; every change goes through here, so the page holding it is
+        encoded again when next asked for."""
         order = self._order
         if info.ep not in self.endpoints:
             if order and info.ep < order[-1]:
-                i = bisect.bisect_left(order, info.ep)
-                order.insert(i, info.ep)
-                self._packed.insert(i, None)
+                order.insert(bisect.bisect_left(order, info.ep), info.ep)
+                self._rebuild = True  # every later row moved
             else:  # ids are handed out in increasing order: appending is the rule
                 order.append(info.ep)
-                self._packed.append(None)
-        else:
-            self._packed[bisect.bisect_left(order, info.ep)] = None
         self.endpoints[info.ep] = info
+        if not self._rebuild:
+            self._stale.append(info.ep)
+            self._rebuild = len(self._stale) > len(order)  # cheaper to redo them all
         self._arrays = None
 
-    def _page(self, i: int, j: int) -> PackedList:
-        """The encoded records of ``_order[i:j]`` (encoding those not encoded yet)."""
-        page = self._packed[i:j]
-        if None in page:
-            for k, raw in enumerate(page):
-                if raw is None:
-                    info = self.endpoints[self._order[i + k]]
-                    page[k] = self._packed[i + k] = msgpack.packb(info.to_wire())
-        return PackedList(page)
+    def _columns(self) -> None:
+        """Bring the columns up to date with the records, dropping the pages that changed."""
+        n = len(self._order)
+        if self._rebuild:
+            rows: Iterable[int] = range(n)
+            self._pages.clear()
+            self._fixed = np.zeros(0, ENDPOINT_DTYPE)
+        elif self._stale:
+            rows = sorted({bisect.bisect_left(self._order, ep) for ep in self._stale})
+        else:
+            return
+        if n > self._fixed.size:
+            cap = max(64, 2 * n)
+            fixed, text = np.zeros(cap, ENDPOINT_DTYPE), np.zeros((cap, len(_TEXT)), np.uint32)
+            k = min(self._fixed.size, n)
+            fixed[:k], text[:k] = self._fixed[:k], self._text[:k]
+            self._fixed, self._text = fixed, text
+        for i in rows:
+            info = self.endpoints[self._order[i]]
+            self._fixed[i] = (info.ep, info.rail, info.port, info.qpn, info.ready)
+            self._text[i] = [self._intern_text(k, getattr(info, f)) for k, f in enumerate(_TEXT)]
+            for start, (limit, _rec) in list(self._pages.items()):
+                if start <= i < start + limit:
+                    del self._pages[start]
+        self._stale, self._rebuild = [], False
 
-    def _records(self, eps: Iterable[int]) -> PackedList:
-        out = PackedList()
-        for ep in eps:
-            i = bisect.bisect_left(self._order, ep)
-            out += self._page(i, i + 1)
-        return out
+    def _intern_text(self, k: int, value: str) -> int:
+        ids = self._intern[k]
+        got = ids.get(value)
+        if got is None:
+            if len(ids) > 2 * len(self._order) + 64:  # values no record holds any more
+                self._reintern(k)
+            got = ids[value] = len(self._strings[k])
+            self._strings[k].append(value)
+        return got
+
+    def _reintern(self, k: int) -> None:
+        """Rebuild text table ``k`` from the values the records hold now (a job whose agents
+        re-register with new addresses would otherwise grow it without bound)."""
+        n = len(self._order)
+        live, inv = np.unique(self._text[:n, k], return_inverse=True)
+        self._strings[k] = [self._strings[k][u] for u in live.tolist()]
+        self._intern[k] = {v: j for j, v in enumerate(self._strings[k])}
+        self._text[:n, k] = inv.reshape(-1)
+
+    def _page(self, i: int, limit: int) -> dict[str, Any]:
+        """Rows ``i`` to ``i + limit`` encoded as a page's records (:func:`encode_records`)."""
+        self._columns()
+        hit = self._pages.get(i)
+        if hit is not None and hit[0] == limit:
+            return hit[1]
+        j = min(i + limit, len(self._order))
+        text = {}
+        for k, f in enumerate(_TEXT):
+            uniq, inv = np.unique(self._text[i:j, k], return_inverse=True)
+            table = self._strings[k]
+            text[f] = ([table[u] for u in uniq.tolist()], inv.reshape(-1))
+        rec = encode_records(self._fixed[i:j], text)
+        if i % limit == 0:  # where an agent's walk starts its pages: one cached page per row
+            self._pages[i] = (limit, rec)
+        return rec
 
     # -- controller side: mutations ------------------------------------------------------------
     def upsert(self, info: EndpointInfo) -> dict[str, Any] | None:
@@ -229,9 +313,10 @@ class JobPingLists:
 
     def announce_ready(self, eps: list[int]) -> dict[str, Any]:
         """The READY_ANNOUNCE body of endpoints marked ready since the last announcement (one
-        version step; their records are encoded once, shared with the snapshot pages)."""
+        version step)."""
         self.version += 1
-        return {"job": self.job, "version": self.version, "endpoints": self._records(eps)}
+        records = [self.endpoints[ep].to_wire() for ep in eps]
+        return {"job": self.job, "version": self.version, "endpoints": records}
 
     def set_ready(self, eps: Iterable[int]) -> dict[str, Any] | None:
         """Mark endpoints ready and announce them at once; returns the READY_ANNOUNCE body (None
@@ -299,7 +384,7 @@ class JobPingLists:
         return {
             "job": self.job,
             "version": self.version,
-            "endpoints": self._page(i, i + limit),
+            "records": self._page(i, limit),
             "skeleton_version": self.skeleton_version,
             "skeleton": None if self.skeleton is None else pack_pairs(self.skeleton),
             "next": self._order[i + limit - 1] if more else None,
@@ -308,6 +393,10 @@ class JobPingLists:
     # -- agent side ----------------------------------------------------------------------------
     @classmethod
     def from_snapshot(cls, body: Mapping[str, Any]) -> JobPingLists:
+        """A copy built from a snapshot: one page's body, or pages merged
+        (:func:`merge_snapshot_pages`)."""
+        if "records" in body:
+            body = merge_snapshot_pages([body])
         out = cls(str(body["job"]), version=int(body["version"]))
         for d in body["endpoints"]:
             if not isinstance(d, Mapping):

@@ -8,6 +8,7 @@ import numpy as np
 import zmq
 
 from skh.orchestrator.controller import Controller
+from skh.orchestrator.pinglist import page_records
 from skh.wire import MsgType, job_topic, pack_pairs
 
 
@@ -55,7 +56,8 @@ def test_register_ready_announce_once_and_snapshot(cfg, ctx, client, run_daemon,
         assert _register(b, "b", "h1", [_ep("j", "c1", 0, 2000)])["snapshots"] == []
         snap = b.request(MsgType.SYNC, {"job": "j"}, want={MsgType.JOB_SNAPSHOT}).body
         assert snap["version"] == 1 and snap["next"] is None
-        assert {e["ep"]: e["ready"] for e in snap["endpoints"]} == {0: True, 1: True, 2: False}
+        got = page_records(snap["records"])
+        assert {e["ep"]: e["ready"] for e in got} == {0: True, 1: True, 2: False}
         # ready of someone else's endpoint is refused
         env = b.request(MsgType.READY, {"agent": "b", "endpoints": [0]}, want={MsgType.ACK})
         assert not env.body["ok"]
@@ -230,7 +232,9 @@ def test_a_job_larger_than_a_page_is_read_in_pages(cfg, ctx, client, run_daemon)
         first = client(router, "x").request(
             MsgType.SYNC, {"job": "big"}, want={MsgType.JOB_SNAPSHOT}
         )
-        assert len(first.body["endpoints"]) == PAGE_MAX and first.body["next"] is not None
+        assert first.body["records"]["n"] == PAGE_MAX and first.body["next"] is not None
+        # columnar: ~20 bytes a record (a map per record took ~100)
+        assert len(first.body["records"]["cols"]["ep"]) == 4 * PAGE_MAX
         with ControllerClient(router, cfg.security, ctx=ctx) as admin:
             snap = admin.snapshot("big")
             assert sorted(e["ep"] for e in snap["endpoints"]) == list(range(9000))
@@ -327,7 +331,7 @@ def test_readiness_of_one_tick_is_one_announcement(cfg, ctx, client):
         agents[0].send(MsgType.SYNC, {"job": "j"})
         _step_until(ctl, 1)
         snap = agents[0].recv(want={MsgType.JOB_SNAPSHOT}).body
-        assert snap["version"] == 0 and not any(e["ready"] for e in snap["endpoints"])
+        assert snap["version"] == 0 and not any(e["ready"] for e in page_records(snap["records"]))
         copy = JobPingLists.from_snapshot(snap)
         time.sleep(0.2)  # the subscription reaches the PUB socket
         ctl.step(10)

@@ -19,15 +19,25 @@ from skh.orchestrator.config import EndpointSpec
 from skh.orchestrator.controller import Controller
 from skh.records import empty_counters, empty_probes
 from skh.wire import (
+    ENDPOINT_DTYPE,
+    ENDPOINT_TEXT,
     Codec,
     MsgType,
     counter_batch_body,
+    encode_records,
     job_topic,
     probe_batch_body,
 )
 
 N_FRAMES = 100_000
 pytestmark = pytest.mark.timeout(240)
+
+
+def _one_record(ep):
+    """``ep`` (a wire map) as a snapshot page's records."""
+    fixed = np.array([tuple(ep.get(f, 0) for f in ENDPOINT_DTYPE.names)], ENDPOINT_DTYPE)
+    text = {f: ([ep.get(f, "")], np.zeros(1, np.int64)) for f in ENDPOINT_TEXT}
+    return encode_records(fixed, text)
 
 
 def _valid_frames():
@@ -72,7 +82,7 @@ def _valid_frames():
         MsgType.JOB_SNAPSHOT: {
             "job": "j",
             "version": 1,
-            "endpoints": [ep],
+            "records": _one_record(ep),
             "skeleton_version": 0,
             "skeleton": None,
         },

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from skh.errors import TopologyError
 from skh.model import same_rail_pairs
-from skh.orchestrator.pinglist import EndpointInfo, JobPingLists
-from skh.wire import Codec, MsgType
+from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, page_records
+from skh.wire import ENDPOINT_TEXT, Codec, MsgType
 
 
 def _job(layout, ready=()):
@@ -139,8 +139,9 @@ def test_lists_are_counted_and_shown_in_part_without_listing_them(layout, data):
     limit=st.integers(1, 16),
 )
 def test_pages_of_shared_records_follow_every_change(ids, changes, limit):
-    """Snapshot pages copy records encoded once; whatever order endpoints arrive in and whatever
-    changes between reads, the pages read after the change are the controller's state."""
+    """Snapshot pages are cut from the job's columns and kept; whatever order endpoints arrive
+    in and whatever changes between reads, the pages read after the change are the
+    controller's state."""
     codec = Codec()
     j = JobPingLists("j")
     for ep in ids:  # not always increasing: a page's records stay in id order
@@ -164,6 +165,20 @@ def read_pages(codec, j, limit):
     out, after = [], -1
     while after is not None:
         page = codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, j.snapshot(after, limit)))
-        out += page.body["endpoints"]
+        out += page_records(page.body["records"])
         after = page.body["next"]
     return out
+
+
+def test_text_tables_stay_bounded_by_the_values_records_hold():
+    # an agent re-registering with a new address each time: the job's table of addresses is
+    # rebuilt from the live records instead of growing for ever, and pages stay right
+    codec = Codec()
+    j = JobPingLists("j")
+    for ep in range(4):
+        j.upsert(EndpointInfo(ep, "j", f"c{ep}", "h", 0, ip="10.0.0.1", port=ep))
+    for k in range(300):
+        j.upsert(EndpointInfo(0, "j", "c0", "h", 0, ip=f"10.1.{k // 256}.{k % 256}", port=0))
+        got = read_pages(codec, j, 2)
+        assert got == [j.endpoints[ep].to_wire() for ep in range(4)]
+    assert len(j._strings[list(ENDPOINT_TEXT).index("ip")]) <= 2 * 4 + 64 + 1

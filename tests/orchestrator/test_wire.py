@@ -13,14 +13,18 @@ from skh.wire import (
     _ANY,
     _NUM,
     _SCHEMAS,
+    ENDPOINT_DTYPE,
+    ENDPOINT_TEXT,
+    PAGE_MAX,
     WIRE_VERSION,
     Codec,
     MsgType,
-    PackedList,
     counter_batch_body,
     decode_counters,
     decode_probes,
+    decode_records,
     encode_columns,
+    encode_records,
     pack_pairs,
     probe_batch_body,
     unpack_pairs,
@@ -57,7 +61,7 @@ def _field(types, max_len=0):
         bool: st.booleans(),
         bytes: st.binary(max_size=64),
         list: st.lists(_plain, max_size=5),
-        dict: st.dictionaries(st.text(max_size=8), _plain, max_size=5),
+        dict: st.dictionaries(st.text(max_size=8), _plain, max_size=min(5, max_len or 5)),
         type(None): st.none(),
     }[types]
 
@@ -210,18 +214,76 @@ def test_encode_refuses_what_the_receiver_would_refuse():
         Codec(max_frame_bytes=10)
 
 
+def _page(rows):
+    """(fixed, text) of ``rows``: tuples (ep, rail, port, qpn, ready, job, container, host, ip,
+    gid, netdev)."""
+    fixed = np.array([r[:5] for r in rows], ENDPOINT_DTYPE)
+    text = {}
+    for k, f in enumerate(ENDPOINT_TEXT):
+        values = sorted({r[5 + k] for r in rows})
+        text[f] = (values, np.array([values.index(r[5 + k]) for r in rows], np.int64))
+    return fixed, text
+
+
+_row = st.tuples(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 255),
+    st.integers(0, 65535),
+    st.integers(0, 2**24 - 1),
+    st.booleans(),
+    *[st.sampled_from(["", "a", "j0", "c1", "10.0.0.1", "x" * 64]) for _ in ENDPOINT_TEXT],
+)
+
+
 @settings(max_examples=50, deadline=None)
-@given(records=st.lists(st.dictionaries(st.text(max_size=8), _scalar, max_size=6), max_size=40))
-def test_a_packed_list_is_the_frame_of_the_plain_list(records):
-    """Records encoded once and copied into a frame give the very bytes of the plain encoding:
-    a receiver cannot tell them apart, and their size counts against the frame limit."""
+@given(rows=st.lists(_row, max_size=40))
+def test_a_page_of_endpoint_records_round_trips_through_a_frame(rows):
     codec = Codec()
-    body = {"job": "j", "version": 3, "endpoints": records}
-    packed = PackedList(msgpack.packb(r, use_bin_type=True) for r in records)
-    frame = codec.encode(MsgType.READY_ANNOUNCE, "c", 9, {**body, "endpoints": packed})
-    assert frame == codec.encode(MsgType.READY_ANNOUNCE, "c", 9, body)
-    assert codec.decode(frame).body == body
-    small = Codec(max_frame_bytes=64)
-    big = PackedList([msgpack.packb("x" * 100)])
-    with pytest.raises(ProtocolError, match="exceeds"):
-        small.encode(MsgType.READY_ANNOUNCE, "c", 1, {"job": "j", "version": 1, "endpoints": big})
+    fixed, text = _page(rows)
+    body = {"job": "j", "version": 3, "skeleton_version": 0, "skeleton": None}
+    frame = codec.encode(
+        MsgType.JOB_SNAPSHOT, "c", 9, body | {"records": encode_records(fixed, text)}
+    )
+    got_fixed, got_text = decode_records(codec.decode(frame).body["records"])
+    assert got_fixed.tolist() == fixed.tolist()
+    for k, f in enumerate(ENDPOINT_TEXT):
+        assert got_text[f] == [r[5 + k] for r in rows]
+
+
+def test_a_malformed_page_of_records_is_refused_before_anything_is_built():
+    rows = [(1, 0, 10, 5, True, "j", "c0", "h0", "ip", "", "eth0")] * 3
+    good = encode_records(*_page(rows))
+    assert decode_records(good)[0].size == 3
+
+    def bad(**change):
+        rec = {
+            **good,
+            "cols": dict(good["cols"]),
+            "text": {k: list(v) for k, v in good["text"].items()},
+        }
+        for path, v in change.items():
+            if path in ("n", "text"):
+                rec[path] = v
+            elif path in ENDPOINT_TEXT:
+                rec["text"][path] = v
+            else:
+                rec["cols"][path] = v
+        return rec
+
+    cases = [
+        bad(n=4),  # columns of 3 rows
+        bad(n=PAGE_MAX + 1),  # over a page, before any column is read
+        bad(ep=b"\0" * 11),  # a column cut short
+        bad(job=[["j"], b"\1\0" * 3]),  # an index past its values
+        bad(host=[["h"] * 4, b"\0\0" * 3]),  # more values than rows
+        bad(ip=[["x" * 65], b"\0\0" * 3]),  # a value over its cap
+        bad(gid=[[7], b"\0\0" * 3]),  # a value that is not text
+        bad(netdev=["eth0"]),  # not [values, index]
+        bad(text={}),  # a text column missing
+        [1, 2],  # not a map
+    ]
+    for rec in cases:
+        with pytest.raises(ProtocolError):
+            decode_records(rec)
+    with pytest.raises(ProtocolError):
+        encode_records(np.zeros(PAGE_MAX + 1, ENDPOINT_DTYPE), {})

@@ -128,3 +128,60 @@ def test_merged_events_read_like_one_detector_tick():
     assert ag.endpoints == (1, 2, 6) and ag.scores == (8.0, 1.0, 4.0)
     assert ag.pairs == ((1, 2), (2, 3), (6, 7), (7, 6))
     assert merge_events([a]) == [a[0], a[1]] and merge_events([]) == []
+
+
+def test_cells_that_share_a_corroboration_group_are_placed_together():
+    # the detector pools loss evidence over each group (e.g. a ToR): its pairs must all be on
+    # one shard, or each shard's group test counts only its part of the group's failures
+    pl = Placement(2, max_cell_endpoints=64)
+    a, b, c = _members("a", 0, 2), _members("b", 16, 2), _members("c", 32, 2)
+    tor = np.full(48, -1)
+    tor[[0, 16]] = 7  # a and b each have an RNIC under ToR 7; c shares none
+    pl.update(a + b + c, [tor])
+    assert pl.ep_shard[0] == pl.ep_shard[16] and set(pl.ep_shard[:32]) == {pl.ep_shard[0]}
+    assert set(pl.ep_shard[32:]) == {1 - pl.ep_shard[0]} and pl.split_groups == 0
+    # under rail ToRs, rail cells of jobs join per rail: the jobs still spread over shards
+    pl = Placement(4, max_cell_endpoints=4)
+    big, small = _members("big", 0, 4), _members("small", 32, 1)
+    rail = np.array([m["rail"] for m in big + small])
+    pl.update(big + small, [rail])
+    for r in range(8):  # big's rail r and small's rail r, one shard
+        assert len({int(pl.ep_shard[m["ep"]]) for m in big + small if m["rail"] == r}) == 1
+    assert len(set(pl.ep_shard.tolist())) == 4 and pl.split_groups == 0
+    # ... while a whole-job cell spanning every rail joins every rail's ToRs into one
+    pl = Placement(4, max_cell_endpoints=16)
+    pl.update(big + small, [rail])
+    assert set(pl.ep_shard.tolist()) == {0} and pl.split_groups == 0
+
+
+def test_a_group_joining_cells_already_on_two_shards_is_counted_as_split():
+    pl = Placement(2, max_cell_endpoints=64)
+    a, b = _members("a", 0, 1), _members("b", 8, 1)
+    pl.update(a + b)
+    assert pl.ep_shard[0] != pl.ep_shard[8]
+    tor = np.full(16, -1)
+    tor[[0, 8]] = 3
+    pl.update(a + b, [tor])  # placed cells never move: the group is split, and said so
+    assert pl.ep_shard[0] != pl.ep_shard[8] and pl.split_groups == 1
+
+
+def test_flapping_re_raises_merge_apart_from_new_outages():
+    # the detector emits a tick's new outages and its flapping re-raises as two unreachable
+    # events (a pair may be in both); merged as one, pairs repeat and flapping is lost
+    def flap(pairs, first):
+        return SuspectEvent(
+            "unreachable", tuple(pairs), (3.0,) * len(pairs), first, 100, "f", flapping=True
+        )
+
+    a = [_ev("unreachable", [(0, 1)], [3], 50), flap([(0, 1)], 20)]
+    b = [flap([(4, 5)], 10), _ev("agent", [], [1.0], 100, (9,))]
+    c = [_ev("loss", [(6, 7)], [2], 60)]
+    out = merge_events([a, b, c])
+    assert [(e.kind, e.flapping) for e in out] == [
+        ("unreachable", False),
+        ("loss", False),
+        ("unreachable", True),
+        ("agent", False),
+    ]
+    assert out[0].pairs == ((0, 1),) and out[2].pairs == ((0, 1), (4, 5))
+    assert out[2].first_seen_ns == 10

@@ -9,15 +9,19 @@ whose process is killed mid-run is restarted by Ray and restored: nothing lost, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections import Counter
+from unittest import mock
 
+import numpy as np
 import pytest
 import ray
 
 from skh.demo.simmode import SimRun
+from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.shard.merge import alert_key, event_key
 
 pytestmark = pytest.mark.slow
@@ -44,8 +48,38 @@ def _run(
     kill_at: tuple[int, ...] = (),
     checkpoint_rounds: int = 20,
     max_cell_endpoints: int = 8192,
+    tor_groups: bool = False,
 ):
-    """(per round: events, alerts) of the scripted run; ``shards`` 0 is the single process."""
+    """(per round: events, alerts) of the scripted run; ``shards`` 0 is the single process.
+    ``tor_groups``: the detector pools loss evidence over each ToR's endpoints too."""
+
+    with (
+        mock.patch.object(Pipeline, "set_endpoints", _pooling_over_tors)
+        if tor_groups
+        else (contextlib.nullcontext())
+    ):
+        return _run_in(shards, kill_at, checkpoint_rounds, max_cell_endpoints)
+
+
+def _pooling_over_tors(self, members, skeleton_versions=None):
+    """Pipeline.set_endpoints, then the detector told each endpoint's ToR from the pipeline's
+    own model: a pipeline that wires the detector's ToR pooling in (the single process, the
+    sharded coordinator, whose placement must follow, and the shards alike)."""
+    changed = _SET_ENDPOINTS(self, members, skeleton_versions)
+    if self.cluster is not None:
+        tors: dict[str, int] = {}
+        tor = [
+            tors.setdefault(self.fabric.hosts[e.host].rnic(e.rail).tor, len(tors))
+            for e in self.cluster.endpoints
+        ]
+        self.detector.set_endpoint_groups(np.array(tor, np.int64))
+    return changed
+
+
+_SET_ENDPOINTS = Pipeline.set_endpoints
+
+
+def _run_in(shards, kill_at, checkpoint_rounds, max_cell_endpoints):
     from skh.orchestrator.shard import ShardedPipeline, ShardOptions
 
     run = SimRun(seed=3, script=SCRIPT)
@@ -100,35 +134,44 @@ def cluster():
     ray.shutdown()
 
 
+_SINGLE: dict[bool, list] = {}
+
+
+def _single(tor_groups: bool = False) -> list:
+    if tor_groups not in _SINGLE:
+        out, pipe = _run(tor_groups=tor_groups)
+        assert pipe.stats["events"] >= 8 and sum(len(a) for _e, a in out) >= 15  # real work
+        # flapping re-raises are a second unreachable event of their tick: merged apart
+        assert any(e[0] == "unreachable" and e[1] for ev, _a in out for e in ev)
+        _SINGLE[tor_groups] = out
+    return _SINGLE[tor_groups]
+
+
 @pytest.fixture(scope="module")
 def single():
-    out, pipe = _run()
-    assert pipe.stats["events"] >= 8 and sum(len(a) for _e, a in out) >= 15  # a real workload
-    return out
+    return _single()
 
 
-#: Known regression (issue 19 x issue 13): since the field detector landed (it pools loss
-#: evidence over a pair's endpoint and ToR groups and merges a scope's pairs into one event), the
-#: sharded analyzer's events differ from the single process's from round 260 on (a shard sees
-#: only its pairs of a group; merged events repeat pairs). Not strict: the fix (shards by
-#: corroboration group, or the groups' evidence exchanged) is open in issue 19.
-_FIELD_DETECTOR_GAP = pytest.mark.xfail(
-    strict=False, reason="sharded events differ since the field detector's group corroboration"
-)
-
-
-@_FIELD_DETECTOR_GAP
 @pytest.mark.parametrize(
-    ("shards", "max_cell_endpoints"),
-    [(2, 8192), (4, 8192), (2, 8)],
-    ids=["2-shards", "4-shards", "2-shards-rail-cells"],
+    ("shards", "max_cell_endpoints", "tor_groups"),
+    [(2, 8192, False), (4, 8192, False), (2, 8, True)],
+    ids=["2-shards", "4-shards", "2-shards-rail-cells-tor-groups"],
 )
 def test_sharded_analyzer_tells_what_the_single_process_tells(
-    cluster, single, shards, max_cell_endpoints
+    cluster, shards, max_cell_endpoints, tor_groups
 ):
-    out, pipe = _run(shards, max_cell_endpoints=max_cell_endpoints)
+    single = _single(tor_groups)
+    out, pipe = _run(shards, max_cell_endpoints=max_cell_endpoints, tor_groups=tor_groups)
     assert pipe.stats["unplaced_records"] == 0 and pipe.stats["cross_cell_records"] == 0
     cells = pipe.placement.cell_shard
+    if tor_groups:
+        # every scope the detector pools over lies on one shard (checked here, not only by the
+        # placement's own count), and the rails still spread over both shards
+        run = SimRun(seed=3, script=())
+        tor = run.sim.index.rnic_tor[run.sim.eps.rnic]
+        ep_shard = pipe.placement.ep_shard[: tor.size]
+        assert all(len(set(ep_shard[tor == t].tolist())) == 1 for t in np.unique(tor))
+        assert pipe.stats["split_groups"] == 0 and set(cells.values()) == {0, 1}
     if max_cell_endpoints < 16:  # jobs over 8 endpoints placed rail by rail, over both shards
         assert any(rail >= 0 for _job, rail in cells) and set(cells.values()) == {0, 1}
     else:  # whole jobs, each shard holding some: the merge of shards' events is exercised
@@ -138,7 +181,6 @@ def test_sharded_analyzer_tells_what_the_single_process_tells(
         assert al2 == al1, f"round {r}: alerts differ"
 
 
-@_FIELD_DETECTOR_GAP
 def test_a_killed_shard_comes_back_without_losing_or_repeating_an_alert(cluster, single):
     # killed between rounds three times: before its first checkpoint, mid-outage, mid-latency
     # incident (the look-back windows must come back too)

@@ -58,6 +58,8 @@ class RoundInput:
     jobs: frozenset[str] = frozenset()
     #: skeletons the coordinator installed: (job, digest, version)
     commits: tuple[tuple[str, str, int], ...] = ()
+    #: the detector's endpoint groupings (model ids), sent with the registry
+    groups: tuple[np.ndarray, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,9 @@ class _Shard:
             if p.set_endpoints(inp.members):
                 p.localizer = None  # the coordinator localizes
             p.jobs = {j: st for j, st in p.jobs.items() if j in self.jobs}
+        if inp.groups is not None:
+            # the coordinator's, which placed this shard's cells: every group it pools is whole
+            p.detector.set_endpoint_groups(*inp.groups)
         for job, digest, version in inp.commits:
             st = p.jobs.get(job)
             if st is not None:

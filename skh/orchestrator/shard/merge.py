@@ -1,10 +1,13 @@
 """One round's detection results from many shards, as the single detector would have told them.
 
-The detector raises at most one event per kind and tick (:meth:`Detector._emit`): every pair
-that turned unreachable in this tick is in one ``unreachable`` event, listed in (src, dst)
-order; the endpoints that turned unhealthy are in one ``agent`` event in id order. Shards tick
-at the same ``now_ns``, so the merge is the union of the shards' events of one kind, in kind
-order, re-sorted the way the detector sorts. The explanation, written per shard, is joined.
+The detector raises at most one event per *stream* and tick (:meth:`Detector._emit`): the
+network kinds' new incidents, one event each in kind order (every pair that turned unreachable
+in this tick is in one ``unreachable`` event, listed in (src, dst) order); then the open
+outages raised once more as flapping (a second ``unreachable`` event, ``flapping`` set, whose
+pairs may also be in the first); then the endpoints that turned unhealthy, one ``agent`` event
+in id order. Shards tick at the same ``now_ns``, so the merge is the union of the shards'
+events of one stream, in the detector's stream order, re-sorted the way the detector sorts.
+The explanation, written per shard, is joined.
 """
 
 from __future__ import annotations
@@ -17,14 +20,21 @@ from skh.analysis.detect import KINDS, SuspectEvent
 __all__ = ["merge_events", "merge_incidents", "event_key", "alert_key"]
 
 
+def _stream(ev: SuspectEvent) -> tuple[int, int, int]:
+    """Where the detector emits ``ev`` in a tick: new network incidents by kind, then the
+    flapping re-raises, then the agent event."""
+    return (ev.kind == "agent", ev.flapping, KINDS.index(ev.kind))
+
+
 def merge_events(per_shard: Sequence[Sequence[SuspectEvent]]) -> list[SuspectEvent]:
-    by_kind: dict[str, list[SuspectEvent]] = {}
+    by_stream: dict[tuple[int, int, int], list[SuspectEvent]] = {}
     for events in per_shard:
         for ev in events:
-            by_kind.setdefault(ev.kind, []).append(ev)
+            by_stream.setdefault(_stream(ev), []).append(ev)
     out = []
-    for kind in sorted(by_kind, key=KINDS.index):
-        evs = by_kind[kind]
+    for stream in sorted(by_stream):
+        evs = by_stream[stream]
+        kind = evs[0].kind
         if len(evs) == 1:
             out.append(evs[0])
             continue
@@ -52,6 +62,7 @@ def merge_events(per_shard: Sequence[Sequence[SuspectEvent]]) -> list[SuspectEve
                 detected_ns=max(ev.detected_ns for ev in evs),
                 explanation=" | ".join(ev.explanation for ev in evs),
                 endpoints=eps,
+                flapping=evs[0].flapping,
             )
         )
     return out
@@ -84,8 +95,14 @@ def merge_incidents(
 
 def event_key(e: SuspectEvent) -> tuple[Any, ...]:
     """What the sharded and the single analyzer must agree on in a detection event: kind,
-    pairs, first seen, endpoints (the explanation is written per shard)."""
-    return (e.kind, tuple(sorted(e.pairs)), e.first_seen_ns, tuple(sorted(e.endpoints)))
+    flapping, pairs, first seen, endpoints (the explanation is written per shard)."""
+    return (
+        e.kind,
+        e.flapping,
+        tuple(sorted(e.pairs)),
+        e.first_seen_ns,
+        tuple(sorted(e.endpoints)),
+    )
 
 
 def alert_key(a: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -82,14 +82,19 @@ class ShardOptions:
 
 class _Detection:
     """What the rest of the pipeline asks of ``pipeline.detector``: the open incidents, the
-    shards' of the last round (heartbeats and retirements go through
-    :meth:`ShardedPipeline.heartbeat` and :meth:`ShardedPipeline.retire`)."""
+    shards' of the last round, and the endpoint groups the shards' detectors pool loss evidence
+    over, which also decide placement (heartbeats and retirements go through
+    :meth:`ShardedPipeline.heartbeat` and :meth:`ShardedPipeline.retire`). Anything else a
+    detector does is the shards': asked of this, it fails rather than act on one shard."""
 
     def __init__(self, owner: ShardedPipeline) -> None:
         self._owner = owner
 
     def open_incidents(self, now_ns: int | None = None) -> tuple[set[tuple[int, int]], set[int]]:
         return self._owner._incidents
+
+    def set_endpoint_groups(self, *groups: np.ndarray) -> None:
+        self._owner._set_groups(groups)
 
 
 class ShardedPipeline(Pipeline):
@@ -144,6 +149,10 @@ class ShardedPipeline(Pipeline):
         self._incidents: tuple[set[tuple[int, int]], set[int]] = (set(), set())
         self._members: tuple[Mapping[str, Any], ...] = ()
         self._members_version = 0
+        #: the detector's corroboration groupings (model ids -> group id), as it was given them
+        self._groups: tuple[np.ndarray, ...] = ()
+        self._groups_due = False  # groupings not placed yet
+        self._registering = False  # inside set_endpoints
         n = opt.shards
         self._heartbeats: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(n)]
         self._retire: list[list[int]] = [[] for _ in range(n)]
@@ -158,7 +167,13 @@ class ShardedPipeline(Pipeline):
         self.shard_stats: list[dict[str, int]] = [{} for _ in range(n)]
         self.ingest_stats: list[dict[str, int]] = [{} for _ in self.frontends]
         self.stats.update(
-            {"restores": 0, "states_lost": 0, "unplaced_records": 0, "cross_cell_records": 0}
+            {
+                "restores": 0,
+                "states_lost": 0,
+                "unplaced_records": 0,
+                "cross_cell_records": 0,
+                "split_groups": 0,
+            }
         )
 
     # -- the model ----------------------------------------------------------------------------
@@ -171,19 +186,53 @@ class ShardedPipeline(Pipeline):
         (the skeleton versions stay here: :meth:`_install` numbers what they propose)."""
         rows = tuple({k: m[k] for k in _MEMBER_KEYS if k in m} for m in members)
         before = self._members_sig
-        if not super().set_endpoints(rows, skeleton_versions):
-            return False
+        self._registering = True  # groupings set on the way are placed with the new rows
+        try:
+            if not super().set_endpoints(rows, skeleton_versions):
+                return False
+        finally:
+            self._registering = False
         if self._members_sig == before and self._members:
+            if self._groups_due:
+                self._place()
             return True
-        self.placement.update(rows)
         self._members = rows
+        self._place()
         self._members_version += 1
-        self._members_due = [True] * self.options.shards
         # not waited for: a localizer that missed it is sent it again when it is asked
         self._localizer.set_members.remote(rows, self._members_version)
+        return True
+
+    def _set_groups(self, groups: Sequence[np.ndarray]) -> None:
+        """The detector's endpoint groupings (model ids): the shards' detectors get them with
+        the registry, and cells sharing a group are placed together (:mod:`.placement`)."""
+        self._groups = tuple(np.asarray(g, np.int64).copy() for g in groups)
+        self._groups_due = True
+        if self._members and not self._registering:
+            self._place()
+
+    def _place(self) -> None:
+        """(Re)place the registry's endpoints with the groupings in controller ids; every shard
+        gets the registry and groupings with its next round."""
+        self._groups_due = False
+        ctl = self._to_ctl
+        groups = []
+        for g in self._groups:
+            out = np.full(int(ctl.max(initial=-1)) + 1, -1, np.int64)
+            k = min(g.size, ctl.size)
+            out[ctl[:k]] = g[:k]
+            groups.append(out)
+        self.placement.update(self._members, groups)
+        self.stats["split_groups"] = self.placement.split_groups
+        if self.placement.split_groups:
+            log.error(
+                "%d corroboration group(s) span shards (cells placed before the group joined "
+                "them never move): their pooled loss tests differ from one detector's",
+                self.placement.split_groups,
+            )
+        self._members_due = [True] * self.options.shards
         for f in self.frontends:
             f.set_routes.remote(self.placement.ep_shard, self.placement.ep_home)
-        return True
 
     # -- the edge: heartbeats and retirements (controller ids) to their shards ----------------
     def heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
@@ -227,6 +276,7 @@ class ShardedPipeline(Pipeline):
                     self._members if self._members_due[s] else None,
                     frozenset(self.placement.jobs_of(s)),
                     tuple(self._commits[s]),
+                    self._groups if self._members_due[s] else None,
                 )
             )
             self._heartbeats[s], self._retire[s], self._commits[s] = [], [], []
@@ -369,7 +419,7 @@ class ShardedPipeline(Pipeline):
         self._ckpt[s] = (None, at)
         keep = [i for i in self._log[s] if i.round_no > at]
         if keep:  # the registry comes with the round it resumes at, or with the next one
-            keep[0] = dataclasses.replace(keep[0], members=self._members)
+            keep[0] = dataclasses.replace(keep[0], members=self._members, groups=self._groups)
         else:
             self._members_due[s] = True
         self._log[s] = keep

@@ -11,6 +11,16 @@ pairs over two shards would change what it decides. The unit of placement is the
   their rail), so a rail of a job is closed under probing. A row that still crosses cells (a
   group-wide fallback list) goes with its prober and is counted.
 
+The detector also pools loss evidence over *groups* of endpoints it is told of
+(:meth:`Detector.set_endpoint_groups`, e.g. the ToR each RNIC hangs off): a group's test counts
+the failures of all its pairs, and a pair is flagged on its group's word. Cells that share a
+group are therefore joined into one *component*, and a component is placed whole, so every
+scope the detector pools over (pair, endpoint, group) lives on one shard and each shard's
+tests read what the single detector's read. (On a rail-optimized fabric a ToR serves one rail:
+whole-job cells of jobs sharing ToRs join up, rail cells join per rail.) A group that spans
+shards anyway — one that grew across cells already placed, which never move — is counted in
+``split_groups``.
+
 Byte counters go to the job's *home* shard (the shard of its first cell): skeleton inference
 reads all of a job's endpoints at once. Placement is sticky, a cell never moves once placed
 (moving it would drop its look-back), and a new cell goes to the shard holding the fewest
@@ -19,7 +29,7 @@ endpoints, so the order endpoints register in decides it, not a hash.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +71,15 @@ class Placement:
         self.ep_home = np.full(0, _NOWHERE, np.int16)
         #: job -> its home shard (skeleton inference); in membership order
         self.home: dict[str, int] = {}
+        #: groups (of the last update's groupings) whose endpoints sit on more than one shard
+        self.split_groups = 0
 
-    def update(self, members: Iterable[Mapping[str, Any]]) -> None:
+    def update(
+        self, members: Iterable[Mapping[str, Any]], groups: Sequence[np.ndarray] = ()
+    ) -> None:
         """Place the endpoints of ``members`` (``ep``, ``job``, ``rail``); endpoints and cells
-        already placed stay where they are."""
+        already placed stay where they are. ``groups``: the detector's corroboration groupings,
+        each an array endpoint id -> group id (-1: none); cells sharing a group go together."""
         rows = sorted(members, key=lambda m: int(m["ep"]))
         by_job: dict[str, list[tuple[int, int]]] = {}
         for m in rows:
@@ -74,22 +89,42 @@ class Placement:
             grow = np.full(n - self.ep_shard.size, _NOWHERE, np.int16)
             self.ep_shard = np.concatenate([self.ep_shard, grow])
             self.ep_home = np.concatenate([self.ep_home, grow])
+        cell_of: dict[int, tuple[str, int]] = {}
         for job, eps in by_job.items():
             whole = (job, -1) in self.cell_shard or (
                 not any(c[0] == job for c in self.cell_shard)
                 and len(eps) <= self.max_cell_endpoints
             )
             for ep, rail in eps:
-                cell = (job, -1 if whole else rail)
-                shard = self.cell_shard.get(cell)
-                if shard is None:
-                    shard = self.cell_shard[cell] = int(np.argmin(self.load))
-                if self.ep_shard[ep] == _NOWHERE:
-                    self.load[shard] += 1
-                self.ep_shard[ep] = shard
+                cell_of[ep] = (job, -1 if whole else rail)
+        eps_of: dict[tuple[str, int], list[int]] = {}
+        for ep, cell in cell_of.items():
+            eps_of.setdefault(cell, []).append(ep)
+        for comp in _components(cell_of, groups):
+            placed = [self.cell_shard[c] for c in comp if c in self.cell_shard]
+            shard = placed[0] if placed else int(np.argmin(self.load))
+            for c in comp:
+                s = self.cell_shard.setdefault(c, shard)
+                for ep in eps_of[c]:
+                    if self.ep_shard[ep] == _NOWHERE:
+                        self.load[s] += 1
+                    self.ep_shard[ep] = s
+        for job, eps in by_job.items():
             home = self.home.setdefault(job, self.ep_shard[eps[0][0]].item())
             self.ep_home[[e for e, _r in eps]] = home
         self.home = {j: self.home[j] for j in by_job}  # jobs gone are no one's home
+        self.split_groups = sum(self._split(g) for g in groups)
+
+    def _split(self, group: np.ndarray) -> int:
+        """How many groups of one grouping have endpoints on two shards or more."""
+        g = np.asarray(group, np.int64)[: self.ep_shard.size]
+        sh = self.ep_shard[: g.size].astype(np.int64)
+        ok = (g >= 0) & (sh != _NOWHERE)
+        if not ok.any():
+            return 0
+        pairs = np.unique(np.stack([g[ok], sh[ok]], axis=1), axis=0)
+        _ids, per_group = np.unique(pairs[:, 0], return_counts=True)
+        return int((per_group > 1).sum())
 
     def shard_of(self, eps: np.ndarray) -> np.ndarray:
         """The shard holding each endpoint (-1: none yet)."""
@@ -131,3 +166,35 @@ class Placement:
             int((~known).sum()),
             int((known & (ps != pd)).sum()),
         )
+
+
+def _components(
+    cell_of: Mapping[int, tuple[str, int]], groups: Sequence[np.ndarray]
+) -> list[list[tuple[str, int]]]:
+    """The cells of ``cell_of`` (endpoint -> cell) joined where a group of ``groups`` has
+    endpoints in both, each component's cells in endpoint order, components in the order of
+    their first endpoint (so the order endpoints register in decides placement, as before)."""
+    cells = list(dict.fromkeys(cell_of[e] for e in sorted(cell_of)))
+    index = {c: i for i, c in enumerate(cells)}
+    parent = list(range(len(cells)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for g in groups:
+        g = np.asarray(g, np.int64)
+        first: dict[int, int] = {}
+        for ep, cell in cell_of.items():
+            gid = int(g[ep]) if ep < g.size else -1
+            if gid < 0:
+                continue
+            a, b = root(first.setdefault(gid, index[cell])), root(index[cell])
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    out: dict[int, list[tuple[str, int]]] = {}
+    for i, c in enumerate(cells):
+        out.setdefault(root(i), []).append(c)
+    return list(out.values())
