@@ -559,3 +559,27 @@ def test_delay_on_an_access_link_keeps_the_rnic_as_a_candidate():
     v = only(w.run("latency", extra=extra))
     assert v.layer == "underlay" and v.component.startswith("host4:rnic1|") and not v.certain
     assert "host4:rnic1" in v.candidates
+
+
+def test_a_reply_side_pair_alone_is_absorbed_by_the_black_hole_that_breaks_its_way_back():
+    # host1's switch has no rule for c6's rail-0 endpoint: c1→c6 breaks at host1/ovs. The reply
+    # side c6→c1 walks fine, but its replies take the broken way back. Seen alone in a later
+    # round (its reverse already explained), it belongs to the open black hole, not unexplained
+    w = World()
+    c1, c6, c7 = (w.cluster.endpoint(f"j/{c}/0").ep_id for c in ("c1", "c6", "c7"))
+    w.overlay_drop["host1/ovs"] = {w.ep(c6).name}
+    loc = Localizer(w.cluster)
+    first = only(loc.localize([Suspect(((c1, c6),), "unreachable", 1_000)], w, now_ns=2_000))
+    assert named(first) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
+    reply = [Suspect(((c6, c1),), "unreachable", 3_000)]
+    v = only(loc.localize(reply, w, now_ns=4_000, known=[first]))
+    assert named(v) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
+    assert v.pairs == ((c6, c1),)
+    # the same when this round's own walks name the hop (another peer's reply side beside it)
+    w.overlay_drop["host1/ovs"] |= {w.ep(c7).name}
+    v = only(loc.localize([Suspect(((c1, c6), (c7, c1)), "unreachable", 1_000)], w, now_ns=2_000))
+    assert named(v) == ("overlay", "host1/ovs", F.OVERLAY_BLACKHOLE)
+    assert set(v.pairs) == {(c1, c6), (c7, c1)}
+    # a way back that breaks where no verdict points may be a peer that never sends: unexplained
+    v = only(loc.localize(reply, w, now_ns=4_000))
+    assert (v.layer, v.pairs) == ("unexplained", ((c6, c1),))

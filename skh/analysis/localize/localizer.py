@@ -358,6 +358,7 @@ class Localizer:
     # -- steps --------------------------------------------------------------------------------
     def _overlay_step(self, w: _Work, tables, report, now_ns: int) -> None:
         groups: dict[tuple[str, str], list[OverlayWalk]] = {}
+        back_breaks: list[OverlayWalk] = []
         for p in sorted(w.left):
             src, dst = self._ep(p[0]), self._ep(p[1])
             s_node, _ = self.overlay_endpoint(src)
@@ -371,9 +372,22 @@ class Localizer:
                 # missing way back may just be a peer that never sends
                 _, s_key = self.overlay_endpoint(src)
                 back = walk_overlay(p, d_node, s_key, s_node, tables)
+                if back.status == "break":
+                    back_breaks.append(back)
                 res = back if back.status in ("loop", "down") else res
             if res.status != "ok":
                 groups.setdefault((res.status, res.hop), []).append(res)
+        # ... but a way back that breaks where a black hole is already named (an open alert, or
+        # this round's own walks) is that black hole's reply side, whatever round it comes in
+        named = {hop for status, hop in groups if status == "break"}
+        known = {
+            v.component
+            for v in w.known
+            if v.layer == "overlay" and v.failure_type == FailureType.OVERLAY_BLACKHOLE
+        }
+        for back in back_breaks:
+            if back.hop in named or self._overlay_comp(back.hop) in known:
+                groups.setdefault(("break", back.hop), []).append(back)
         walked = {x.pair for walks in groups.values() for x in walks}
         for (status, hop), walks in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             pairs = [x.pair for x in walks]
@@ -398,10 +412,14 @@ class Localizer:
                 ftype = (
                     FailureType.OVERLAY_LOOP if status == "loop" else FailureType.OVERLAY_BLACKHOLE
                 )
-                comp = (self.overlay_component(hop) if self.overlay_component else None) or hop
+                comp = self._overlay_comp(hop)
                 ckind = "vswitch" if comp != hop else kind
             self._add_verdict(w, pairs, "overlay", comp, ckind, ftype, now_ns, evidence=evidence)
             w.left -= set(pairs)
+
+    def _overlay_comp(self, hop: str) -> str:
+        """The component an overlay verdict at ``hop`` names."""
+        return (self.overlay_component(hop) if self.overlay_component else None) or hop
 
     def _owner(self, node: str, tables) -> Endpoint | None:
         """The endpoint whose VF ``node`` is, or whose VF it delivers to (its representor)."""
