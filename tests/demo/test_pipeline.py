@@ -161,9 +161,16 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
             "sport": client.asked[0][2]["sport"],
             "dport": 33434,
             "max_ttl": 6,
+            # the probe flow itself: the agent pins the trace to the VXLAN outer 5-tuple its
+            # frames leave with (the unpinned ``sport`` when it does not see them)
+            "inner_src": a.ip,
+            "inner_dst": b.ip,
+            "path_id": 0,
+            "learn_ms": 5000,
         },
     )
-    # one trace per RNIC pair and path id: asked again, answered from the cache
+    assert a.ip and b.ip
+    # one trace per endpoint pair and path id: asked again, answered from the cache
     src.traceroute((a.ep_id, b.ep_id), 0)
     assert sum(n == "traceroute" for _a, n, _x in client.asked) == 1
     rep = src.host_report(b.host)

@@ -74,12 +74,17 @@ def _parsed(what: str, parse: Any, *args: Any) -> Any:
         return None
 
 
+#: (source host, rail, destination host, rail, path id, the endpoints' overlay addresses)
+_TraceKey = tuple[str, int, str, int, int, str, str]
+
+
 class AgentStateSource:
     """The localizer's questions answered by host agents through the controller's relay.
 
-    Traces are taken between the two RNICs of a pair (the VXLAN underlay path) with a source port
-    fixed per (pair's RNICs, path id), so all container pairs over the same RNIC pair share one
-    trace. Cheap, decisive reads come first and traces only when the localizer needs one:
+    Traces are taken between the two RNICs of a pair (the VXLAN underlay path), pinned to the
+    outer 5-tuple the pair's probes on that path id leave with (the host agent learns it by
+    watching them: :mod:`skh.collect.vxlan`), else from a source port fixed per (pair's RNICs,
+    path id). Cheap, decisive reads come first and traces only when the localizer needs one:
     :meth:`prefetch_hosts` asks every host's overlay state and report at once, :meth:`plan_traces`
     names the traces the round will likely want, and the first trace the localizer asks for
     fetches all of them at once (the agents run them side by side); later calls hit the cache.
@@ -90,7 +95,7 @@ class AgentStateSource:
         self.cluster = cluster
         self.cfg = cfg
         self.calls: dict[str, int] = {}
-        self._traces: dict[tuple[str, int, str, int, int], Trace | None] = {}
+        self._traces: dict[_TraceKey, Trace | None] = {}
         self._tables: dict[str, OverlayTables | None] = {}
         self._reports: dict[str, HostReport | None] = {}
         self._flows: dict[tuple[str, int], FlowTables | None] = {}
@@ -110,32 +115,36 @@ class AgentStateSource:
         return self.client.commands(calls, timeout_s=self.cfg.command_timeout_s)
 
     # -- traceroute ---------------------------------------------------------------------------
-    def _trace_key(self, pair: tuple[int, int], path_id: int) -> tuple[str, int, str, int, int]:
+    def _trace_key(self, pair: tuple[int, int], path_id: int) -> _TraceKey:
         a, b = self.cluster.endpoints[pair[0]], self.cluster.endpoints[pair[1]]
-        return (a.host, a.rail, b.host, b.rail, int(path_id))
+        return (a.host, a.rail, b.host, b.rail, int(path_id), a.ip, b.ip)
 
-    def _trace_call(
-        self, key: tuple[str, int, str, int, int]
-    ) -> tuple[str, str, dict[str, Any]] | None:
-        sh, sr, dh, dr, path_id = key
+    def _trace_call(self, key: _TraceKey) -> tuple[str, str, dict[str, Any]] | None:
+        sh, sr, dh, dr, path_id, inner_src, inner_dst = key
         agent = self._agent(sh)
         fab = self.cluster.fabric
         src, dst = fab.rnic(sh, sr), fab.rnic(dh, dr)
         if agent is None or not src.ip or not dst.ip:
             return None
-        # fixed per RNIC pair and path id (not per run: crc32, not the salted hash())
+        # the port of a trace the agent cannot pin to the flow: fixed per RNIC pair and path id
+        # (not per run: crc32, not the salted hash())
         sport = 40000 + (zlib.crc32(f"{sh}:{sr}>{dh}:{dr}".encode()) % 1000) * 16 + path_id % 16
-        return (
-            agent,
-            "traceroute",
-            {
-                "dst": dst.ip,
-                "src": src.ip,
-                "sport": sport,
-                "dport": self.cfg.trace_base_port,
-                "max_ttl": self.cfg.trace_max_ttl,
-            },
-        )
+        args: dict[str, Any] = {
+            "dst": dst.ip,
+            "src": src.ip,
+            "sport": sport,
+            "dport": self.cfg.trace_base_port,
+            "max_ttl": self.cfg.trace_max_ttl,
+        }
+        if inner_src and inner_dst:
+            # the probe flow itself: the agent traces the VXLAN outer 5-tuple its frames take
+            args |= {
+                "inner_src": inner_src,
+                "inner_dst": inner_dst,
+                "path_id": path_id,
+                "learn_ms": int(self.cfg.trace_learn_s * 1000),
+            }
+        return (agent, "traceroute", args)
 
     def _trace_from(self, pair: tuple[int, int], key: tuple, reply: dict[str, Any]) -> Trace | None:
         from skh.collect.traceroute import TraceHop, TraceResult, parse_paris_json, trace_nodes
