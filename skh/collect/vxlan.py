@@ -38,7 +38,7 @@ __all__ = [
 
 VXLAN_PORT = 4789
 SKH_MAGIC = 0x534B4850  # "SKHP" (csrc/proto.h)
-SKH_MSG_PROBE = 1
+SKH_MSG_PROBE, SKH_MSG_ACK1, SKH_MSG_ACK2 = 1, 2, 3
 _ETH_P_ALL = 0x0003
 _SO_ATTACH_FILTER = 26
 _PACKET_OUTGOING = 4
@@ -47,12 +47,14 @@ _SNAP = 192  # outer Eth+IPv4+UDP+VXLAN, inner Eth+IPv4+UDP, the probe header's 
 
 @dataclass(frozen=True, slots=True)
 class InnerFlow:
-    """One probe flow as the overlay sees it: the prober's and target's overlay addresses and
-    the path id the prober pinned (the probe header carries it)."""
+    """One leg of a probe flow as the overlay sees it: from ``src`` to ``dst`` (overlay
+    addresses) on the path id the prober pinned (the probe header carries it, its answers echo
+    it). ``reply``: the answers' leg (the target's ACKs to the prober), else the probes'."""
 
     src: str
     dst: str
     path_id: int
+    reply: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +124,8 @@ def parse_probe_frame(
     frame: bytes, vxlan_port: int = VXLAN_PORT
 ) -> tuple[str, InnerFlow, Learned] | None:
     """``(outer destination, inner flow, how it left)`` of an Ethernet frame carrying a
-    VXLAN-encapsulated skh PROBE, else None. Checks every field the filter checks (frames that
-    reach the socket before the filter is attached are not filtered)."""
+    VXLAN-encapsulated skh probe or answer, else None. Checks every field the filter checks
+    (frames that reach the socket before the filter is attached are not filtered)."""
     try:
         off = 14
         (etype,) = struct.unpack_from("!H", frame, 12)
@@ -148,10 +150,11 @@ def parse_probe_frame(
         (path_id,) = struct.unpack_from("!H", frame, hdr + 16)
     except (struct.error, IndexError, OSError):  # truncated: inet_ntoa of a short slice
         return None
-    if magic != SKH_MAGIC or mtype != SKH_MSG_PROBE:
+    if magic != SKH_MAGIC or mtype not in (SKH_MSG_PROBE, SKH_MSG_ACK1, SKH_MSG_ACK2):
         return None
     start = off + ihl + 8
-    return outer_dst, InnerFlow(src, dst, path_id), Learned(sport, bytes(frame[start:hdr]))
+    flow = InnerFlow(src, dst, path_id, reply=mtype != SKH_MSG_PROBE)
+    return outer_dst, flow, Learned(sport, bytes(frame[start:hdr]))
 
 
 class OuterPortLearner:

@@ -112,7 +112,8 @@ def traceroute(args: dict[str, Any]) -> Any:
     namespace the collector runs as a subprocess under ``ip netns exec``.
 
     With ``inner_src``, ``inner_dst`` and ``path_id`` (an overlay probe flow between two of the
-    RNICs' VTEPs, ``src`` -> ``dst``) the trace takes the underlay path that flow's frames take:
+    RNICs' VTEPs, ``src`` -> ``dst``; ``reply``: the answers' leg of the flow whose prober is
+    ``inner_dst``) the trace takes the underlay path that flow's frames take:
     it is pinned to their VXLAN outer 5-tuple, whose source port is learned by watching them
     leave (for up to ``learn_ms``; :mod:`skh.collect.vxlan`). The answer says ``pinned``; a flow
     not seen in time is traced from ``sport`` like any other."""
@@ -122,7 +123,12 @@ def traceroute(args: dict[str, Any]) -> Any:
     unpinned = ""
     if "inner_src" in args and "src" in args and not netns:
         vport = int(args.get("vxlan_port", VXLAN_PORT))
-        flow = InnerFlow(str(args["inner_src"]), str(args["inner_dst"]), int(args["path_id"]))
+        flow = InnerFlow(
+            str(args["inner_src"]),
+            str(args["inner_dst"]),
+            int(args["path_id"]),
+            reply=bool(args.get("reply", False)),
+        )
         learner = _outer_ports(vport)
         seen = learner.lookup(dst, flow, int(args.get("learn_ms", 5000)) / 1000.0)
         if seen is not None:

@@ -319,9 +319,11 @@ def test_an_encapsulated_probe_frame_gives_its_flow_and_outer_port():
             "080000000003e800"
         )
         assert seen.inner[-8:-6] == (41000).to_bytes(2, "big")
-    # an ACK (only the prober's PROBE frames are its flow), a frame to another port, and every
-    # truncation: nothing, never an exception
-    assert parse_probe_frame(_vxlan_probe_frame(mtype=2)) is None
+    # an answer is the flow's other leg; another message type, a frame to another port and
+    # every truncation are nothing, never an exception
+    assert parse_probe_frame(_vxlan_probe_frame(mtype=2))[1].reply
+    assert not parse_probe_frame(_vxlan_probe_frame(mtype=1))[1].reply
+    assert parse_probe_frame(_vxlan_probe_frame(mtype=9)) is None
     assert parse_probe_frame(_vxlan_probe_frame(), vxlan_port=8472) is None
     frame = _vxlan_probe_frame()
     # (the probe header starts 98 bytes before the frame ends, its path id ends 80 before)
