@@ -3,8 +3,9 @@ cluster, side by side with the flat policy (every ping pair at 10 probes/s on on
 run (:func:`skh.eval.plan.planned_probing` has the figures' definitions):
 
 - the busiest container's probes/s under each, and the real agent process at each rate
-  (:func:`skh.eval.agent_cost.agent_cost`: the C engine against a C responder on loopback, CPU %
-  of one core and RSS; the planned run rotates over the plan's most path ids), their ratio, and
+  (:func:`skh.eval.agent_cost.agent_cost`: the real overlay agent process, its plan from a real
+  controller, against a C responder on loopback; CPU % of one core, RSS and USS; the planned run
+  rotates over the plan's most path ids), their ratio, and
   the paper's ~1 % of a core;
 - skeleton links below the floor (10 probes/s) under each;
 - ``ecmp_paths_covered_share``: (pair, ECMP path) probed within 10 s, switch hash drawn at random.
@@ -30,7 +31,6 @@ from skh.eval.plan import planned_probing
 from skh.eval.profiles import profile as get_profile
 from skh.model import Fabric
 from skh.sim import LINGJUN_TOPO
-from skh.sim.faults import SIMULATED_TYPES
 from skh.sim.scenario import Simulation
 
 
@@ -54,9 +54,8 @@ def main() -> None:
         arrivals_per_min=prof.arrivals_per_min,
         probe_interval_s=prof.probe_interval_s,
     )
-    # the job arrivals of the eval's detection run, without its probes
-    types = len(prof.types or SIMULATED_TYPES) * prof.rounds
-    duration = int(prof.warmup_s + types * (prof.fault_s + prof.gap_s))
+    # the job arrivals of the eval's field run (one seed), without its probes
+    duration = int(prof.duration_s)
     for t in range(duration):
         sim._arrive(float(t))
     out = planned_probing(sim, fabric, seed=args.seed, hash_seeds=args.hash_seeds)

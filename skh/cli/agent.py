@@ -79,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from skh.orchestrator.config import default_host
     from skh.orchestrator.daemon import install_stop_signals
-    from skh.orchestrator.metrics import CollectorRegistry, serve
+    from skh.orchestrator.metrics import serve
 
     extra: dict[str, Any] = {
         "agent.role": args.role,
@@ -105,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
         cfg.security.check(server=False, client=True)  # an enrolling sidecar makes its key
     stop = threading.Event()
     install_stop_signals(stop)
-    registry = CollectorRegistry()
+    registry = None
+    if cfg.agent.metrics:  # prometheus_client is loaded only for an endpoint (~9 MB)
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry()
     if cfg.agent.role == "overlay":
         from skh.orchestrator.agent_overlay import OverlayAgent, enrol_sidecar
 
@@ -118,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         agent = UnderlayAgent(cfg.agent, cfg.security, metrics=registry)
     else:  # pragma: no cover - config validation refuses other roles
         raise ConfigError(f"unknown role {cfg.agent.role!r}")
-    serve(registry, cfg.agent.metrics)
+    if registry is not None:
+        serve(registry, cfg.agent.metrics)
     agent.run(stop)
     return 0

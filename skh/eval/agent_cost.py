@@ -1,7 +1,8 @@
-"""Agent cost: CPU and RSS of a real agent process probing at the skeleton's rate, measured by the
-probe-overhead harness (``bench/probe_overhead.py``: the C engine in its own process against a
-C responder in another, on loopback). Wall-clock measurements: never part of the deterministic
-table."""
+"""Agent cost: CPU and memory of the real overlay agent process (``skh agent --role overlay``)
+probing at the busiest container's planned rate, as ``bench/agent_process.py`` runs it: a real
+controller hands it its ping list and probe plan, its engines (one per endpoint) probe a C
+responder on loopback, its results go to a sink. Wall-clock measurements: never part of the
+deterministic table."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ __all__ = ["agent_cost"]
 
 log = logging.getLogger(__name__)
 
-_HARNESS = Path(__file__).resolve().parents[2] / "bench" / "probe_overhead.py"
+_HARNESS = Path(__file__).resolve().parents[2] / "bench" / "agent_process.py"
 
 
 def _harness() -> ModuleType | None:
     if not _HARNESS.is_file():
         return None
-    spec = importlib.util.spec_from_file_location("skh_bench_probe_overhead", _HARNESS)
+    spec = importlib.util.spec_from_file_location("skh_bench_agent_process", _HARNESS)
     if spec is None or spec.loader is None:
         return None
     mod = importlib.util.module_from_spec(spec)
@@ -29,30 +30,32 @@ def _harness() -> ModuleType | None:
     return mod
 
 
-def agent_cost(rate_per_s: float, duration_s: float, *, paths: int = 1) -> dict[str, Any]:
-    """Run one agent at ``rate_per_s`` probes/s for ``duration_s``, each target's probes rotating
-    over ``paths`` path ids; its CPU % of one core and RSS. Returns ``{"error": ...}`` when the
-    engine or the harness is not available here."""
+def agent_cost(
+    rate_per_s: float, duration_s: float, *, paths: int = 1, endpoints: int = 8
+) -> dict[str, Any]:
+    """The agent with ``endpoints`` endpoints probing ``rate_per_s`` in all for ``duration_s``,
+    each pair rotating over ``paths`` path ids: its CPU % of one core, VmRSS (``rss_mb``), own
+    memory (``uss_mb``: what one more sidecar on a host costs; shared library pages count once
+    per host) and the probe rate it reached. ``{"error": ...}`` when the engine or the harness
+    is not available here."""
     mod = _harness()
     if mod is None:
-        return {"error": f"probe-overhead harness not found at {_HARNESS}"}
+        return {"error": f"agent-process harness not found at {_HARNESS}"}
     try:
-        with mod.responder(None, "127.0.0.1") as port:
-            r = mod.c_agent(
-                None, "127.0.0.1", port, float(rate_per_s), float(duration_s), paths=paths
-            )
+        r = mod.measure(float(rate_per_s), float(duration_s), paths=paths, endpoints=endpoints)
     except Exception as exc:  # noqa: BLE001 - a missing engine build is reported, not fatal
         log.warning("agent cost not measured: %s", exc)
         return {"error": str(exc)[-300:]}
     return {
         "rate_per_s": round(float(rate_per_s), 1),
-        "duration_s": duration_s,
+        "duration_s": r["duration_s"],
         "paths": paths,
-        "probes": r["probes"],
-        "answered": r["answered"],
-        "cpu_pct_one_core": round(100.0 * r["cpu_s"] / r["wall_s"], 2) if r["wall_s"] else None,
-        "rss_mb": round(r["rss_mb"], 1),
-        "rss_anon_mb": round(r["rss_anon_mb"], 1),
-        "net_rtt_us_p50": r["net_rtt_us"]["p50"],
-        "path": "loopback",
+        "endpoints": endpoints,
+        "probes_per_s": r["probes_per_s"],
+        "cpu_pct_one_core": r["cpu_pct_one_core"],
+        "rss_mb": r["rss_mb"],
+        "rss_anon_mb": r["rss_anon_mb"],
+        "uss_mb": r["uss_mb"],
+        "pss_mb": r["pss_mb"],
+        "path": "real overlay agent process, loopback UDP",
     }

@@ -782,10 +782,15 @@ def run_eval(
     measured: dict[str, Any] = {
         "agent": {"skipped": True}
         if not run_agent
-        else agent_cost(max(1.0, np.ceil(busiest)), profile.agent_s, paths=plan["busiest_paths"]),
+        else agent_cost(
+            max(1.0, np.ceil(busiest)),
+            profile.agent_s,
+            paths=plan["busiest_paths"],
+            endpoints=fabric.rails,
+        ),
         "agent_unplanned": {"skipped": True}
         if not run_agent
-        else agent_cost(max(1.0, np.ceil(rate_max)), profile.agent_s),
+        else agent_cost(max(1.0, np.ceil(rate_max)), profile.agent_s, endpoints=fabric.rails),
         "paper_agent": {"cpu_pct": PAPER["agent_cpu_pct"], "rss_mb": PAPER["agent_rss_mb"]},
     }
     timings["total"] = round(time.perf_counter() - t_all, 2)
@@ -862,6 +867,7 @@ def run_eval(
     probing_head = {
         "agent_cpu_pct_busiest": ag.get("cpu_pct_one_core"),
         "agent_rss_mb_busiest": ag.get("rss_mb"),
+        "agent_uss_mb_busiest": ag.get("uss_mb"),
         "ecmp_paths_covered_share": plan["ecmp_paths_covered_share"]["planned_mean"],
     }
     failures = [

@@ -446,6 +446,7 @@ def tables(r: dict[str, Any]) -> list[Table]:
         ag_rows = (
             ("CPU, % of one core", _num(ag["cpu_pct_one_core"]), _num(paper["agent_cpu_pct"], 1)),
             ("RSS (MB)", _num(ag["rss_mb"], 1), _num(paper["agent_rss_mb"], 1)),
+            ("own memory, USS (MB)", _num(ag.get("uss_mb"), 1), ""),
         )
     else:
         ag_rows = (("not measured", ag.get("error", "skipped"), ""),)
@@ -638,9 +639,12 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
             (
                 "Agent cost",
                 f"{_num(ag['cpu_pct_one_core'])} % of one core and {_num(ag['rss_mb'], 1)} MB RSS "
+                f"({_num(ag.get('uss_mb'), 1)} MB of its own, USS) "
                 f"at {ag['rate_per_s']:g} probes/s (the busiest container's skeleton rate) against "
-                "the paper's ~1 % and ~35 MB. Ours is the C engine in a Python process on "
-                "loopback UDP (the RSS is mostly the interpreter and numpy); the paper's is a Go "
+                "the paper's ~1 % and ~35 MB. Ours is the real overlay agent process (the C "
+                "engine under Python, one engine per endpoint, its ping list and plan from a real "
+                "controller) on loopback UDP; its RSS is mostly the interpreter, numpy and "
+                "libzmq, whose library pages every sidecar on a host shares; the paper's is a Go "
                 "sidecar on RDMA. A short run: the figure is steady-state probing cost only.",
             )
         )

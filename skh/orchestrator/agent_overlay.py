@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
@@ -41,17 +41,15 @@ from skh.errors import ConfigError, ProtocolError
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig, EndpointSpec
 from skh.orchestrator.daemon import RetryRefused, make_socket
-from skh.orchestrator.metrics import (
-    RTT_BUCKETS,
-    CallbackCollector,
-    CollectorRegistry,
-    Histograms,
-)
+from skh.orchestrator.metrics import RTT_BUCKETS, CallbackCollector, Histograms
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, merge_snapshot_pages
 from skh.orchestrator.security import SecurityConfig, ensure_keypair
 from skh.probeplan import ProbePlan, ProbePolicy, plan_probes
 from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
 from skh.wire import DEFAULT_MAX_FRAME_BYTES, Envelope, MsgType, job_topic, probe_batch_body
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["OverlayAgent", "EngineLike", "ResultBuffer", "enrol_sidecar"]
 
@@ -94,6 +92,10 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         bind=spec.ip,
         port=spec.port,
         transport=cfg.transport,
+        # the agent drains every batch interval: a few intervals at the agent's whole top rate,
+        # not the engine's default 65,536 records (3 MiB each, all resident once the ring has
+        # wrapped: +24 MB for 8 endpoints after ~14 min at 80 probes/s each)
+        ring_records=int(max(4.0, 4 * cfg.batch_interval_s) * cfg.max_probe_rate),
         timeout_s=cfg.probe_timeout_s,
         device=spec.device or None,
         gid_index=None if spec.gid_index < 0 else spec.gid_index,

@@ -35,23 +35,27 @@ import sys
 import threading
 import time
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
 from skh.collect.linux import read_linux_state
 from skh.collect.ovs import parse_dpctl_flows, parse_ofctl_flows
-from skh.collect.trace import paris_trace
+from skh.collect.trace import paris_trace, vxlan_trace
+from skh.collect.vxlan import VXLAN_PORT, InnerFlow, OuterPortLearner
 from skh.errors import ProtocolError, RequestRefused, RequestTimeout
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.counters import CounterSampler, make_source
 from skh.orchestrator.daemon import RetryRefused, make_socket
 from skh.orchestrator.enrol import EnrolServer
-from skh.orchestrator.metrics import CallbackCollector, CollectorRegistry
+from skh.orchestrator.metrics import CallbackCollector
 from skh.orchestrator.security import SecurityConfig
 from skh.wire import Envelope, MsgType, counter_batch_body
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["UnderlayAgent", "default_handlers", "next_sample_delay_s"]
 
@@ -83,14 +87,65 @@ def _run(argv: list[str], netns: str = "") -> str:
     return done.stdout
 
 
+_learner: OuterPortLearner | None = None
+_trace_locks: dict[tuple[str, int], threading.Lock] = {}
+_state_lock = threading.Lock()
+
+
+def _outer_ports(vxlan_port: int) -> OuterPortLearner:
+    global _learner
+    with _state_lock:
+        if _learner is None or _learner.vxlan_port != vxlan_port:
+            _learner = OuterPortLearner(vxlan_port=vxlan_port)
+        return _learner
+
+
+def _port_lock(src: str, sport: int) -> threading.Lock:
+    """Two traces of one outer 5-tuple (two inner flows the VTEP hashed alike) cannot bind its
+    source port at once: they take turns."""
+    with _state_lock:
+        return _trace_locks.setdefault((src, sport), threading.Lock())
+
+
 def traceroute(args: dict[str, Any]) -> Any:
     """Flow-pinned traceroute: ``{dst, src?, sport?, dport?, max_ttl?, netns?}``. Inside another
-    namespace the collector runs as a subprocess under ``ip netns exec``."""
+    namespace the collector runs as a subprocess under ``ip netns exec``.
+
+    With ``inner_src``, ``inner_dst`` and ``path_id`` (an overlay probe flow between two of the
+    RNICs' VTEPs, ``src`` -> ``dst``; ``reply``: the answers' leg of the flow whose prober is
+    ``inner_dst``) the trace takes the underlay path that flow's frames take:
+    it is pinned to their VXLAN outer 5-tuple, whose source port is learned by watching them
+    leave (for up to ``learn_ms``; :mod:`skh.collect.vxlan`). The answer says ``pinned``; a flow
+    not seen in time is traced from ``sport`` like any other."""
     dst = str(args["dst"])
     netns = str(args.get("netns", ""))
     opts = {k: args[k] for k in ("src", "sport", "dport", "max_ttl") if k in args}
+    unpinned = ""
+    if "inner_src" in args and "src" in args and not netns:
+        vport = int(args.get("vxlan_port", VXLAN_PORT))
+        flow = InnerFlow(
+            str(args["inner_src"]),
+            str(args["inner_dst"]),
+            int(args["path_id"]),
+            reply=bool(args.get("reply", False)),
+        )
+        learner = _outer_ports(vport)
+        seen = learner.lookup(dst, flow, int(args.get("learn_ms", 5000)) / 1000.0)
+        if seen is not None:
+            with _port_lock(str(args["src"]), seen.sport):
+                res = vxlan_trace(
+                    dst,
+                    src=str(args["src"]),
+                    outer_sport=seen.sport,
+                    inner=seen.inner,
+                    vxlan_port=vport,
+                    max_ttl=int(args.get("max_ttl", 16)),
+                )
+            return {"trace": _plain(res), "pinned": True, "outer_sport": seen.sport}
+        unpinned = learner.error or "flow not seen leaving this host"
     if not netns:
-        return {"trace": _plain(paris_trace(dst, **opts))}
+        out = {"trace": _plain(paris_trace(dst, **opts))}
+        return {**out, "pinned": False, "why": unpinned} if unpinned else out
     argv = [
         sys.executable,
         "-m",

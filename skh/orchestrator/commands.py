@@ -87,6 +87,13 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[Callable[[Any], Any],
             "dport": (_PORT, False),
             "max_ttl": (_int(1, 64), False),
             "netns": (_netns, False),
+            # an overlay probe flow whose VXLAN outer 5-tuple the trace takes
+            "inner_src": (_ip, False),
+            "inner_dst": (_ip, False),
+            "path_id": (_int(0, 65535), False),
+            "reply": (_bool, False),
+            "learn_ms": (_int(0, 30000), False),
+            "vxlan_port": (_PORT, False),
         },
     ),
     "dump_flows": (

@@ -4,18 +4,22 @@ reasons, roles, states, layers, transports and message types — never endpoint 
 
 Latency histograms (:class:`Histograms`) take whole numpy arrays per observation, so an agent
 can count a batch of probe RTTs without a Python call per probe. ``deploy/grafana/`` builds its
-dashboard on these names."""
+dashboard on these names.
+
+prometheus_client (and the http.server under it: ~9 MB of an agent's ~35) is imported only when
+a registry is made or scraped: an agent without a metrics endpoint never loads it. The
+collectors here are plain objects with ``collect()``, which is all a registry asks of one."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = [
     "CollectorRegistry",
@@ -39,6 +43,8 @@ def serve(registry: CollectorRegistry, address: str) -> int | None:
     """Expose ``registry`` over HTTP at ``host:port`` ("" = disabled); returns the bound port."""
     if not address:
         return None
+    from prometheus_client import start_http_server
+
     host, _, port = address.rpartition(":")
     server, _thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
     _servers.append(server)
@@ -58,7 +64,16 @@ def stop_servers() -> None:
 _servers: list = []
 
 
-class CallbackCollector(Collector):
+def __getattr__(name: str) -> Any:
+    # ``from skh.orchestrator.metrics import CollectorRegistry`` loads prometheus_client then
+    if name == "CollectorRegistry":
+        from prometheus_client import CollectorRegistry
+
+        return CollectorRegistry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class CallbackCollector:
     """Reads live values from a daemon at scrape time, so the hot loop only bumps plain ints.
 
     ``counters``/``gauges`` map a metric name to ``(help, label_names, read)`` where ``read()``
@@ -77,7 +92,9 @@ class CallbackCollector(Collector):
         self._counters = dict(counters)
         self._gauges = dict(gauges)
 
-    def collect(self):  # type: ignore[override]
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         for name, (doc, labels, read) in self._counters.items():
             fam = CounterMetricFamily(name, doc, labels=list(labels))
             for key, value in read().items():
@@ -90,7 +107,7 @@ class CallbackCollector(Collector):
             yield gfam
 
 
-class Histograms(Collector):
+class Histograms:
     """Histogram families with bounded label sets, fed whole arrays at a time.
 
     ``families`` maps a metric name (seconds, by Prometheus convention ``*_seconds``) to
@@ -124,7 +141,10 @@ class Histograms(Collector):
         slot = self._data[name].get(labels)
         return 0 if slot is None else int(slot[0].sum())
 
-    def collect(self):  # type: ignore[override]
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
         for name, (doc, names, bounds) in self._spec.items():
             fam = HistogramMetricFamily(name, doc, labels=list(names))
             for labels, (counts, total) in list(self._data[name].items()):

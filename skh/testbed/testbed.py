@@ -68,8 +68,13 @@ _ROUTER_SYSCTLS = {
     "net.ipv4.icmp_ratelimit": 0,
     "net.ipv4.icmp_msgs_per_sec": 100000,
     "net.ipv4.icmp_msgs_burst": 100000,
-    # L4 hash: different UDP source ports take different spines (what flow-pinned probes rely on)
-    "net.ipv4.fib_multipath_hash_policy": 1,
+    # ECMP hashes the 5-tuple on the wire, as a switch does: source and destination address,
+    # protocol, ports (fields 0x37), so different UDP source ports take different spines (what
+    # flow-pinned probes rely on). Not policy 1: it reuses a hash the skb already carries, and a
+    # VXLAN frame carries its *inner* flow's (the VTEP computed it for the outer source port, and
+    # veth keeps it across namespaces), so frames went where no trace of their outer header went
+    "net.ipv4.fib_multipath_hash_fields": 0x37,
+    "net.ipv4.fib_multipath_hash_policy": 3,
     # a time-exceeded reply names the ingress interface, i.e. the probe's own path under ECMP
     "net.ipv4.icmp_errors_use_inbound_ifaddr": 1,
     "net.ipv4.conf.all.rp_filter": 0,

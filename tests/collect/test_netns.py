@@ -1,9 +1,13 @@
-"""Collectors against real kernels state: a flow-pinned trace across routers in namespaces, and
-the pyroute2 overlay reader on a kernel-VXLAN overlay whose forwarding graph the walk follows."""
+"""Collectors against real kernels state: a flow-pinned trace across routers in namespaces, one
+pinned to a VXLAN flow's outer 5-tuple across two ECMP paths, and the pyroute2 overlay reader on
+a kernel-VXLAN overlay whose forwarding graph the walk follows."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import subprocess
+import threading
 import time
 import uuid
 
@@ -17,7 +21,8 @@ from skh.collect.linux import (
     parse_ip_route,
     read_linux_state,
 )
-from skh.collect.trace import paris_trace
+from skh.collect.trace import paris_trace, vxlan_trace
+from skh.collect.vxlan import InnerFlow, OuterPortLearner
 from skh.model import Cluster, Fabric
 from skh.testbed.netns import in_netns
 
@@ -216,3 +221,128 @@ def test_pyroute2_overlay_state_walks_and_breaks(names):
     sh(f"ip -n {b} route replace 172.16.1.1/32 dev c0v0; ip -n {cb} link set vf0 down")
     w = walk_now()
     assert (w.status, w.hop) == ("down", "B/rep:c0v0")
+
+
+def _skh_probe(path_id: int) -> bytes:
+    """An skh PROBE as the engine sends it (csrc/proto.h: magic, version, type, flags,
+    ts_source, session, seq, path_id, ...), padded to the minimum probe length."""
+    hdr = struct.pack("!IBBBBIIHH", 0x534B4850, 1, 1, 0, 0, 7, 1, path_id, 0)
+    return hdr + bytes(96 - len(hdr))
+
+
+def test_a_vxlan_flows_trace_takes_the_ecmp_path_its_frames_take(names):
+    """Two VTEPs over a fabric with two equal-cost paths (hashing the outer 5-tuple): each
+    overlay probe flow's frames take the path its outer source port hashes to, which the kernel
+    draws from the inner flow with a per-boot seed. (The routers hash the outer 5-tuple as a
+    switch does, policy 3; policy 1 reuses the inner flow's hash the frame's skb carries.) The
+    learner sees the port leave, the pinned trace crosses the router the frames crossed
+    (counted on the routers), reaches the far VTEP, and stops there when that router silently
+    drops, while a flow on the other path still reaches."""
+    h1, r1, ra, rb, r3, h2 = (names(n) for n in ("h1", "r1", "ra", "rb", "r3", "h2"))
+    sh(f"""
+    ip link add rnic0 netns {h1} type veth peer name e0 netns {r1}
+    ip link add ua netns {r1} type veth peer name d0 netns {ra}
+    ip link add ub netns {r1} type veth peer name d0 netns {rb}
+    ip link add d1 netns {ra} type veth peer name ua netns {r3}
+    ip link add d1 netns {rb} type veth peer name ub netns {r3}
+    ip link add e0 netns {r3} type veth peer name rnic0 netns {h2}
+    ip -n {h1} addr add 10.9.1.1/24 dev rnic0; ip -n {r1} addr add 10.9.1.254/24 dev e0
+    ip -n {r1} addr add 10.9.11.0/31 dev ua; ip -n {ra} addr add 10.9.11.1/31 dev d0
+    ip -n {r1} addr add 10.9.12.0/31 dev ub; ip -n {rb} addr add 10.9.12.1/31 dev d0
+    ip -n {ra} addr add 10.9.21.0/31 dev d1; ip -n {r3} addr add 10.9.21.1/31 dev ua
+    ip -n {rb} addr add 10.9.22.0/31 dev d1; ip -n {r3} addr add 10.9.22.1/31 dev ub
+    ip -n {r3} addr add 10.9.2.254/24 dev e0; ip -n {h2} addr add 10.9.2.1/24 dev rnic0
+    for n in {h1} {r1} {ra} {rb} {r3} {h2}; do
+      for d in rnic0 e0 ua ub d0 d1; do ip -n $n link set $d up 2>/dev/null || true; done
+      ip netns exec $n sysctl -qw net.ipv4.icmp_ratelimit=0
+    done
+    for n in {r1} {ra} {rb} {r3}; do
+      ip netns exec $n sysctl -qw net.ipv4.ip_forward=1 net.ipv4.icmp_errors_use_inbound_ifaddr=1 \
+        net.ipv4.fib_multipath_hash_policy=3 net.ipv4.fib_multipath_hash_fields=0x37
+    done
+    ip -n {h1} route add default via 10.9.1.254; ip -n {h2} route add default via 10.9.2.254
+    ip -n {r1} route add 10.9.2.0/24 nexthop via 10.9.11.1 nexthop via 10.9.12.1
+    ip -n {r3} route add 10.9.1.0/24 nexthop via 10.9.21.0 nexthop via 10.9.22.0
+    for n in {ra} {rb}; do
+      ip -n $n route add 10.9.1.0/24 via 10.9.$([ $n = {ra} ] && echo 11.0 || echo 12.0)
+    done
+    ip -n {ra} route add 10.9.2.0/24 via 10.9.21.1; ip -n {rb} route add 10.9.2.0/24 via 10.9.22.1
+    for pair in "{h1} 1 2" "{h2} 2 1"; do set -- $pair; h=$1; g=$2; o=$3
+      ip -n $h link add vx0 type vxlan id 1000 local 10.9.$g.1 dev rnic0 dstport 4789 nolearning
+      ip -n $h link set vx0 address 02:00:00:00:00:0$g; ip -n $h link set vx0 up
+      ip -n $h addr add 172.30.0.$g/24 dev vx0
+      ip -n $h neigh add 172.30.0.$o lladdr 02:00:00:00:00:0$o dev vx0 nud permanent
+      bridge -n $h fdb append 02:00:00:00:00:0$o dev vx0 dst 10.9.$o.1
+    done
+    """)
+    via = {"10.9.11.1": ra, "10.9.12.1": rb}
+
+    def rx(ns: str) -> int:
+        return int(sh(f"ip netns exec {ns} cat /sys/class/net/d0/statistics/rx_packets"))
+
+    socks = []
+    with in_netns(h1):
+        for _ in range(16):  # one overlay socket per path id, as the UDP engine keeps
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("172.30.0.1", 0))
+            socks.append(s)
+    learner = OuterPortLearner()
+    try:
+        taken: dict[int, str] = {}  # path id -> the router its frames crossed
+        for pid, s in enumerate(socks):
+            before = {ns: rx(ns) for ns in via.values()}
+            for _ in range(40):
+                s.sendto(_skh_probe(pid), ("172.30.0.2", 7000))
+            time.sleep(0.05)
+            grew = [ns for ns in via.values() if rx(ns) - before[ns] >= 40]
+            assert len(grew) == 1, (pid, grew)
+            taken[pid] = grew[0]
+        # the flows spread over both paths (else this test could pass with one fixed path)
+        assert set(taken.values()) == set(via.values()), taken
+
+        def pinned(pid: int):
+            stop = threading.Event()
+
+            def keep_probing():  # the engine probes on: the learner waits for a frame
+                while not stop.wait(0.05):
+                    socks[pid].sendto(_skh_probe(pid), ("172.30.0.2", 7000))
+
+            t = threading.Thread(target=keep_probing)
+            t.start()
+            try:
+                with in_netns(h1):
+                    flow = InnerFlow("172.30.0.1", "172.30.0.2", pid)
+                    seen = learner.lookup("10.9.2.1", flow, 3.0)
+                    assert seen is not None, learner.error
+                    return vxlan_trace(
+                        "10.9.2.1",
+                        src="10.9.1.1",
+                        outer_sport=seen.sport,
+                        inner=seen.inner,
+                        max_ttl=6,
+                        timeout_s=0.5,
+                    )
+            finally:
+                stop.set()
+                t.join()
+
+        for pid, router in taken.items():
+            res = pinned(pid)
+            assert res.reached, (pid, res)
+            assert res.addrs[0] == "10.9.1.254" and res.addrs[-1] == "10.9.2.1", res
+            assert via[res.addrs[1]] == router, (pid, res.addrs, router)
+        # router ra silently drops everything for h2: flows through ra stop at r1, the others
+        # still reach
+        sh(f"ip -n {ra} route replace blackhole 10.9.2.0/24")
+        for pid in (
+            min(p for p, r in taken.items() if r == ra),
+            min(p for p, r in taken.items() if r == rb),
+        ):
+            res = pinned(pid)
+            if taken[pid] == ra:
+                assert not res.reached and res.addrs[:2] == ("10.9.1.254", None), res
+            else:
+                assert res.reached and via[res.addrs[1]] == rb, res
+    finally:
+        for s in socks:
+            s.close()

@@ -278,3 +278,69 @@ def test_truncated_json_keeps_the_complete_rows():
     last = text.rfind('{"protocol"')
     head = parse_tc_filters(text[:last].rstrip(",") + "]", dev="tca")
     assert head and parse_tc_filters(text[:-20], dev="tca") == head
+
+
+def _vxlan_probe_frame(path_id: int = 5, mtype: int = 1, ihl: int = 5) -> bytes:
+    """Ethernet / outer IPv4 / UDP to 4789 / VXLAN / inner Ethernet / IPv4 / UDP / skh header."""
+    import socket
+    import struct
+
+    skh = struct.pack("!IBBBBIIHH", 0x534B4850, 1, mtype, 0, 0, 7, 1, path_id, 0) + bytes(78)
+    inner_udp = struct.pack("!HHHH", 41000, 7000, 8 + len(skh), 0)
+    inner_ip = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(skh), 0, 0, 64, 17, 0,
+        socket.inet_aton("172.16.0.1"), socket.inet_aton("172.16.1.1"),
+    )  # fmt: skip
+    inner = b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + inner_ip + inner_udp + skh
+    vx = struct.pack("!II", 0x08000000, 1000 << 8)
+    udp = struct.pack("!HHHH", 51234, 4789, 8 + len(vx) + len(inner), 0)
+    opts = bytes(4 * (ihl - 5))
+    outer = struct.pack(
+        "!BBHHHBBH4s4s", 0x40 | ihl, 0, 0, 0, 0, 64, 17, 0,
+        socket.inet_aton("10.0.0.1"), socket.inet_aton("10.0.1.1"),
+    ) + opts  # fmt: skip
+    return b"\x06" * 6 + b"\x08" * 6 + b"\x08\x00" + outer + udp + vx + inner
+
+
+def test_an_encapsulated_probe_frame_gives_its_flow_and_outer_port():
+    from skh.collect.vxlan import INNER_HEADERS, InnerFlow, parse_probe_frame
+
+    for ihl in (5, 6):  # outer IPv4 options shift everything after them
+        got = parse_probe_frame(_vxlan_probe_frame(ihl=ihl))
+        assert got is not None
+        dst, flow, seen = got
+        assert (dst, flow, seen.sport) == (
+            "10.0.1.1",
+            InnerFlow("172.16.0.1", "172.16.1.1", 5),
+            51234,
+        )
+        # what a trace copies: VXLAN header (I flag set, VNI 1000) through the inner UDP header
+        assert len(seen.inner) == INNER_HEADERS and seen.inner[:8] == bytes.fromhex(
+            "080000000003e800"
+        )
+        assert seen.inner[-8:-6] == (41000).to_bytes(2, "big")
+    # an answer is the flow's other leg; another message type, a frame to another port and
+    # every truncation are nothing, never an exception
+    assert parse_probe_frame(_vxlan_probe_frame(mtype=2))[1].reply
+    assert not parse_probe_frame(_vxlan_probe_frame(mtype=1))[1].reply
+    assert parse_probe_frame(_vxlan_probe_frame(mtype=9)) is None
+    assert parse_probe_frame(_vxlan_probe_frame(), vxlan_port=8472) is None
+    frame = _vxlan_probe_frame()
+    # (the probe header starts 98 bytes before the frame ends, its path id ends 80 before)
+    assert all(parse_probe_frame(frame[:n]) is None for n in range(len(frame) - 80))
+    rng = random.Random(7)
+    for _ in range(200):
+        b = bytearray(frame)
+        b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        parse_probe_frame(bytes(b))  # flipped bits: a flow or None
+
+
+def test_the_probe_filter_jumps_to_accept_or_drop_only():
+    from skh.collect.vxlan import probe_filter
+
+    prog = probe_filter()
+    ret_accept, ret_drop = len(prog) - 2, len(prog) - 1
+    assert prog[ret_accept][0] == prog[ret_drop][0] == 0x06 and prog[ret_drop][3] == 0
+    for i, (code, jt, jf, _k) in enumerate(prog[:-2]):
+        if code & 0x07 == 0x05:  # a jump: each way goes to the next row or to "drop"
+            assert {i + 1 + jt, i + 1 + jf} <= {i + 1, ret_drop}, (i, jt, jf)

@@ -10,6 +10,10 @@ second spine-side link then drops only the flows a fixed path id never takes —
 no fixed 5-tuple of the job hashes onto: rotation finds it, one path id per pair cannot
 (``controller.probe_max_paths = 1``: not detected, tried). What rotation buys on a large fabric —
 every (pair, ECMP path) probed within 10 s — is measured by ``bench/probe_plan.py``.
+
+Both links are named because the localizer's traces follow the failing flows: pinned to the
+VXLAN outer 5-tuple (and headers) the flows' frames leave with, both legs of the round trip
+(docs/probing.md, "Traces that follow the probes").
 """
 
 from __future__ import annotations
@@ -75,10 +79,11 @@ def test_a_silent_spine_link_drop_is_found_through_path_rotation(tmp_path):
     assert out.detected is not None, (out.truth, out.others)
     assert out.detected["layer"] == "underlay", out.detected
     assert matches(out.truth, out.detected), (out.truth["component"], out.detected["component"])
-    # The probes must see the drop that spares path id 0: with one path id per pair
-    # (controller.probe_max_paths = 1) no alert at all is raised. The flow-pinned traceroutes are
-    # not VXLAN flows and cross the link unharmed, so the localizer does not name it yet (it
-    # blames other links and RNICs: docs/probing.md, "Not done yet").
+    # The probes must see the drop that spares path id 0 (with one path id per pair,
+    # controller.probe_max_paths = 1, no alert at all is raised), and the traces of the failing
+    # flows cross the link as their frames do: the localizer names it
     raised = [a for a in [unseen.detected, *unseen.others] if a and a.get("kind") == "fault"]
     print("raised:", [(a["layer"], a["component"], a["failure_type"]) for a in raised])
     assert raised, (unseen.truth, demo.alerts(), log)
+    assert unseen.detected is not None, (unseen.truth, raised)
+    assert matches(unseen.truth, unseen.detected), unseen.detected["component"]

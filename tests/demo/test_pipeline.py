@@ -161,11 +161,41 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
             "sport": client.asked[0][2]["sport"],
             "dport": 33434,
             "max_ttl": 6,
+            # the probe flow itself: the agent pins the trace to the VXLAN outer 5-tuple its
+            # frames leave with (the unpinned ``sport`` when it does not see them)
+            "inner_src": a.ip,
+            "inner_dst": b.ip,
+            "path_id": 0,
+            "learn_ms": 5000,
         },
     )
-    # one trace per RNIC pair and path id: asked again, answered from the cache
+    assert a.ip and b.ip
+    # the probes' leg reached: the answers' leg is traced from the target's host (an answer
+    # not pinned to that flow, as here, says nothing about it and the first trace stands)
+    agent, name, args = client.asked[1]
+    assert (agent, name, args["src"], args["dst"]) == ("ul-b", "traceroute", rb.ip, ra.ip)
+    assert (args["inner_src"], args["inner_dst"], args["reply"]) == (b.ip, a.ip, True)
+    # one trace per endpoint pair and path id: asked again, answered from the cache
     src.traceroute((a.ep_id, b.ep_id), 0)
-    assert sum(n == "traceroute" for _a, n, _x in client.asked) == 1
+    assert sum(n == "traceroute" for _a, n, _x in client.asked) == 2
+
+    # the answers' leg pinned to its flow and stopping at the ToR: that trace (of the reversed
+    # pair) answers for the flow; told which flows failed, the source doubles no other
+    def stopped_reply(agent, name, args):
+        if args.get("reply"):
+            hops = [{"ttl": 1, "addr": gw, "icmp": "time-exceeded"}, {"ttl": 2, "addr": None}]
+            trace = {"dst": args["dst"], "reached": False, "hops": hops}
+            return {"ok": True, "result": {"trace": trace, "pinned": True}}
+        return answers(agent, name, args)
+
+    src2 = AgentStateSource(_FakeClient(stopped_reply), cluster, cfg)
+    t = src2.traceroute((a.ep_id, b.ep_id), 3)
+    assert t.pair == (b.ep_id, a.ep_id) and not t.reached and t.nodes[:2] == (rb.key, tor)
+    client3 = _FakeClient(stopped_reply)
+    src3 = AgentStateSource(client3, cluster, cfg)
+    src3.failed_flows([((a.ep_id, b.ep_id), 1)])
+    assert src3.traceroute((a.ep_id, b.ep_id), 3).reached  # path id 3 did not fail
+    assert [x.get("reply", False) for _a, _n, x in client3.asked] == [False]
     rep = src.host_report(b.host)
     assert rep.peer_down == frozenset({0}) and rep.rnic_state == {0: "up"}
     # a real agent reads port state only: every flag only the simulator models is unknown,

@@ -312,3 +312,23 @@ def test_the_agent_probes_as_the_controller_plans_and_says_where_it_disagrees(cf
     assert agent.ping_lists()["plan"] == {"0": {"1": [0.1, 8], "3": [0.1, 8]}}
     assert agent.counters["policy_disagreements"] == 1  # said once
     agent.close()
+
+
+def test_an_agent_without_a_metrics_endpoint_never_loads_prometheus_client():
+    # ~9 MB of the sidecar's memory (prometheus_client and the http.server under it): loaded
+    # for a registry or a scrape only (bench/agent_process.py measures the agent process)
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, skh.cli.agent\n"
+        "from skh.orchestrator import agent_overlay, agent_underlay, metrics\n"
+        "agent_overlay.OverlayAgent; metrics.Histograms({})\n"
+        "print(sorted(m for m in ('prometheus_client', 'http.server') if m in sys.modules))\n"
+        "metrics.CollectorRegistry\n"
+        "print('prometheus_client' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True"], out

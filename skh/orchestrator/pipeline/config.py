@@ -81,6 +81,10 @@ class PipelineConfig:
     command_timeout_s: float = 10.0
     trace_max_ttl: int = 6
     trace_base_port: int = 33434
+    #: how long a host agent watches for a probe flow's VXLAN frames to learn the outer source
+    #: port its trace must use; each path id of a pair is probed once per rotation (the
+    #: demo: 19 ids x 0.25 s), at the latest every ``controller.probe_coverage_s``
+    trace_learn_s: float = 5.0
     rnic_dump_interval_s: float = 60.0
     max_exoneration_traces: int = 16
 
@@ -98,6 +102,11 @@ class PipelineConfig:
                     f"The '{name}' setting of the pipeline must be > 0."
                     f" Got {getattr(self, name)!r} instead."
                 )
+        if not 0 <= self.trace_learn_s <= 30:
+            raise ConfigError(
+                "The 'trace_learn_s' setting of the pipeline must be in [0, 30]."
+                f" Got {self.trace_learn_s!r} instead."
+            )
         if not 1 <= self.trace_max_ttl <= 64:
             raise ConfigError(
                 "The 'trace_max_ttl' setting of the pipeline must be in [1, 64]."

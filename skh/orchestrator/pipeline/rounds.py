@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from skh.analysis.localize import (
     StateSource,
     Suspect,
     Verdict,
+    failing_path_ids,
     probe_view,
 )
 from skh.analysis.skeleton import Skeleton, infer_skeleton, traffic_changed
@@ -540,6 +541,13 @@ class Pipeline:
             for s, ev in suspects
             for extra in (self._failing_reverses(s, recent),)
         ]
+        # the flows to trace: the path ids each pair's probes failed on (without them the
+        # localizer traces path id 0, a flow that may well be healthy: under ECMP a pair fails
+        # on some of its paths only)
+        suspects = [
+            (s, ev) if s.path_ids else (replace(s, path_ids=failing_path_ids(recent, s.pairs)), ev)
+            for s, ev in suspects
+        ]
         failing = {p for s, _ev in suspects for p in s.pairs}
         since_ns = min(s.first_seen_ns for s, _ev in suspects)
         healthy, responsive = self._probe_view(recent, failing, now_ns, since_ns)
@@ -598,6 +606,13 @@ class Pipeline:
         prefetch_hosts = getattr(source, "prefetch_hosts", None)
         if prefetch_hosts is not None:
             prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
+        # the flows that failed (the localizer traces path id 0 of a pair without records):
+        # a source that traces both legs of a round trip does so for these only
+        failed_flows = getattr(source, "failed_flows", None)
+        if failed_flows is not None:
+            failed_flows(
+                (p, pid) for s in suspects for p in s.pairs for pid in s.path_ids.get(p) or (0,)
+            )
         verdicts = self.localizer.localize(
             suspects,
             source,

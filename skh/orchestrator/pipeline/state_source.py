@@ -74,12 +74,17 @@ def _parsed(what: str, parse: Any, *args: Any) -> Any:
         return None
 
 
+#: (source host, rail, destination host, rail, path id, the endpoints' overlay addresses)
+_TraceKey = tuple[str, int, str, int, int, str, str]
+
+
 class AgentStateSource:
     """The localizer's questions answered by host agents through the controller's relay.
 
-    Traces are taken between the two RNICs of a pair (the VXLAN underlay path) with a source port
-    fixed per (pair's RNICs, path id), so all container pairs over the same RNIC pair share one
-    trace. Cheap, decisive reads come first and traces only when the localizer needs one:
+    Traces are taken between the two RNICs of a pair (the VXLAN underlay path), pinned to the
+    outer 5-tuple the pair's probes on that path id leave with (the host agent learns it by
+    watching them: :mod:`skh.collect.vxlan`), else from a source port fixed per (pair's RNICs,
+    path id). Cheap, decisive reads come first and traces only when the localizer needs one:
     :meth:`prefetch_hosts` asks every host's overlay state and report at once, :meth:`plan_traces`
     names the traces the round will likely want, and the first trace the localizer asks for
     fetches all of them at once (the agents run them side by side); later calls hit the cache.
@@ -90,11 +95,12 @@ class AgentStateSource:
         self.cluster = cluster
         self.cfg = cfg
         self.calls: dict[str, int] = {}
-        self._traces: dict[tuple[str, int, str, int, int], Trace | None] = {}
+        self._traces: dict[_TraceKey, Trace | None] = {}
         self._tables: dict[str, OverlayTables | None] = {}
         self._reports: dict[str, HostReport | None] = {}
         self._flows: dict[tuple[str, int], FlowTables | None] = {}
         self._planned: list[tuple[tuple[int, int], int]] = []
+        self._failed: set[tuple[tuple[int, int], int]] | None = None
         fab = cluster.fabric
         self._vtep_hosts = {r.ip: h.name for h in fab.hosts.values() for r in h.rnics if r.ip}
         self._tor_of = {r.key: r.tor for h in fab.hosts.values() for r in h.rnics}
@@ -110,32 +116,42 @@ class AgentStateSource:
         return self.client.commands(calls, timeout_s=self.cfg.command_timeout_s)
 
     # -- traceroute ---------------------------------------------------------------------------
-    def _trace_key(self, pair: tuple[int, int], path_id: int) -> tuple[str, int, str, int, int]:
+    def _trace_key(self, pair: tuple[int, int], path_id: int) -> _TraceKey:
         a, b = self.cluster.endpoints[pair[0]], self.cluster.endpoints[pair[1]]
-        return (a.host, a.rail, b.host, b.rail, int(path_id))
+        return (a.host, a.rail, b.host, b.rail, int(path_id), a.ip, b.ip)
 
     def _trace_call(
-        self, key: tuple[str, int, str, int, int]
+        self, key: _TraceKey, *, reply: bool = False
     ) -> tuple[str, str, dict[str, Any]] | None:
-        sh, sr, dh, dr, path_id = key
+        """The agent command tracing ``key``'s flow from its source; ``reply``: ``key`` is the
+        flow's answers' leg (source = the probed endpoint)."""
+        sh, sr, dh, dr, path_id, inner_src, inner_dst = key
         agent = self._agent(sh)
         fab = self.cluster.fabric
         src, dst = fab.rnic(sh, sr), fab.rnic(dh, dr)
         if agent is None or not src.ip or not dst.ip:
             return None
-        # fixed per RNIC pair and path id (not per run: crc32, not the salted hash())
+        # the port of a trace the agent cannot pin to the flow: fixed per RNIC pair and path id
+        # (not per run: crc32, not the salted hash())
         sport = 40000 + (zlib.crc32(f"{sh}:{sr}>{dh}:{dr}".encode()) % 1000) * 16 + path_id % 16
-        return (
-            agent,
-            "traceroute",
-            {
-                "dst": dst.ip,
-                "src": src.ip,
-                "sport": sport,
-                "dport": self.cfg.trace_base_port,
-                "max_ttl": self.cfg.trace_max_ttl,
-            },
-        )
+        args: dict[str, Any] = {
+            "dst": dst.ip,
+            "src": src.ip,
+            "sport": sport,
+            "dport": self.cfg.trace_base_port,
+            "max_ttl": self.cfg.trace_max_ttl,
+        }
+        if inner_src and inner_dst:
+            # the probe flow itself: the agent traces the VXLAN outer 5-tuple its frames take
+            args |= {
+                "inner_src": inner_src,
+                "inner_dst": inner_dst,
+                "path_id": path_id,
+                "learn_ms": int(self.cfg.trace_learn_s * 1000),
+            }
+            if reply:
+                args["reply"] = True
+        return (agent, "traceroute", args)
 
     def _trace_from(self, pair: tuple[int, int], key: tuple, reply: dict[str, Any]) -> Trace | None:
         from skh.collect.traceroute import TraceHop, TraceResult, parse_paris_json, trace_nodes
@@ -181,6 +197,11 @@ class AgentStateSource:
             out.append(node)
         return tuple(out)
 
+    def failed_flows(self, flows: Iterable[tuple[tuple[int, int], int]]) -> None:
+        """The (pair, path id) flows whose probes failed: only their answers' legs are traced
+        (a healthy flow's trace clears its probes' leg; once told, others are not doubled)."""
+        self._failed = {(tuple(p), int(pid)) for p, pid in flows}  # type: ignore[misc]
+
     def plan_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
         """Traces the round will likely ask for: fetched together with the first one it does."""
         self._planned += list(wanted)
@@ -191,7 +212,11 @@ class AgentStateSource:
             planned, self._planned = self._planned, []
             self._fetch_traces([(pair, path_id), *planned])
         t = self._traces.get(key)
-        return None if t is None else Trace(pair, t.nodes, t.reached, t.hop_loss, t.hop_rtt_ns)
+        if t is None:
+            return None
+        # the answers' leg (see _fetch_traces) keeps its own direction
+        p = t.pair if t.pair == (pair[1], pair[0]) else pair
+        return Trace(p, t.nodes, t.reached, t.hop_loss, t.hop_rtt_ns)
 
     def _fetch_traces(self, wanted: Iterable[tuple[tuple[int, int], int]]) -> None:
         todo: dict[tuple, tuple[tuple[int, int], tuple[str, str, dict[str, Any]]]] = {}
@@ -207,8 +232,45 @@ class AgentStateSource:
         if not todo:
             return
         replies = self._run([c for _p, c in todo.values()])
+        pinned = stopped = 0
         for (key, (pair, _c)), reply in zip(todo.items(), replies, strict=True):
             self._traces[key] = _parsed("traceroute", self._trace_from, pair, key, reply)
+            res = reply.get("result") or {}
+            pinned += bool(res.get("pinned"))
+            if "pinned" in res and not res["pinned"]:
+                log.debug("flow %s traced unpinned: %s", key, res.get("why", ""))
+        # A probe is lost when either leg of its round trip breaks. Where the probes' leg goes
+        # through, the answers' leg (the target's ACKs, from its own host, on the path their
+        # outer header hashes to) may be the broken one: traced too, and when it stops, that
+        # trace (of the reversed pair) is the answer
+        back: dict[tuple, tuple[tuple[int, int], tuple, tuple[str, str, dict[str, Any]]]] = {}
+        for key, (pair, _c) in todo.items():
+            t = self._traces[key]
+            sh, sr, dh, dr, pid, a_ip, b_ip = key
+            rkey = (dh, dr, sh, sr, pid, b_ip, a_ip)
+            if t is None or not t.reached or not (a_ip and b_ip):
+                continue
+            if self._failed is not None and (pair, pid) not in self._failed:
+                continue
+            call = self._trace_call(rkey, reply=True)
+            if call is not None:
+                back[key] = ((pair[1], pair[0]), rkey, call)
+        replies = self._run([c for _p, _k, c in back.values()]) if back else []
+        for (key, (rpair, rkey, _c)), reply in zip(back.items(), replies, strict=True):
+            if not (reply.get("result") or {}).get("pinned"):
+                continue  # a trace of some other flow says nothing about this one's way back
+            t = _parsed("traceroute", self._trace_from, rpair, rkey, reply)
+            if t is not None and not t.reached:
+                log.debug("flow %s: its answers' leg stops: %s", key, t.nodes)
+                self._traces[key] = t
+                stopped += 1
+        log.info(
+            "traced %d flows (%d pinned to their VXLAN 5-tuple), %d answers' legs (%d stopped)",
+            len(todo),
+            pinned,
+            len(back),
+            stopped,
+        )
 
     # -- host state ---------------------------------------------------------------------------
     def prefetch_hosts(self, hosts: Iterable[str]) -> None:

@@ -1,0 +1,272 @@
+"""The real overlay agent process at a given probe rate: its CPU and memory as deployed.
+
+``skh agent --role overlay`` runs as its own process with ``--endpoints`` endpoints (one probing
+engine each, as a container's VFs), registered with a real ``skh controller`` (plain text on
+loopback). Its peers are emulated here: ``peers`` containers, one DEALER each, that register one
+endpoint per rail, report ready and heartbeat, all pointing at one C responder
+(``bench/probe_overhead.py``'s). The controller's probe policy hands the agent its plan:
+``interval_s`` per pair chosen so that the endpoints probe ``rate`` per second in all, rotating
+over ``paths`` path ids (``probe_max_paths``). Its result batches go to a PULL socket here.
+After a warm-up the agent's CPU time is read over ``duration`` seconds, the probes it sent from
+its ``stats`` command (through the controller), and its memory from ``/proc``: VmRSS (what the
+paper's "RSS" is), RssAnon, and USS/PSS (smaps_rollup: its own pages, and its share of pages
+shared with other processes: numpy's and libzmq's code, which every sidecar on a host maps
+once).
+
+    python bench/agent_process.py --rate 400 --duration 20 --paths 19
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from skh.wire import Codec, MsgType  # noqa: E402
+
+HB_S = 0.5
+
+
+def _overhead() -> Any:
+    spec = importlib.util.spec_from_file_location("skh_bench_po", ROOT / "bench/probe_overhead.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _proc_memory_kb(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in ("status", "smaps_rollup"):
+        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                out[key] = int(parts[0])
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Peers:
+    """``n`` emulated peer containers: register, ready, heartbeat until stopped."""
+
+    def __init__(self, ctx: zmq.Context, router: str, job: str, n: int, rails: int, port: int):
+        self.codec = Codec()
+        self.socks = []
+        for i in range(n):
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.ROUTING_ID, f"peer{i}".encode())
+            s.connect(router)
+            self.socks.append(s)
+        self.job, self.rails, self.port = job, rails, port
+        self.stop = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _send(self, s: zmq.Socket, mtype: MsgType, body: dict) -> None:
+        s.send(self.codec.encode(mtype, s.getsockopt(zmq.ROUTING_ID).decode(), 1, body))
+
+    def start(self) -> None:
+        for i, s in enumerate(self.socks):
+            eps = [
+                {"job": self.job, "container": f"p{i}", "rail": r, "ip": "127.0.0.1"}
+                | {"port": self.port}
+                for r in range(self.rails)
+            ]
+            body = {"agent": f"peer{i}", "role": "overlay", "host": f"peerhost{i}"}
+            self._send(s, MsgType.REGISTER, body | {"endpoints": eps})
+        self.thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for s in self.socks:
+            poller.register(s, zmq.POLLIN)
+        epochs: dict[int, str] = {}
+        next_hb = time.monotonic()
+        while not self.stop.is_set():
+            for s, _ in poller.poll(100):
+                i = self.socks.index(s)
+                env = self.codec.decode(s.recv())
+                if env.type is MsgType.REGISTER_ACK:
+                    epochs[i] = str(env.body.get("epoch", ""))
+                    body = {"agent": f"peer{i}", "endpoints": env.body["endpoints"]}
+                    self._send(s, MsgType.READY, body)
+                elif env.type is MsgType.ACK and not env.body.get("ok", True):
+                    self.error = str(env.body)
+            if time.monotonic() >= next_hb:
+                next_hb += HB_S
+                for i, s in enumerate(self.socks):
+                    body = {"agent": f"peer{i}", "epoch": epochs.get(i, ""), "jobs": {}}
+                    self._send(s, MsgType.HEARTBEAT, body)
+
+
+def _command(admin: zmq.Socket, codec: Codec, agent: str, name: str, n: int) -> dict | None:
+    body = {"cmd_id": f"{name}-{n}", "agent": agent, "name": name, "args": {}}
+    admin.send(codec.encode(MsgType.COMMAND, "admin", n, body | {"timeout_s": 3.0, "retries": 1}))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if admin.poll(500):
+            env = codec.decode(admin.recv())
+            if env.type is MsgType.COMMAND_REPLY:
+                return env.body["result"] if env.body.get("ok") else None
+    return None
+
+
+def measure(
+    rate: float,
+    duration_s: float,
+    *,
+    paths: int = 1,
+    endpoints: int = 8,
+    warmup_s: float = 4.0,
+) -> dict[str, Any]:
+    """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair."""
+    per_ep = rate / endpoints
+    per_pair = max(2.0, paths / 8.0)  # above the coverage floor (paths / probe_coverage_s)
+    peers = max(1, round(per_ep / per_pair))
+    interval_s = round(peers / per_ep, 3)
+    overrides = {
+        "controller.probe_interval_s": interval_s,
+        "controller.probe_min_interval_s": min(0.02, interval_s),
+        "controller.probe_budget_per_s": round(2 * per_ep, 1),
+        "controller.probe_max_paths": paths,
+        # more ECMP paths than max_paths, so every pair rotates over exactly ``paths`` ids
+        "controller.probe_default_ecmp_paths": 64 if paths > 1 else 1,
+    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("NOTIFY_SOCKET", None)
+    po = _overhead()
+    ctx = zmq.Context()
+    procs: list[subprocess.Popen] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="skh-agentproc-") as tmp,
+        po.responder(None, "127.0.0.1") as port,
+    ):
+        try:
+            ctl = subprocess.Popen(
+                [sys.executable, "-m", "skh", "controller", "--insecure", "--db", f"{tmp}/r.db"]
+                + [f"--set={k}={v}" for k, v in overrides.items()]
+                + ["--heartbeat-interval", str(HB_S), "--print-endpoints"]
+                + ["--bind", "tcp://127.0.0.1:0", "--pub-bind", "tcp://127.0.0.1:0"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=open(f"{tmp}/controller.log", "wb"),  # noqa: SIM115
+                text=True,
+            )
+            procs.append(ctl)
+            addrs = json.loads(ctl.stdout.readline())
+            sink = ctx.socket(zmq.PULL)
+            sink_port = sink.bind_to_random_port("tcp://127.0.0.1")
+            received = [0]
+
+            def drain() -> None:
+                while not sink.closed:
+                    try:
+                        if sink.poll(200):
+                            sink.recv(zmq.NOBLOCK)
+                            received[0] += 1
+                    except zmq.ZMQError:
+                        return
+
+            threading.Thread(target=drain, daemon=True).start()
+            emu = Peers(ctx, addrs["router"], "train", peers, endpoints, port)
+            emu.start()
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "skh", "agent", "--insecure", "--role", "overlay"]
+                + ["--name", "measured", "--host", "measuredhost", "--job", "train"]
+                + ["--container", "measured", "--controller", addrs["router"]]
+                + ["--controller-pub", addrs["pub"], "--analyzer", f"tcp://127.0.0.1:{sink_port}"]
+                + [x for r in range(endpoints) for x in ("--endpoint", f"rail={r},ip=127.0.0.1")],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=open(f"{tmp}/agent.log", "wb"),  # noqa: SIM115
+            )
+            procs.append(agent)
+            admin = ctx.socket(zmq.DEALER)
+            admin.setsockopt(zmq.LINGER, 0)
+            admin.setsockopt(zmq.ROUTING_ID, b"admin")
+            admin.connect(addrs["router"])
+            codec = Codec()
+            time.sleep(warmup_s)
+
+            def sent() -> int:
+                st = _command(admin, codec, "measured", "stats", int(time.monotonic() * 1e3))
+                if st is None:
+                    raise RuntimeError(f"no stats from the agent: {Path(tmp, 'agent.log')}")
+                return sum(int(e["sent"]) for e in st["engines"])
+
+            plan = _command(admin, codec, "measured", "pinglist", 1) or {}
+            s0, c0, t0 = sent(), _cpu_s(agent.pid), time.monotonic()
+            time.sleep(duration_s)
+            s1, c1, t1 = sent(), _cpu_s(agent.pid), time.monotonic()
+            mem = _proc_memory_kb(agent.pid)
+            if os.environ.get("SKH_AGENT_SMAPS"):  # where the memory is, for a diagnosis
+                Path(os.environ["SKH_AGENT_SMAPS"]).write_text(
+                    Path(f"/proc/{agent.pid}/smaps").read_text()
+                )
+            emu.stop.set()
+            logs = Path(tmp, "agent.log").read_text()[-800:]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+                    try:
+                        p.wait(10)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+            ctx.destroy(0)
+    wall = t1 - t0
+    lists = plan.get("plan", {})
+    targets = sum(len(v) for v in lists.values())
+    return {
+        "process": "skh agent --role overlay (real CLI, real controller)",
+        "endpoints": endpoints,
+        "peers_per_endpoint": peers,
+        "targets": targets,
+        "paths": paths,
+        "planned_probes_per_s": round(rate, 1),
+        "probes_per_s": round((s1 - s0) / wall, 1),
+        "cpu_pct_one_core": round(100.0 * (c1 - c0) / wall, 2),
+        "rss_mb": round(mem["VmRSS"] / 1024, 1),
+        "rss_anon_mb": round(mem["RssAnon"] / 1024, 1),
+        "uss_mb": round((mem["Private_Clean"] + mem["Private_Dirty"]) / 1024, 1),
+        "pss_mb": round(mem["Pss"] / 1024, 1),
+        "batches_received": received[0],
+        "duration_s": round(wall, 1),
+        "agent_log_tail": logs if targets == 0 else "",
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=400.0, help="probes/s of the whole agent")
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--paths", type=int, default=1)
+    ap.add_argument("--endpoints", type=int, default=8)
+    a = ap.parse_args()
+    print(json.dumps(measure(a.rate, a.duration, paths=a.paths, endpoints=a.endpoints)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
