@@ -54,6 +54,9 @@ class _Clusters:
     k: int
     score: float  # the weakest item's margin over what is needed, halved and capped at 1
     order: np.ndarray  # clusters in pipeline order
+    #: whether every cluster's neighbours in ``order`` are its most similar clusters (else a
+    #: neighbour trails some other cluster within ``_ORDER_SLACK``: the order is a guess)
+    order_clear: bool = True
 
 
 def _onsets(m: np.ndarray) -> np.ndarray:
@@ -201,15 +204,16 @@ def _candidate(
     score = _check(sim, feat, label, k, hz, params)
     if score is None:
         return None
-    order, ordered = _order(sim, label, k)
-    return _Clusters(label, k, score, order) if ordered else None
+    order, ordered, clear = _order(sim, label, k)
+    return _Clusters(label, k, score, order, clear) if ordered else None
 
 
-def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool]:
-    """Stage order of clusters by spectral seriation of their mean similarity, and whether
-    every cluster's neighbours in that order are (within ``_ORDER_SLACK``) its most similar."""
+def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool, bool]:
+    """Stage order of clusters by spectral seriation of their mean similarity, whether every
+    cluster's neighbours in that order are (within ``_ORDER_SLACK``) its most similar, and
+    whether they are its most similar outright (else another order fits about as well)."""
     if k <= 2:
-        return np.arange(k), True
+        return np.arange(k), True, True
     onehot = np.zeros((label.size, k))
     onehot[np.arange(label.size), label] = 1.0
     q = onehot.T @ sim @ onehot / np.outer(onehot.sum(0), onehot.sum(0))
@@ -220,14 +224,15 @@ def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool
     order = np.argsort(vec[:, 1], kind="stable")
     qo = q[np.ix_(order, order)]
     np.fill_diagonal(qo, -np.inf)
-    ok = True
+    ok = clear = True
     for i in range(k):
         nb = [j for j in (i - 1, i + 1) if 0 <= j < k]
         # a neighbour may trail another group by a little (two stages a pass apart in one
         # burst kind and two passes in the other look alike), not by a stage's worth
-        bar = np.sort(qo[i])[::-1][len(nb) - 1] - _ORDER_SLACK
-        ok &= bool(np.all(qo[i, nb] >= bar))
-    return order, bool(ok)
+        top = np.sort(qo[i])[::-1][len(nb) - 1]
+        ok &= bool(np.all(qo[i, nb] >= top - _ORDER_SLACK))
+        clear &= bool(np.all(qo[i, nb] >= top))
+    return order, bool(ok), bool(ok and clear)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +244,7 @@ class Split:
     score: float  # the weakest boundary's clarity (1 when no boundary)
     how: str
     coherence: np.ndarray  # each split item's correlation with its group's other members
+    order_clear: bool = True  # see _Clusters.order_clear
 
 
 def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -368,7 +374,7 @@ def split_stages(
     share = float(np.mean(np.concatenate(fit)))
     if c.k == 1 or share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coherence(feat, c.label))
+        return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
     if max(b.shape[0] for b in per_rail.blocks) == 1:
         # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
@@ -389,13 +395,13 @@ def split_stages(
                 f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
                 f"{near:.0%} nearest its host series)"
             )
-            return Split(blocks, c.score, how, coherence(feat, c.label))
+            return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
     return per_rail
 
 
 def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
     """Stage blocks from each rail's own burst series (containers holding several stages)."""
-    blocks, scores, coh = [], [], []
+    blocks, scores, coh, clear = [], [], [], True
     for r in range(n_rails):
         idx = np.flatnonzero(rail_inv == r)
         zr = z[idx]
@@ -407,5 +413,6 @@ def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
         st = pos[c.label]
         blocks.append(np.stack([_rank_rows(idx[st == j], rank, host) for j in range(c.k)]))
         scores.append(c.score)
+        clear &= c.order_clear
     how = "stages split by burst similarity per rail"
-    return Split(blocks, float(min(scores)), how, np.concatenate(coh))
+    return Split(blocks, float(min(scores)), how, np.concatenate(coh), clear)
