@@ -32,11 +32,10 @@ import numpy as np
 # its watchdog-guarded loop (on an emulated CPU that first import outlasted WatchdogSec=30)
 from pyroute2 import IPRoute, NetNS
 
+from skh.collect.netdev import in_netns, oper_up, read_netdev
 from skh.errors import ConfigError, TestbedError
 from skh.orchestrator.config import SourceSpec
 from skh.records import empty_counters
-from skh.testbed.counters import oper_up, read_netdev
-from skh.testbed.netns import in_netns
 
 __all__ = [
     "Sample",

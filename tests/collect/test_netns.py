@@ -17,9 +17,9 @@ from skh.collect.linux import (
     parse_ip_route,
     read_linux_state,
 )
+from skh.collect.netdev import in_netns
 from skh.collect.trace import paris_trace
 from skh.model import Cluster, Fabric
-from skh.testbed.netns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
 
