@@ -181,8 +181,7 @@ def infer_skeleton(
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
-    zb = bursts(x, hz)
-    split = split_stages(x, zb, host, rail_inv, rails.size, rank, hint is not None, hz, params)
+    split = split_stages(x, host, rail_inv, rails.size, rank, hint is not None, hz, params)
 
     # groups and DP peers
     gid = 0

@@ -317,7 +317,6 @@ def _collective(part: np.ndarray) -> bool:
 
 def split_stages(
     x: np.ndarray,
-    z: np.ndarray,
     host: np.ndarray,
     rail_inv: np.ndarray,
     n_rails: int,
@@ -326,8 +325,7 @@ def split_stages(
     hz: float,
     params: SkeletonParams,
 ) -> Split:
-    """Stage blocks per rail from the byte series ``x`` and their standardized burst series
-    ``z`` (:func:`bursts`) at ``hz`` (and a rank hint)."""
+    """Stage blocks per rail from the byte series ``x`` at ``hz`` (and a rank hint)."""
     hosts, hinv = np.unique(host, return_inverse=True)
     n_h = hosts.size
     # a host's rails burst together when it holds one stage; the lower quartile of its rails
@@ -341,7 +339,7 @@ def split_stages(
     quartile = srt[:, lo] + (q - lo) * (srt[:, hi] - srt[:, lo])
     part_h = _burst_part(quartile, hz)
     feat = bursts(quartile, hz, part_h)
-    sim_h = feat @ feat.T / z.shape[1]
+    sim_h = feat @ feat.T / x.shape[1]
     if not (_collective(part_h) and _collective(_burst_part(*per_second(quartile, hz)))):
         # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
         # no collective between containers (a job without data parallelism): no DP group.
@@ -365,14 +363,19 @@ def split_stages(
             if hc is not None:
                 c, how = hc, "rank layout confirmed by burst similarity"
                 break
+    if c.k == 1:
+        blocks = _blocks(c.label[hinv], c.order, 1, rail_inv, n_rails, rank, host)
+        return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
     # the rails must agree (one stage per container): a host holding several stages does not,
-    # and then most of its RNICs sit nearer another group on their own rail
+    # and then most of its RNICs sit nearer another group on their own rail; each RNIC's own
+    # burst series tells (not needed above: most jobs are a few hosts of one stage)
+    z = bursts(x, hz)
     fit = [
         _fits(z[idx] @ z[idx].T / z.shape[1], c.label[hinv[idx]], c.k)
         for idx in (np.flatnonzero(rail_inv == r) for r in range(n_rails))
     ]
     share = float(np.mean(np.concatenate(fit)))
-    if c.k == 1 or share >= 0.8:
+    if share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
         return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
