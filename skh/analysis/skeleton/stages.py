@@ -41,6 +41,10 @@ _ORDER_SLACK = 0.05  # how far a stage's neighbour may trail its most similar gr
 #: a DP group's members start their bursts within this of each other (sampling clocks and
 #: timers agree to milliseconds; two pipeline stages are a backward pass, ~0.1-1 s, apart)
 _LOCKSTEP_S = 0.03
+#: the members of a DP group burst as one (one collective): each one's burst series correlates
+#: with its group's others' at least this much (0.90-1.0 for the simulator's DP groups and 0.93
+#: on the gloo testbed; 0.58-0.78 for pipeline stages that send in one 1F1B phase)
+_LOCKSTEP_COHERENCE = 0.85
 #: collective bursts take a few tenths of an iteration at most; more is a pipeline's traffic
 _MAX_BURST_DUTY = 0.4
 #: shorter spikes are not a gradient sync (an MoE layer's all-to-all, a CP ring step) when a
@@ -340,13 +344,10 @@ def split_stages(
     part_h = _burst_part(quartile, hz)
     feat = bursts(quartile, hz, part_h)
     sim_h = feat @ feat.T / x.shape[1]
-    if not (_collective(part_h) and _collective(_burst_part(*per_second(quartile, hz)))):
+    one = np.zeros(n_h, np.int64)
+    if not _collective(part_h):
         # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
-        # no collective between containers (a job without data parallelism): no DP group.
-        # Judged per second too: faster samples see a pipeline's train of sends as a comb of
-        # short bursts, and a 1F1B schedule's stages s and s + 3 (a backward is two forwards)
-        # send in the same phase, so their combs would pass for one DP group's
-        one = np.zeros(n_h, np.int64)
+        # no collective between containers (a job without data parallelism): no DP group
         blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
         return Split(blocks, 1.0, "no collective bursts: one group per rail", coherence(feat, one))
     c = _cluster(sim_h, feat, hz, params)
@@ -366,6 +367,20 @@ def split_stages(
     if c.k == 1:
         blocks = _blocks(c.label[hinv], c.order, 1, rail_inv, n_rails, rank, host)
         return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
+    coh = coherence(feat, c.label)
+    if coh.min() < _LOCKSTEP_COHERENCE and not _collective(_burst_part(*per_second(quartile, hz))):
+        # Faster samples see a pipeline's train of sends as a comb of short bursts, and a 1F1B
+        # schedule's stages s and s + 3 (a backward is two forwards) send in the same phase:
+        # their combs pass for one group's bursts. A DP group runs one collective, so its
+        # members' burst series are the same series; stages differ in warm-up and cool-down.
+        # Groups that alike only in part, with no collective burst to see per second either,
+        # are no DP groups.
+        blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
+        how = (
+            f"no collective bursts per second, and groups alike only in part (a member's "
+            f"coherence {coh.min():.2f} < {_LOCKSTEP_COHERENCE}): one group per rail"
+        )
+        return Split(blocks, 1.0, how, coherence(feat, one))
     # the rails must agree (one stage per container): a host holding several stages does not,
     # and then most of its RNICs sit nearer another group on their own rail; each RNIC's own
     # burst series tells (not needed above: most jobs are a few hosts of one stage)
@@ -377,7 +392,7 @@ def split_stages(
     share = float(np.mean(np.concatenate(fit)))
     if share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
+        return Split(blocks, c.score, how, coh, c.order_clear)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
     if max(b.shape[0] for b in per_rail.blocks) == 1:
         # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
@@ -398,7 +413,7 @@ def split_stages(
                 f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
                 f"{near:.0%} nearest its host series)"
             )
-            return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
+            return Split(blocks, c.score, how, coh, c.order_clear)
     return per_rail
 
 
