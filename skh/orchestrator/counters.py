@@ -1,5 +1,5 @@
 """Per-endpoint byte counters for skeleton inference, sampled by the underlay agent at
-``agent.counter_hz`` (1 Hz by default, see :data:`skh.orchestrator.config.DEFAULT_COUNTER_HZ`).
+``agent.counter_hz`` (10 Hz by default, :data:`skh.orchestrator.config.DEFAULT_COUNTER_HZ`).
 
 Three pluggable sources, each naming the endpoint (``job/container/rail``) it measures:
 
