@@ -48,6 +48,14 @@ def test_collectors_are_real_not_the_simulator():
         assert not bad, (f.name, bad)
 
 
+def test_the_deployed_orchestrator_needs_no_test_rig():
+    """The agents and the analyzer run on real hosts: what they share with the namespace testbed
+    (namespace entry, net/dev counters) lives in skh/collect, below both."""
+    for f in sorted((ROOT / "skh" / "orchestrator").rglob("*.py")):
+        bad = [n for n in _imports(f) if n.startswith(("skh.testbed", "skh.demo", "skh.sim"))]
+        assert not bad, (str(f.relative_to(ROOT)), bad)
+
+
 def test_csrc_is_plain_c():
     for f in sorted((ROOT / "csrc").glob("*.[ch]")):
         assert not re.search(r'#\s*include\s*[<"]Python\.h', f.read_text()), (

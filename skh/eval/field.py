@@ -30,29 +30,35 @@ import numpy as np
 from skh.analysis.detect import Detector
 from skh.analysis.localize import probe_view
 from skh.analysis.sampling import ResultThinner
-from skh.analysis.skeleton import infer_skeleton
+from skh.analysis.skeleton import Skeleton, infer_skeleton
 from skh.eval.localization import E2E_WINDOW_S, tick_suspects
 from skh.failures import FailureType
 from skh.model import Fabric
+from skh.orchestrator.config import DEFAULT_COUNTER_HZ
 from skh.sim.faults import FAULT_SPECS, SIMULATED_TYPES, Fault, RowSet, link_component
 from skh.sim.jobs import SimJob
 from skh.sim.scenario import Simulation
 from skh.sim.topology import rng_for
-from skh.sim.traffic import throughput
+from skh.sim.traffic import counter_series
 
 __all__ = [
+    "COUNTER_HZ",
     "GRAY_LOSS",
     "GRAY_LATENCY_NS",
     "PAPER_FAILURES_PER_HOST_H",
     "TRACE_FAILURES_PER_HOST_H",
     "Planned",
     "draw_plan",
+    "infer_job",
     "inferred_pairs",
     "place",
     "field_run",
     "ramp_scenario",
     "projection",
 ]
+
+#: the underlay agents' counter rate, which skeleton inference reads TX and RX at
+COUNTER_HZ = float(DEFAULT_COUNTER_HZ)
 
 #: gray magnitudes: loss per probe on a link, added latency on a switch
 GRAY_LOSS: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.005)
@@ -107,16 +113,27 @@ def draw_plan(profile: Any, seed: int, t0_s: float, t1_s: float) -> list[Planned
     return sorted(out, key=lambda p: p.start_s)
 
 
+def infer_job(job: SimJob, seed: int, skeleton_s: int) -> Skeleton:
+    """A job's skeleton as the pipeline infers it: from what the underlay agents ship, TX and
+    RX apart at ``COUNTER_HZ``, over the first ``skeleton_s`` seconds of its training."""
+    tx, rx = counter_series(job, skeleton_s, seed, sample_hz=COUNTER_HZ)
+    return infer_skeleton(
+        job.ep_ids,
+        job.host,
+        job.rail,
+        tx + rx,
+        tx_bytes=tx,
+        sample_hz=COUNTER_HZ,
+        container=job.container,
+        job=job.name,
+    )
+
+
 def inferred_pairs(seed: int, skeleton_s: int):
-    """The ping pairs of a job as the pipeline probes them: the skeleton inferred from its
-    throughput counters (``skeleton_s`` seconds of them)."""
+    """The ping pairs of a job as the pipeline probes them (:func:`infer_job`)."""
 
     def pairs_of(job: SimJob) -> np.ndarray:
-        _, x = throughput(job, skeleton_s, seed)
-        sk = infer_skeleton(
-            job.ep_ids, job.host, job.rail, x, container=job.container, job=job.name
-        )
-        return sk.pairs
+        return infer_job(job, seed, skeleton_s).pairs
 
     return pairs_of
 

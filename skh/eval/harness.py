@@ -49,9 +49,16 @@ from typing import Any
 import numpy as np
 
 from skh.analysis.detect import DetectorConfig
-from skh.analysis.skeleton import infer_skeleton, pairs_coverage
+from skh.analysis.skeleton import pairs_coverage
 from skh.eval.agent_cost import agent_cost
-from skh.eval.field import field_run, inferred_pairs, projection, ramp_scenario
+from skh.eval.field import (
+    COUNTER_HZ,
+    field_run,
+    infer_job,
+    inferred_pairs,
+    projection,
+    ramp_scenario,
+)
 from skh.eval.localization import e2e_localization, localization_suite
 from skh.eval.plan import planned_probing
 from skh.eval.probing import random_sample_pairs, sweep_table
@@ -59,17 +66,12 @@ from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events, summarize, wilson
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
-from skh.orchestrator.config import DEFAULT_COUNTER_HZ
 from skh.probeplan import ProbePolicy
 from skh.sim import LINGJUN_TOPO
 from skh.sim.answers import answers_measured, live_pairs
 from skh.sim.faults import FAULT_SPECS, RowSet
 from skh.sim.noise import REGIMES, TRAIN_SEEDS, regime
 from skh.sim.scenario import Simulation
-from skh.sim.traffic import counter_series
-
-#: the underlay agents' counter rate, which the skeleton stage reads at
-COUNTER_HZ = float(DEFAULT_COUNTER_HZ)
 
 __all__ = ["run_eval", "THRESHOLDS", "MAXIMA", "PAPER", "commit_id", "draw_seeds"]
 
@@ -118,18 +120,7 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
     worst, worst_job = 1.0, ""
     modes: dict[str, int] = {}
     for job in sim.jobs:
-        # what the underlay agents ship: TX and RX apart at their counter rate (10 Hz)
-        tx, rx = counter_series(job, duration_s, seed, sample_hz=COUNTER_HZ)
-        sk = infer_skeleton(
-            job.ep_ids,
-            job.host,
-            job.rail,
-            tx + rx,
-            tx_bytes=tx,
-            sample_hz=COUNTER_HZ,
-            container=job.container,
-            job=job.name,
-        )
+        sk = infer_job(job, seed, duration_s)
         truth = job.skeleton_pairs
         cov = pairs_coverage(truth, sk.pairs)
         used += truth.shape[0]

@@ -48,7 +48,7 @@ class Profile:
     #: faults per type in the oracle localization suite (and whether to add both-layer pairs)
     loc_trials: int
     loc_both_layers: bool
-    #: seconds of 1 Hz throughput the skeleton is inferred from
+    #: seconds of counters (TX and RX at ``field.COUNTER_HZ``) the skeleton is inferred from
     skeleton_s: int
     #: RNIC counts of the probing-cost table
     sweep_rnics: tuple[int, ...]

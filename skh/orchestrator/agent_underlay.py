@@ -1,8 +1,7 @@
 """skh-agent --role underlay: the host agent.
 
-It samples the byte counters of every configured source at ``counter_hz`` (the input of
-skeleton inference, whose pipeline partners show only in sub-second timing; 1 Hz by default
-until 10 Hz inference stops misreading pipeline-only jobs, see ``DEFAULT_COUNTER_HZ``) and
+It samples the byte counters of every configured source at ``counter_hz`` (10 Hz by default:
+the input of skeleton inference, whose pipeline partners show only in sub-second timing) and
 ships them to the analyzer once per ``batch_interval_s``, and it runs the localization commands
 the analyzer asks for through the controller. Each command is a pluggable handler
 (``agent.handlers[name] = fn(args) -> result``); the defaults (:func:`default_handlers`) read the

@@ -1,5 +1,5 @@
 """Per-endpoint byte counters for skeleton inference, sampled by the underlay agent at
-``agent.counter_hz`` (1 Hz by default, see :data:`skh.orchestrator.config.DEFAULT_COUNTER_HZ`).
+``agent.counter_hz`` (10 Hz by default, :data:`skh.orchestrator.config.DEFAULT_COUNTER_HZ`).
 
 Three pluggable sources, each naming the endpoint (``job/container/rail``) it measures:
 
@@ -32,11 +32,10 @@ import numpy as np
 # its watchdog-guarded loop (on an emulated CPU that first import outlasted WatchdogSec=30)
 from pyroute2 import IPRoute, NetNS
 
+from skh.collect.netdev import in_netns, oper_up, read_netdev
 from skh.errors import ConfigError, TestbedError
 from skh.orchestrator.config import SourceSpec
 from skh.records import empty_counters
-from skh.testbed.counters import oper_up, read_netdev
-from skh.testbed.netns import in_netns
 
 __all__ = [
     "Sample",

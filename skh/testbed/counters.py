@@ -1,31 +1,25 @@
-"""A fast 1 Hz reader of per-interface counters across network namespaces.
+"""A fast reader of per-interface counters across network namespaces.
 
-For each namespace it ``setns()``-es the calling thread, reads ``/proc/thread-self/net/dev``
-(about 6 µs per interface, against ~0.3 ms for a netlink dump parsed by pyroute2) and asks the
-oper state with one ``SIOCGIFFLAGS`` ioctl per device. Rows are ``COUNTER_DTYPE`` keyed by
-endpoint id, so a :class:`NetnsCounters` plugs into the underlay agent as a counter source.
+For each namespace it reads the counters and oper states with :mod:`skh.collect.netdev` (one
+``setns()``, one read of ``/proc/thread-self/net/dev``, one ioctl per device). Rows are
+``COUNTER_DTYPE`` keyed by endpoint id, so a :class:`NetnsCounters` plugs into the underlay
+agent as a counter source.
 """
 
 from __future__ import annotations
 
-import fcntl
 import socket
-import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
+from skh.collect.netdev import in_netns, oper_up, read_netdev
 from skh.errors import ConfigError, TestbedError
 from skh.records import COUNTER_DTYPE
-from skh.testbed.netns import in_netns
 
-__all__ = ["CounterEntry", "NetnsCounters", "read_netdev", "oper_up"]
-
-_SIOCGIFFLAGS = 0x8913
-_IFF_UP = 0x1
-_IFF_RUNNING = 0x40  # RFC 2863 oper state "up" (carrier present)
+__all__ = ["CounterEntry", "NetnsCounters"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,27 +34,6 @@ class CounterEntry:
     ns: str | None
     dev: str
     swap: bool = False
-
-
-def read_netdev() -> dict[str, tuple[int, int, int, int]]:
-    """``{dev: (rx_bytes, rx_dropped, tx_bytes, tx_dropped)}`` of the calling thread's namespace."""
-    out = {}
-    with open("/proc/thread-self/net/dev") as f:
-        lines = f.readlines()
-    for line in lines[2:]:
-        name, _, rest = line.partition(":")
-        v = rest.split()
-        out[name.strip()] = (int(v[0]), int(v[3]), int(v[8]), int(v[11]))
-    return out
-
-
-def oper_up(sock: socket.socket, dev: str) -> bool:
-    try:
-        res = fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, struct.pack("16sH14x", dev.encode(), 0))
-    except OSError:
-        return False
-    flags = struct.unpack_from("16sH", res)[1]
-    return bool(flags & _IFF_UP) and bool(flags & _IFF_RUNNING)
 
 
 class NetnsCounters:

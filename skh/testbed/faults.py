@@ -45,10 +45,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from skh.collect.netdev import oper_up
 from skh.errors import ConfigError, TestbedError
 from skh.failures import FailureType
 from skh.testbed import netns as nx
-from skh.testbed.counters import oper_up
 from skh.testbed.testbed import ProcRecord, Testbed, wait_ready
 
 __all__ = ["FaultTruth", "Faults", "KINDS"]

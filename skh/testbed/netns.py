@@ -9,7 +9,6 @@ process per namespace, measured at about 1 s for 50 namespaces); reads and socke
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
@@ -17,8 +16,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from skh.collect.netdev import NETNS_DIR, in_netns
 from skh.errors import TestbedError
 
 __all__ = [
@@ -38,10 +38,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-NETNS_DIR = "/run/netns"
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def run(
@@ -84,40 +80,6 @@ def list_netns(prefix: str = "") -> list[str]:
     except FileNotFoundError:
         return []
     return sorted(n for n in names if n.startswith(prefix))
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"setns: {os.strerror(e)}")
-
-
-@contextlib.contextmanager
-def in_netns(ns: str | None) -> Iterator[None]:
-    """Move the calling thread into namespace ``ns`` for the block (``None``: stay).
-
-    Sockets created inside the block stay in ``ns`` after it; ``/proc/thread-self/net`` and
-    ``/proc/sys/net`` opened inside it show ``ns``.
-    """
-    if ns is None:
-        yield
-        return
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        try:
-            fd = os.open(f"{NETNS_DIR}/{ns}", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise TestbedError(f"network namespace {ns!r} does not exist") from exc
-        try:
-            _setns(fd)
-        finally:
-            os.close(fd)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(home)
 
 
 def socket_in(

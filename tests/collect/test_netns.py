@@ -21,10 +21,10 @@ from skh.collect.linux import (
     parse_ip_route,
     read_linux_state,
 )
+from skh.collect.netdev import in_netns
 from skh.collect.trace import paris_trace, vxlan_trace
 from skh.collect.vxlan import InnerFlow, OuterPortLearner
 from skh.model import Cluster, Fabric
-from skh.testbed.netns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
 

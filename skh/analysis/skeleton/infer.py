@@ -181,8 +181,7 @@ def infer_skeleton(
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
-    zb = bursts(x, hz)
-    split = split_stages(x, zb, host, rail_inv, rails.size, rank, hint is not None, hz, params)
+    split = split_stages(x, host, rail_inv, rails.size, rank, hint is not None, hz, params)
 
     # groups and DP peers
     gid = 0
@@ -212,11 +211,14 @@ def infer_skeleton(
         )
 
     # pipeline partners: adjacent stages, and the last stage back to the first (an interleaved
-    # schedule's wrap-around, which burst timing cannot tell from a plain one)
+    # schedule's wrap-around, which burst timing cannot tell from a plain one); every two
+    # stages when the order is a guess (a stage as like a non-neighbour as a neighbour)
     boundaries = []
     for blocks in split.blocks:
         k = blocks.shape[0]
         links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
+        if not split.order_clear:
+            links = [(i, j) for i in range(k) for j in range(i + 1, k)]
         boundaries += [Boundary(blocks[i], blocks[j]) for i, j in links]
     pp_chunks, ps = [], PairStats()
     if boundaries:
@@ -257,6 +259,11 @@ def infer_skeleton(
         "typical RNICs": "many RNICs have an atypical burst regime (STFT)",
     }[limit]
     desc = _describe(period_s, k_mode, n // rails.size, split.how, ps, hint_state)
+    if not split.order_clear:
+        desc += (
+            "; stage order unclear (a stage as like a non-neighbour as a neighbour): "
+            "every two stages linked"
+        )
     if conf < params.min_confidence:
         return fallback(
             MODE_SAME_RAIL,

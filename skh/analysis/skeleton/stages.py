@@ -32,6 +32,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
 
 from skh.analysis.skeleton.model import SkeletonParams, clip01, parabolic, robust_sd, standardize
+from skh.analysis.skeleton.spectrum import per_second
 
 __all__ = ["Split", "bursts", "coherence", "split_stages"]
 
@@ -40,6 +41,10 @@ _ORDER_SLACK = 0.05  # how far a stage's neighbour may trail its most similar gr
 #: a DP group's members start their bursts within this of each other (sampling clocks and
 #: timers agree to milliseconds; two pipeline stages are a backward pass, ~0.1-1 s, apart)
 _LOCKSTEP_S = 0.03
+#: the members of a DP group burst as one (one collective): each one's burst series correlates
+#: with its group's others' at least this much (0.90-1.0 for the simulator's DP groups and 0.93
+#: on the gloo testbed; 0.58-0.78 for pipeline stages that send in one 1F1B phase)
+_LOCKSTEP_COHERENCE = 0.85
 #: collective bursts take a few tenths of an iteration at most; more is a pipeline's traffic
 _MAX_BURST_DUTY = 0.4
 #: shorter spikes are not a gradient sync (an MoE layer's all-to-all, a CP ring step) when a
@@ -53,6 +58,9 @@ class _Clusters:
     k: int
     score: float  # the weakest item's margin over what is needed, halved and capped at 1
     order: np.ndarray  # clusters in pipeline order
+    #: whether every cluster's neighbours in ``order`` are its most similar clusters (else a
+    #: neighbour trails some other cluster within ``_ORDER_SLACK``: the order is a guess)
+    order_clear: bool = True
 
 
 def _onsets(m: np.ndarray) -> np.ndarray:
@@ -200,15 +208,16 @@ def _candidate(
     score = _check(sim, feat, label, k, hz, params)
     if score is None:
         return None
-    order, ordered = _order(sim, label, k)
-    return _Clusters(label, k, score, order) if ordered else None
+    order, ordered, clear = _order(sim, label, k)
+    return _Clusters(label, k, score, order, clear) if ordered else None
 
 
-def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool]:
-    """Stage order of clusters by spectral seriation of their mean similarity, and whether
-    every cluster's neighbours in that order are (within ``_ORDER_SLACK``) its most similar."""
+def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool, bool]:
+    """Stage order of clusters by spectral seriation of their mean similarity, whether every
+    cluster's neighbours in that order are (within ``_ORDER_SLACK``) its most similar, and
+    whether they are its most similar outright (else another order fits about as well)."""
     if k <= 2:
-        return np.arange(k), True
+        return np.arange(k), True, True
     onehot = np.zeros((label.size, k))
     onehot[np.arange(label.size), label] = 1.0
     q = onehot.T @ sim @ onehot / np.outer(onehot.sum(0), onehot.sum(0))
@@ -219,14 +228,15 @@ def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool
     order = np.argsort(vec[:, 1], kind="stable")
     qo = q[np.ix_(order, order)]
     np.fill_diagonal(qo, -np.inf)
-    ok = True
+    ok = clear = True
     for i in range(k):
         nb = [j for j in (i - 1, i + 1) if 0 <= j < k]
         # a neighbour may trail another group by a little (two stages a pass apart in one
         # burst kind and two passes in the other look alike), not by a stage's worth
-        bar = np.sort(qo[i])[::-1][len(nb) - 1] - _ORDER_SLACK
-        ok &= bool(np.all(qo[i, nb] >= bar))
-    return order, bool(ok)
+        top = np.sort(qo[i])[::-1][len(nb) - 1]
+        ok &= bool(np.all(qo[i, nb] >= top - _ORDER_SLACK))
+        clear &= bool(np.all(qo[i, nb] >= top))
+    return order, bool(ok), bool(ok and clear)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +248,7 @@ class Split:
     score: float  # the weakest boundary's clarity (1 when no boundary)
     how: str
     coherence: np.ndarray  # each split item's correlation with its group's other members
+    order_clear: bool = True  # see _Clusters.order_clear
 
 
 def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -300,9 +311,16 @@ def bursts(x: np.ndarray, hz: float, part: np.ndarray | None = None) -> np.ndarr
     return standardize(y)
 
 
+def _collective(part: np.ndarray) -> bool:
+    """Whether burst parts (:func:`_burst_part`, one row per host) look like collectives: every
+    host has some, and they fill at most ``_MAX_BURST_DUTY`` of the time."""
+    return bool((part.max(axis=1) > 0).all()) and (
+        float(np.median((part > 0).mean(axis=1))) <= _MAX_BURST_DUTY
+    )
+
+
 def split_stages(
     x: np.ndarray,
-    z: np.ndarray,
     host: np.ndarray,
     rail_inv: np.ndarray,
     n_rails: int,
@@ -311,8 +329,7 @@ def split_stages(
     hz: float,
     params: SkeletonParams,
 ) -> Split:
-    """Stage blocks per rail from the byte series ``x`` and their standardized burst series
-    ``z`` (:func:`bursts`) at ``hz`` (and a rank hint)."""
+    """Stage blocks per rail from the byte series ``x`` at ``hz`` (and a rank hint)."""
     hosts, hinv = np.unique(host, return_inverse=True)
     n_h = hosts.size
     # a host's rails burst together when it holds one stage; the lower quartile of its rails
@@ -326,11 +343,11 @@ def split_stages(
     quartile = srt[:, lo] + (q - lo) * (srt[:, hi] - srt[:, lo])
     part_h = _burst_part(quartile, hz)
     feat = bursts(quartile, hz, part_h)
-    sim_h = feat @ feat.T / z.shape[1]
-    if (part_h.max(axis=1) <= 0).any() or np.median((part_h > 0).mean(axis=1)) > _MAX_BURST_DUTY:
+    sim_h = feat @ feat.T / x.shape[1]
+    one = np.zeros(n_h, np.int64)
+    if not _collective(part_h):
         # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
         # no collective between containers (a job without data parallelism): no DP group
-        one = np.zeros(n_h, np.int64)
         blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
         return Split(blocks, 1.0, "no collective bursts: one group per rail", coherence(feat, one))
     c = _cluster(sim_h, feat, hz, params)
@@ -347,16 +364,35 @@ def split_stages(
             if hc is not None:
                 c, how = hc, "rank layout confirmed by burst similarity"
                 break
+    if c.k == 1:
+        blocks = _blocks(c.label[hinv], c.order, 1, rail_inv, n_rails, rank, host)
+        return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
+    coh = coherence(feat, c.label)
+    if coh.min() < _LOCKSTEP_COHERENCE and not _collective(_burst_part(*per_second(quartile, hz))):
+        # Faster samples see a pipeline's train of sends as a comb of short bursts, and a 1F1B
+        # schedule's stages s and s + 3 (a backward is two forwards) send in the same phase:
+        # their combs pass for one group's bursts. A DP group runs one collective, so its
+        # members' burst series are the same series; stages differ in warm-up and cool-down.
+        # Groups that alike only in part, with no collective burst to see per second either,
+        # are no DP groups.
+        blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
+        how = (
+            f"no collective bursts per second, and groups alike only in part (a member's "
+            f"coherence {coh.min():.2f} < {_LOCKSTEP_COHERENCE}): one group per rail"
+        )
+        return Split(blocks, 1.0, how, coherence(feat, one))
     # the rails must agree (one stage per container): a host holding several stages does not,
-    # and then most of its RNICs sit nearer another group on their own rail
+    # and then most of its RNICs sit nearer another group on their own rail; each RNIC's own
+    # burst series tells (not needed above: most jobs are a few hosts of one stage)
+    z = bursts(x, hz)
     fit = [
         _fits(z[idx] @ z[idx].T / z.shape[1], c.label[hinv[idx]], c.k)
         for idx in (np.flatnonzero(rail_inv == r) for r in range(n_rails))
     ]
     share = float(np.mean(np.concatenate(fit)))
-    if c.k == 1 or share >= 0.8:
+    if share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coherence(feat, c.label))
+        return Split(blocks, c.score, how, coh, c.order_clear)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
     if max(b.shape[0] for b in per_rail.blocks) == 1:
         # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
@@ -377,13 +413,13 @@ def split_stages(
                 f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
                 f"{near:.0%} nearest its host series)"
             )
-            return Split(blocks, c.score, how, coherence(feat, c.label))
+            return Split(blocks, c.score, how, coh, c.order_clear)
     return per_rail
 
 
 def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
     """Stage blocks from each rail's own burst series (containers holding several stages)."""
-    blocks, scores, coh = [], [], []
+    blocks, scores, coh, clear = [], [], [], True
     for r in range(n_rails):
         idx = np.flatnonzero(rail_inv == r)
         zr = z[idx]
@@ -395,5 +431,6 @@ def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
         st = pos[c.label]
         blocks.append(np.stack([_rank_rows(idx[st == j], rank, host) for j in range(c.k)]))
         scores.append(c.score)
+        clear &= c.order_clear
     how = "stages split by burst similarity per rail"
-    return Split(blocks, float(min(scores)), how, np.concatenate(coh))
+    return Split(blocks, float(min(scores)), how, np.concatenate(coh), clear)
