@@ -297,12 +297,8 @@ def vote(
     failing traces and at least ``min_partial_share`` of all traces through it failing.
     ``soft`` are the failing traces of pairs that only slow down or lose some probes: a partial
     element covering more of them than the best uncleared element is taken first (a slow switch
-    whose unflagged pairs clear it, rather than each host's access link).
-
-    A partial element is weighed by the failing *pairs* it carries, not their traces: a pair
-    traced on many flow labels (one per failing path id) is one observation that the pair
-    fails; counting its traces let one spine carrying half of a slow RNIC's flows outweigh the
-    healthy flows through that spine (each clearing trace is a flow that got through).
+    whose unflagged pairs clear it, rather than each host's access link). A partial element
+    explains only pairs it carries every failing flow of.
     """
     healthy = list(healthy)
     use_rtt = rtt_trusted(healthy, latency_jump_ns, failing)
@@ -357,7 +353,13 @@ def vote(
             if e in explains:
                 cleared[e] = cleared.get(e, 0) + 1
     votes = {e: len(s) for e, s in explains.items()}
-    weigh = _PairWeights(failing, cleared)
+    # a partial fault explains a pair only where it lies on every failing flow of the pair: a
+    # pair that fails as well on flows avoiding an element (one slow RNIC's flows over both
+    # spines) fails for a reason the element does not carry
+    by_pair: dict[tuple[int, int], set[int]] = {}
+    for i, tr in enumerate(failing):
+        by_pair.setdefault(tr.pair, set()).add(i)
+    whole = {e: {i for i in s if by_pair[failing[i].pair] <= s} for e, s in explains.items()}
 
     remaining = set(range(len(failing)))
     culprits: list[UnderlayCulprit] = []
@@ -367,17 +369,13 @@ def vote(
         best = _best(live, remaining)
         if best is None:
             break
-        wide = _wide_partial(explains, weigh, remaining & soft, min_partial_votes)
-        if (
-            wide is not None
-            and set(best[1]) <= soft
-            and weigh.pairs(best[1]) < weigh.pairs(wide[1])
-        ):
+        wide = _wide_partial(whole, cleared, remaining & soft, min_partial_votes)
+        if wide is not None and set(best[1]) <= soft and len(best[1]) < len(wide[1]):
             # slow or lossy pairs that one element carries, most of its traced flows failing,
             # beat the unharmed-looking elements that cover fewer of them
             # (detection flags only some of a slow switch's pairs, the rest clear it)
             e = wide[0]
-            c = _culprit(wide, {e: explains[e]}, remaining, votes, cleared[e], partial=True)
+            c = _culprit(wide, {e: whole[e]}, remaining, votes, cleared[e], partial=True)
         else:
             c = _culprit(best, live, remaining, votes, 0, partial=False)
         culprits.append(c)
@@ -387,18 +385,18 @@ def vote(
     while remaining:
         part = {
             e: s & remaining
-            for e, s in explains.items()
+            for e, s in whole.items()
             if e in cleared and len(s & remaining) >= min_partial_votes
         }
         if not part:
             break
-        ratio = {e: weigh.share(e, s) for e, s in part.items()}
+        ratio = {e: len(s) / (len(s) + cleared[e]) for e, s in part.items()}
         ratio = {e: r for e, r in ratio.items() if r >= min_partial_share}
         if not ratio:
             break
         top = max(ratio.values())
         contenders = {e: part[e] for e, r in ratio.items() if r == top}
-        best = _best(contenders, remaining, weigh.pairs)
+        best = _best(contenders, remaining)
         if best is None:
             break
         c = _culprit(best, contenders, remaining, votes, cleared.get(best[0], 0), partial=True)
@@ -407,71 +405,42 @@ def vote(
     return UnderlayResult(tuple(culprits), frozenset(remaining), votes, cleared)
 
 
-class _PairWeights:
-    """What a partial element is weighed by: the failing pairs it carries, the healthy traces
-    that cleared it."""
-
-    def __init__(self, failing: Sequence[Trace], cleared: dict[str, int]) -> None:
-        self._pair = [tr.pair for tr in failing]
-        self._cleared = cleared
-
-    def cleared(self, element: str) -> bool:
-        return bool(self._cleared.get(element))
-
-    def pairs(self, traces: Iterable[int]) -> int:
-        """Distinct pairs among failing traces ``traces``."""
-        return len({self._pair[i] for i in traces})
-
-    def share(self, element: str, traces: Iterable[int]) -> float:
-        """The failing pairs among ``traces`` against the healthy traces that cleared
-        ``element``: each failing pair is one observation however many of its flow labels were
-        traced; each clearing trace is a flow that demonstrably got through."""
-        bad = len({self._pair[i] for i in traces})
-        return bad / (bad + self._cleared.get(element, 0)) if bad else 0.0
-
-
 def _wide_partial(
     explains: dict[str, set[int]],
-    weigh: _PairWeights,
+    cleared: dict[str, int],
     remaining: set[int],
     min_votes: int,
     min_share: float = 0.5,
 ) -> tuple[str, frozenset[int]] | None:
-    """The cleared element carrying the most failing pairs of ``remaining`` with at least
-    ``min_share`` of the pairs traced across it failing (None when none explains
-    ``min_votes`` traces)."""
+    """The cleared element explaining the most of ``remaining`` with at least ``min_share`` of
+    its traced flows failing (None when none explains ``min_votes``)."""
     got: list[tuple[int, float, str, frozenset[int]]] = []
     for e, s in explains.items():
-        if not weigh.cleared(e):
+        if e not in cleared:
             continue
         hit = frozenset(s & remaining)
-        share = weigh.share(e, hit)
+        share = len(hit) / (len(hit) + cleared[e])
         if len(hit) >= min_votes and share >= min_share:
-            got.append((weigh.pairs(hit), share, e, hit))
+            got.append((len(hit), share, e, hit))
     if not got:
         return None
-    _n, _share, e, hit = max(got)  # most pairs carried, then the larger failing share
+    _n, _share, e, hit = max(got)  # most covered, then the larger failing share
     return e, hit
 
 
-def _best(
-    live: dict[str, set[int]],
-    remaining: set[int],
-    size: Callable[[frozenset[int]], int] = len,
-) -> tuple[str, frozenset[int]] | None:
-    """The element explaining the most of ``remaining`` (measured by ``size``: traces unless
-    told otherwise); ties go to links (more specific), then by name."""
+def _best(live: dict[str, set[int]], remaining: set[int]) -> tuple[str, frozenset[int]] | None:
     best_n = 0
     best: list[tuple[str, frozenset[int]]] = []
     for e, s in live.items():
-        hit = frozenset(s & remaining)
-        n = size(hit) if hit else 0
+        hit = s & remaining
+        n = len(hit)
         if n > best_n:
-            best_n, best = n, [(e, hit)]
+            best_n, best = n, [(e, frozenset(hit))]
         elif n == best_n and n:
-            best.append((e, hit))
+            best.append((e, frozenset(hit)))
     if not best:
         return None
+    # stable choice: links first (more specific), then by name
     best.sort(key=lambda t: (not _is_link(t[0]), t[0]))
     return best[0]
 
