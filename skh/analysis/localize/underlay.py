@@ -297,8 +297,7 @@ def vote(
     failing traces and at least ``min_partial_share`` of all traces through it failing.
     ``soft`` are the failing traces of pairs that only slow down or lose some probes: a partial
     element covering more of them than the best uncleared element is taken first (a slow switch
-    whose unflagged pairs clear it, rather than each host's access link). A partial element
-    explains only pairs it carries every failing flow of.
+    whose unflagged pairs clear it, rather than each host's access link).
     """
     healthy = list(healthy)
     use_rtt = rtt_trusted(healthy, latency_jump_ns, failing)
@@ -353,13 +352,6 @@ def vote(
             if e in explains:
                 cleared[e] = cleared.get(e, 0) + 1
     votes = {e: len(s) for e, s in explains.items()}
-    # a partial fault explains a pair only where it lies on every failing flow of the pair: a
-    # pair that fails as well on flows avoiding an element (one slow RNIC's flows over both
-    # spines) fails for a reason the element does not carry
-    by_pair: dict[tuple[int, int], set[int]] = {}
-    for i, tr in enumerate(failing):
-        by_pair.setdefault(tr.pair, set()).add(i)
-    whole = {e: {i for i in s if by_pair[failing[i].pair] <= s} for e, s in explains.items()}
 
     remaining = set(range(len(failing)))
     culprits: list[UnderlayCulprit] = []
@@ -369,13 +361,13 @@ def vote(
         best = _best(live, remaining)
         if best is None:
             break
-        wide = _wide_partial(whole, cleared, remaining & soft, min_partial_votes)
+        wide = _wide_partial(explains, cleared, remaining & soft, min_partial_votes)
         if wide is not None and set(best[1]) <= soft and len(best[1]) < len(wide[1]):
             # slow or lossy pairs that one element carries, most of its traced flows failing,
             # beat the unharmed-looking elements that cover fewer of them
             # (detection flags only some of a slow switch's pairs, the rest clear it)
             e = wide[0]
-            c = _culprit(wide, {e: whole[e]}, remaining, votes, cleared[e], partial=True)
+            c = _culprit(wide, {e: explains[e]}, remaining, votes, cleared[e], partial=True)
         else:
             c = _culprit(best, live, remaining, votes, 0, partial=False)
         culprits.append(c)
@@ -385,7 +377,7 @@ def vote(
     while remaining:
         part = {
             e: s & remaining
-            for e, s in whole.items()
+            for e, s in explains.items()
             if e in cleared and len(s & remaining) >= min_partial_votes
         }
         if not part:
