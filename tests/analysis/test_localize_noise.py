@@ -431,3 +431,33 @@ def test_a_slow_switch_some_of_whose_pairs_were_not_flagged():
     # pairs that are unreachable: a trace through t1 that worked clears it
     hard = vote(fail, ok, expected_paths=_expected)
     assert "t1" not in [c.component for c in hard.culprits]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known miss, not fixed: counting only pairs whose every failing flow an element "
+    "carries fixed it (4aaeca2) but raised spurious alerts on fresh seed 1639607732 from 0.098 "
+    "to 1.293 per fault (a 1,571-trace round named a dozen ToRs); reverted",
+)
+def test_a_pair_slow_over_both_spines_is_no_spine_links_partial_fault():
+    # h1's RNIC slows some of its flows (suboptimal offloading): detection flagged one pair,
+    # (1, 12), traced on its 24 failing flow labels, 13 over s0 and 11 over s1. s0's links are
+    # cleared by 12 healthy flows, everything else by more. 13 failing flows against 12 clearing
+    # named s0's link a partial (slow) culprit (CC_ISSUE; the eval's e2e miss on seed
+    # 311581655), but the same pair is as slow over s1: s0 does not explain it. The vote names
+    # nothing and the endpoints decide (the RNIC's tables show the offloading)
+    def tr(a: int, b: int, s: str) -> Trace:
+        return Trace((a, b), (f"h{a}", f"t{a // 10}", s, f"t{b // 10}", f"h{b}"), True)
+
+    fail = [tr(1, 12, "s0") for _ in range(13)] + [tr(1, 12, "s1") for _ in range(11)]
+    ok = [tr(a, 10 + a, "s0") for a in (2, 3, 4, 5, 6, 7) for _ in range(2)]
+    ok += [tr(1, b, "s1") for b in (13, 14, 15, 16, 17, 18) for _ in range(5)]
+    ok += [tr(a, 12, "s1") for a in (2, 3, 4, 5, 6, 7) for _ in range(5)]
+    got = vote(fail, ok, expected_paths=_expected, soft=range(len(fail)))
+    assert not got.culprits and got.unexplained == frozenset(range(len(fail)))
+    # two pairs slow over s0 alone, 13 flows against its 12 clearing: its link is the culprit
+    two = [tr(1, 12, "s0") for _ in range(7)] + [tr(8, 19, "s0") for _ in range(6)]
+    ok2 = ok + [tr(8, b, "s1") for b in (13, 14, 15, 16, 17, 18) for _ in range(5)]
+    ok2 += [tr(a, 19, "s1") for a in (2, 3, 4, 5, 6, 7) for _ in range(5)]
+    got = vote(two, ok2, expected_paths=_expected, soft=range(len(two)))
+    assert [c.component for c in got.culprits][:1] in (["s0|t0"], ["s0|t1"])
