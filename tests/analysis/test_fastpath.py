@@ -145,3 +145,48 @@ def test_a_young_lossy_pair_does_not_make_its_tor_corroborate_bystanders():
         f[bystanders[i // 60]] = i % 60 == 30
         seen |= set(pr.step(f).loss.tolist())
     assert not seen & set(bystanders.tolist()), seen
+
+
+def test_a_switch_dead_on_some_rotated_paths_does_not_corroborate_bystanders():
+    """Probes rotate over 16 path ids (issue 17's rotation). A spine goes offline: the ECMP
+    paths through it fail, one or two path ids of each of a third of ToR 0's pairs, every time
+    they come round. Those are outages of single flows, not random loss: they must not lift the
+    ToR's loss test, so the ToR's other pairs, four of which lose one probe each meanwhile
+    (benign loss), are not called lossy. The pairs with a dead path are found, as outages of
+    that flow (with path ids folded into fewer flow slots, a slot mixed dead and working paths:
+    no run, and their failures made the ToR corroborate a bystander)."""
+    n, ids = 8, 16
+    src, dst, groups = _two_tors(n)
+    m = src.size
+    fp = FastPathState(FastPathConfig(), m)
+    rng = np.random.default_rng(7)
+    # the path ids through the dead spine: a third of the pairs cross it on one or two ids
+    dead = np.zeros((m, ids), bool)
+    crossing = rng.permutation(m)[: m // 3]
+    for pid in crossing:
+        dead[pid, rng.choice(ids, size=1 + pid % 2, replace=False)] = True
+    bystanders = np.setdiff1d(np.arange(m), crossing)[::20][:4]
+    eps = 2 * n
+    k = 0
+    loss: set[int] = set()
+    out: set[int] = set()
+    for sec in range(150):
+        t = T0 + (k + np.arange(10))[None, :] * 100 * MS + np.arange(m)[:, None] * MS
+        path = np.broadcast_to((k + np.arange(10)) % ids, (m, 10))
+        failed = np.zeros((m, 10), bool)
+        if sec >= 120:
+            failed = np.take_along_axis(dead, path, axis=1)
+            # each bystander loses one probe, seconds apart (as benign loss has them)
+            for j, b in enumerate(bystanders):
+                failed[b, j] |= sec == 121 + 7 * j
+        pids = np.repeat(np.arange(m), 10)
+        fp.update(pids, t.ravel(), failed.ravel(), path.ravel(), np.full(pids.size, 2000))
+        k += 10
+        now = T0 + k * 100 * MS
+        fl = fp.evaluate(now, src, dst, eps, groups=[groups])
+        fp.learn(now, np.isin(np.arange(m), fl.unreachable))
+        if sec >= 120:
+            loss |= set(fl.loss.tolist())
+            out |= set(fl.unreachable.tolist())
+    assert not loss & set(bystanders.tolist()), sorted(loss & set(bystanders.tolist()))
+    assert out == set(crossing.tolist())
