@@ -20,9 +20,11 @@ thousands of pairs, benign losses arrive every second. What is a fault:
   loss rate drawn from the baseline's Gamma posterior (a negative binomial: a young baseline
   knows little, so its tail is wide). An endpoint or group pools its pairs' history into one
   rate (they share links). A pair is
-  flagged when its own test fires, or when it lost a probe in the window of a scope whose test
-  fired (corroboration: a 2 % CRC on an access link shows as three failures a second over the
-  endpoint's pairs while each pair has lost one or two). Scopes explain away from narrow to
+  flagged when its own test fires, or when it lost ``loss_count`` probes in the window of a
+  scope whose test fired (corroboration: a 2 % CRC on an access link shows as three failures
+  a second over the endpoint's pairs while each pair has lost a few; not one: a scope's excess
+  may be a switch dead on some path ids of many pairs, beside which another pair's benign
+  lost probe is none of its story). Scopes explain away from narrow to
   wide: pairs lossy on their own are left out of their endpoints' tests, and pairs of a lossy
   endpoint out of the groups' (that access link's CRC lifts its ToR's count, but the ToR's
   other pairs, which merely lost a probe, are not corroborated by it). Only *settled* pairs
@@ -613,7 +615,12 @@ class FastPathState:
                     la = np.where(ca >= 0, ls_full[np.maximum(ca, 0)], 0.0)
                     lb = np.where(cb >= 0, ls_full[np.maximum(cb, 0)], 0.0)
                     ls_pair = np.minimum(la, lb)
-                    hit = (ls_pair < 0) & (F_p > 0)
+                    # a scope corroborates only pairs that lost more than once: its excess may
+                    # be another story (a switch dead or flapping on some path ids of many
+                    # pairs: each lost one or two, and the other pairs of their endpoints and
+                    # ToRs, with a benign lost probe each in the window, were called lossy
+                    # beside them); one lost probe is no fault, corroborated or not
+                    hit = (ls_pair < 0) & (F_p >= cfg.loss_count)
                     self._mark(
                         hit, cand, rc, in_w, F_p, ls_pair, flagged, evidence, first_ns, fails
                     )
