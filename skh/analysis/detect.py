@@ -33,8 +33,9 @@ Streaming rules:
 - Pairs get dense ids on first sight; all per-pair state lives in numpy structured arrays with
   a fixed size per pair (a ring of ``samples_per_pair`` recent RTTs, the look-back features in
   float32, the cached LOF fit, the long-term block sums), so memory is bounded by the number
-  of live pairs: about 1.1 KB per pair with the defaults (the RTT ring is 384 B, the float32
-  look-back 352 B), so 360K pairs take about 390 MB, plus about 60 B per endpoint id for
+  of live pairs: about 1.9 KB per pair with the defaults (the RTT ring is 384 B, the float32
+  look-back 352 B, the fast path's runs of up to 64 path ids 576 B), so 360K pairs take
+  about 700 MB, plus about 60 B per endpoint id for
   health. Pairs silent for ``retire_idle_s`` or touching a retired endpoint are dropped.
 - Duplicates: per pair, an anti-replay window over ``seq`` (the highest seq and a 64-bit map
   below it); rows 64 or more probes older than the newest are dropped as stale. A row that

@@ -7,8 +7,9 @@ thousands of pairs, benign losses arrive every second. What is a fault:
 
 - **outage** (``unreachable``): the pair's last ``k`` probes all failed and they span at least
   ``unreachable_after_s``, or the same holds for one *flow* of it (the pair's probes of one
-  path id, ``path_id % paths``): an ECMP path through a dead link fails every time while the
-  pair's other paths work. ``k`` is the shortest run the pair's baseline makes improbable
+  path id, ``path_id % paths``; ``paths`` is the longest rotation a probe plan hands out, so
+  each id is its own flow): an ECMP path through a dead link fails every time it comes round
+  while the pair's other paths work. ``k`` is the shortest run the pair's baseline makes improbable
   (the posterior mean of ``rate**k`` at most ``alpha``), at least ``unreachable_after``: 3 on
   a quiet pair, more on a lossy one.
 - **loss**: more failures than the baseline explains. For each scope — the pair, each endpoint
@@ -19,9 +20,11 @@ thousands of pairs, benign losses arrive every second. What is a fault:
   loss rate drawn from the baseline's Gamma posterior (a negative binomial: a young baseline
   knows little, so its tail is wide). An endpoint or group pools its pairs' history into one
   rate (they share links). A pair is
-  flagged when its own test fires, or when it lost a probe in the window of a scope whose test
-  fired (corroboration: a 2 % CRC on an access link shows as three failures a second over the
-  endpoint's pairs while each pair has lost one or two). Scopes explain away from narrow to
+  flagged when its own test fires, or when it lost ``loss_count`` probes in the window of a
+  scope whose test fired (corroboration: a 2 % CRC on an access link shows as three failures
+  a second over the endpoint's pairs while each pair has lost a few; not one: a scope's excess
+  may be a switch dead on some path ids of many pairs, beside which another pair's benign
+  lost probe is none of its story). Scopes explain away from narrow to
   wide: pairs lossy on their own are left out of their endpoints' tests, and pairs of a lossy
   endpoint out of the groups' (that access link's CRC lifts its ToR's count, but the ToR's
   other pairs, which merely lost a probe, are not corroborated by it). Only *settled* pairs
@@ -69,6 +72,9 @@ from skh.errors import ConfigError
 __all__ = ["FastPathConfig", "FastPathState", "FastFlags"]
 
 _NEVER = np.iinfo(np.int64).min
+_NO_RUN = np.iinfo(np.int64).max
+#: a flow's run is capped here (u1); far above any run an outage needs
+_FLOW_CAP = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +190,10 @@ class FastPathState:
                 ("consec", "<i4"),  # failures since the last OK (by send time)
                 ("run_first_ns", "<i8"),  # send time of the first failure of that run
                 ("last_t_ns", "<i8"),  # newest send time seen, to keep runs in order
-                ("flow_consec", "<i2", (P,)),  # the same per flow (path id % paths)
+                ("flow_consec", "<u1", (P,)),  # the same per flow (path id % paths) ...
                 ("flow_first_ns", "<i8", (P,)),
+                ("flow_max", "<i2"),  # ... and over the pair's flows: the longest run, and
+                ("flow_run_ns", "<i8"),  # the first failure of any run (_NO_RUN: none)
                 ("fail_pos", "<i8"),
                 ("fail_ns", "<i8", (config.history,)),  # ring of counted failure send times
                 ("rate_hz", "<f4"),  # probes per second (sequence numbers over send time)
@@ -206,6 +214,7 @@ class FastPathState:
         self._blank["run_first_ns"] = -1
         self._blank["last_t_ns"] = -1
         self._blank["flow_first_ns"] = -1
+        self._blank["flow_run_ns"] = _NO_RUN
         self._blank["fail_ns"] = -1
         self._blank["out_end_ns"] = _NEVER
         self._blank["out_seen_ns"] = _NEVER
@@ -224,10 +233,11 @@ class FastPathState:
     def clear_pairs(self, pids: np.ndarray) -> None:
         """Forget the pairs' failures and runs (their baseline and rate stay)."""
         s = self.state
-        for f in ("consec", "flow_consec", "fail_pos"):
+        for f in ("consec", "flow_consec", "flow_max", "fail_pos"):
             s[f][pids] = 0
         for f in ("run_first_ns", "flow_first_ns", "fail_ns"):
             s[f][pids] = -1
+        s["flow_run_ns"][pids] = _NO_RUN
 
     # ------------------------------------------------------------------ input
 
@@ -349,7 +359,8 @@ class FastPathState:
         fp, fs = k2[fstart] // cfg.paths, k2[fstart] % cfg.paths
         oldf = s["flow_consec"][fp, fs].astype(np.int64)
         ffirst = np.minimum.reduceat(np.where(f2, idx2, k2.size), fstart)
-        s["flow_consec"][fp, fs] = np.minimum(np.where(has_ok2, trail2, oldf + nf2), 2**15 - 1)
+        newf = np.minimum(np.where(has_ok2, trail2, oldf + nf2), _FLOW_CAP)
+        s["flow_consec"][fp, fs] = newf
         s["flow_first_ns"][fp, fs] = np.where(
             has_ok2,
             np.where(trail2 > 0, t2[np.minimum(last_ok2 + 1, k2.size - 1)], -1),
@@ -365,6 +376,20 @@ class FastPathState:
             reset = s["consec"][sp] == 0
             s["flow_consec"][sp[reset]] = 0
             s["flow_first_ns"][sp[reset]] = -1
+        # the pair's summary over its flows, for the pairs whose flows had or have a run (a
+        # pair rotates over up to 64 path ids: evaluate reads the summary, not every flow)
+        touched = np.unique(fp[(oldf > 0) | (newf > 0)])
+        if stalled.any():
+            touched = np.union1d(touched, sp)
+        self._summarise_flows(touched)
+
+    def _summarise_flows(self, pids: np.ndarray) -> None:
+        if pids.size == 0:
+            return
+        s = self.state
+        fc = s["flow_consec"][pids]
+        s["flow_max"][pids] = fc.max(axis=1)
+        s["flow_run_ns"][pids] = np.where(fc > 0, s["flow_first_ns"][pids], _NO_RUN).min(axis=1)
 
     def _add_failures(self, p: np.ndarray, t: np.ndarray) -> None:
         s = self.state
@@ -405,6 +430,8 @@ class FastPathState:
         s["run_first_ns"][rp] = -1
         s["flow_consec"][rp] = 0
         s["flow_first_ns"][rp] = -1
+        s["flow_max"][rp] = 0
+        s["flow_run_ns"][rp] = _NO_RUN
 
     def learn(self, now_ns: int, busy: np.ndarray) -> None:
         """Let the baselines learn. ``busy`` marks the first ``len(busy)`` pairs flagged, held
@@ -458,11 +485,11 @@ class FastPathState:
         n = len(src)
         m_ep = max(n_endpoints, int(max(src.max(initial=-1), dst.max(initial=-1))) + 1)
         consec = s["consec"]
-        fc = s["flow_consec"]
+        flow_max = s["flow_max"].astype(np.int64)
         failing = consec > 0
         # a flow or the pair failing right now: an outage in the making, or a loss whose next
         # probe has not said so yet; such a pair waits for its run to resolve
-        running = failing | (fc > 0).any(axis=1)
+        running = failing | (flow_max > 0)
         held = np.zeros(n, bool)
         if progress_ns is not None and running.any():
             prog = np.full(n, _NEVER)
@@ -470,8 +497,7 @@ class FastPathState:
             prog[ok] = progress_ns[dst[ok]]
             # the first failure of what is running now: the pair's run (any OK before it came
             # from the responder, alive), else the flows' runs
-            ff = np.where(fc > 0, s["flow_first_ns"], np.iinfo(np.int64).max).min(axis=1)
-            first = np.where(failing, s["run_first_ns"], ff)
+            first = np.where(failing, s["run_first_ns"], s["flow_run_ns"])
             # send times come from two hosts' clocks: allow for their skew
             skew = int(cfg.clock_skew_s * 1e9)
             held = running & (prog < first + skew) & (first > now_ns - int(cfg.hold_max_s * 1e9))
@@ -483,15 +509,14 @@ class FastPathState:
         min_span = int(cfg.unreachable_after_s * 1e9)
         k_run = _run_needed(a_p, b_p, log_alpha, cfg.unreachable_after)
         pair_out = (consec >= k_run) & (span_ns >= min_span)
-        flow_hit = fc >= k_run[:, None]
-        flow_out = flow_hit.any(axis=1)
+        flow_out = flow_max >= k_run
         outage = (pair_out | flow_out) & ~held
-        out_first = np.where(
-            pair_out,
-            s["run_first_ns"],
-            np.where(flow_hit, s["flow_first_ns"], np.iinfo(np.int64).max).min(axis=1),
-        )
-        out_fails = np.maximum(consec, fc.max(axis=1).astype(np.int32))
+        out_first = np.where(pair_out, s["run_first_ns"], _NO_RUN)
+        fo = np.flatnonzero(flow_out & ~pair_out)
+        if fo.size:
+            hit = s["flow_consec"][fo] >= k_run[fo, None]
+            out_first[fo] = np.where(hit, s["flow_first_ns"][fo], _NO_RUN).min(axis=1)
+        out_fails = np.maximum(consec, flow_max)
         # ... or of an endpoint: most of its pairs failing together, improbable jointly
         live_n = np.bincount(src, minlength=m_ep) + np.bincount(dst, minlength=m_ep)
         joint = failing & ~held & ~outage
@@ -590,7 +615,12 @@ class FastPathState:
                     la = np.where(ca >= 0, ls_full[np.maximum(ca, 0)], 0.0)
                     lb = np.where(cb >= 0, ls_full[np.maximum(cb, 0)], 0.0)
                     ls_pair = np.minimum(la, lb)
-                    hit = (ls_pair < 0) & (F_p > 0)
+                    # a scope corroborates only pairs that lost more than once: its excess may
+                    # be another story (a switch dead or flapping on some path ids of many
+                    # pairs: each lost one or two, and the other pairs of their endpoints and
+                    # ToRs, with a benign lost probe each in the window, were called lossy
+                    # beside them); one lost probe is no fault, corroborated or not
+                    hit = (ls_pair < 0) & (F_p >= cfg.loss_count)
                     self._mark(
                         hit, cand, rc, in_w, F_p, ls_pair, flagged, evidence, first_ns, fails
                     )

@@ -47,8 +47,13 @@ LATENCY_SAMPLE_S = 1.0
 #: a slow ECMP path shows in the slots its ids fall in); sampling does not depend on it
 LATENCY_PATHS = 4
 #: flow slots per pair the loss side tells apart (``path_id % FLOW_SLOTS``): the fast path's
-#: per-flow failure runs, and the OKs the agents forward to end them
-FLOW_SLOTS = 8
+#: per-flow failure runs, and the OKs the agents forward to end them. One per path id of the
+#: longest rotation a probe plan hands out (:class:`skh.probeplan.ProbePolicy` ``max_paths``):
+#: folding a rotation's ids into fewer slots mixes an ECMP path that a dead switch breaks with
+#: paths that work, so its outage never runs and reads as random loss (a spine offline broke
+#: one or two of 14-45 ids of thousands of pairs; their failures lifted their ToRs' loss tests,
+#: and pairs that merely lost a probe were called lossy with them)
+FLOW_SLOTS = 64
 #: ``phase_ns`` of a pair that has had no OK yet
 NO_PHASE = np.iinfo(np.int64).min
 
