@@ -186,14 +186,16 @@ class ShardActor:
 
     def recent(self, after: int) -> np.ndarray | None:
         """The last 15 s of probes as localization reads them: every failed row, and the
-        newest answered row per pair (it only asks which pairs answered, whose probes came back
-        lately, and when pairs failed)."""
+        newest answered row per pair and path id (it only asks which pairs answered, whose
+        probes came back lately, when pairs failed, and which path ids a slow pair was probed
+        on: the flows it traces)."""
         if self._s.done != after:
             return None
         p = self._s.pipe.recent_probes()
         ok = p[p["status"] == 0]
         ok = ok[np.argsort(ok["t_wall_ns"], kind="stable")[::-1]]
-        _, newest = np.unique(pair_keys(ok["src_ep"], ok["dst_ep"]), return_index=True)
+        flows = np.stack([pair_keys(ok["src_ep"], ok["dst_ep"]), ok["path_id"].astype(np.int64)])
+        _, newest = np.unique(flows, axis=1, return_index=True)
         return np.concatenate([p[p["status"] != 0], ok[newest]])
 
     def pid(self) -> int:
