@@ -69,6 +69,9 @@ class DemoSpec:
     keys_dir: str = ""
     #: plain-text links and no identities (``--insecure``): for comparison only, never the default
     insecure: bool = False
+    #: the pipeline's ``trace_learn_s``: traces pinned to the probe flows' ECMP paths (0: off,
+    #: the pipeline's default, see skh.orchestrator.pipeline.config)
+    trace_learn_s: float = 0.0
 
     def __post_init__(self) -> None:
         # none: the caller injects its own (LiveDemo.fault)
@@ -158,6 +161,7 @@ class DemoSpec:
             "resolve_after_s": 8.0,
             "command_timeout_s": 8.0,
             "trace_max_ttl": 5,
+            "trace_learn_s": self.trace_learn_s,
             "rnic_dump_interval_s": 5.0,
         }
 

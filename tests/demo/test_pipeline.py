@@ -3,6 +3,7 @@ and the whole pipeline over the simulator (``skh demo --sim``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -146,6 +147,12 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
         host_agents={a.host: "ul-a", b.host: "ul-b"},
         vf_devices={e.name: tb.representor(e)[1] for e in cluster.endpoints},
     )
+    # by default a trace is not pinned to the probe flow (the round would wait for the flow's
+    # frames): one plain trace, no answers' leg
+    plain = _FakeClient(answers)
+    assert AgentStateSource(plain, cluster, cfg).traceroute((a.ep_id, b.ep_id), 0).reached
+    assert [sorted(x) for _a, _n, x in plain.asked] == [["dport", "dst", "max_ttl", "sport", "src"]]
+    cfg = dataclasses.replace(cfg, trace_learn_s=5.0)
     client = _FakeClient(answers)
     src = AgentStateSource(client, cluster, cfg)
     t = src.traceroute((a.ep_id, b.ep_id), 0)

@@ -141,7 +141,7 @@ class AgentStateSource:
             "dport": self.cfg.trace_base_port,
             "max_ttl": self.cfg.trace_max_ttl,
         }
-        if inner_src and inner_dst:
+        if inner_src and inner_dst and self.cfg.trace_learn_s > 0:
             # the probe flow itself: the agent traces the VXLAN outer 5-tuple its frames take
             args |= {
                 "inner_src": inner_src,
@@ -248,7 +248,8 @@ class AgentStateSource:
             t = self._traces[key]
             sh, sr, dh, dr, pid, a_ip, b_ip = key
             rkey = (dh, dr, sh, sr, pid, b_ip, a_ip)
-            if t is None or not t.reached or not (a_ip and b_ip):
+            # an answers' leg counts only pinned (below): not traced where nothing is pinned
+            if t is None or not t.reached or not (a_ip and b_ip) or self.cfg.trace_learn_s <= 0:
                 continue
             if self._failed is not None and (pair, pid) not in self._failed:
                 continue
