@@ -151,6 +151,17 @@ def test_a_young_lossy_pair_does_not_make_its_tor_corroborate_bystanders():
     assert not seen & set(bystanders.tolist()), seen
 
 
+def _some_paths_dead(m: int, ids: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which (pair, path id) flows cross a broken element: a third of the ``m`` pairs, on one or
+    two of their ``ids`` path ids each; and four pairs that cross nothing (bystanders)."""
+    rng = np.random.default_rng(seed)
+    dead = np.zeros((m, ids), bool)
+    crossing = rng.permutation(m)[: m // 3]
+    for pid in crossing:
+        dead[pid, rng.choice(ids, size=1 + pid % 2, replace=False)] = True
+    return dead, crossing, np.setdiff1d(np.arange(m), crossing)[::20][:4]
+
+
 def test_a_switch_dead_on_some_rotated_paths_does_not_corroborate_bystanders():
     """Probes rotate over 16 path ids (issue 17's rotation). A spine goes offline: the ECMP
     paths through it fail, one or two path ids of each of a third of ToR 0's pairs, every time
@@ -163,13 +174,7 @@ def test_a_switch_dead_on_some_rotated_paths_does_not_corroborate_bystanders():
     src, dst, groups = _two_tors(n)
     m = src.size
     fp = FastPathState(FastPathConfig(), m)
-    rng = np.random.default_rng(7)
-    # the path ids through the dead spine: a third of the pairs cross it on one or two ids
-    dead = np.zeros((m, ids), bool)
-    crossing = rng.permutation(m)[: m // 3]
-    for pid in crossing:
-        dead[pid, rng.choice(ids, size=1 + pid % 2, replace=False)] = True
-    bystanders = np.setdiff1d(np.arange(m), crossing)[::20][:4]
+    dead, crossing, bystanders = _some_paths_dead(m, ids, seed=7)
     eps = 2 * n
     k = 0
     loss: set[int] = set()
@@ -206,12 +211,7 @@ def test_a_flapping_link_on_some_rotated_paths_does_not_corroborate_bystanders()
     src, dst, groups = _two_tors(n)
     m = src.size
     fp = FastPathState(FastPathConfig(), m)
-    rng = np.random.default_rng(3)
-    dead = np.zeros((m, ids), bool)
-    crossing = rng.permutation(m)[: m // 3]
-    for pid in crossing:
-        dead[pid, rng.choice(ids, size=1 + pid % 2, replace=False)] = True
-    bystanders = np.setdiff1d(np.arange(m), crossing)[::20][:4]
+    dead, crossing, bystanders = _some_paths_dead(m, ids, seed=3)
     k = 0
     loss: set[int] = set()
     for sec in range(180):
