@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skh.analysis.sampling import FLOW_SLOTS
 from skh.errors import ConfigError, ProtocolError
 from skh.model import Fabric
 from skh.orchestrator.config import load_config
@@ -195,3 +196,11 @@ def test_a_job_without_pairs_has_an_empty_incidence_and_plan():
     inc = fl.incidence([], [])
     assert inc.pair.size == 0 and inc.ecmp_paths.size == 0
     assert plan_probes(np.zeros((0, 2), np.uint32), ProbePolicy(), links=inc).pairs.shape == (0, 2)
+
+
+def test_the_longest_rotation_fits_the_detectors_flow_slots():
+    """The detector keeps one failure run per path id (``FLOW_SLOTS``): a policy may not rotate
+    over more ids, or the detector would fold a dead ECMP path in with working ones."""
+    assert ProbePolicy(max_paths=FLOW_SLOTS).max_paths == FLOW_SLOTS
+    with pytest.raises(ConfigError, match="max_paths"):
+        ProbePolicy(max_paths=FLOW_SLOTS + 1)

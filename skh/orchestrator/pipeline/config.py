@@ -87,8 +87,8 @@ class PipelineConfig:
     #: default): traces are not pinned to the probe flows. Pinned, a trace crosses the spine
     #: the failing flow crosses (a fault on some ECMP paths only is placed, not guessed), but
     #: the round waits up to this long for the frames, before the traces: in the demo a link
-    #: down's alert came 11.2 s after the fault instead of 4.0 s, a slow RNIC's 22.5 s instead
-    #: of 6.0 s. On by default once the agents learn ahead of the round (docs/probing.md)
+    #: down's alert came 11.2 s after the fault instead of 5.0 s, a slow RNIC's 22.5 s instead
+    #: of 6.0 s (unpinned). On by default once the agents learn ahead of the round (docs/probing.md)
     trace_learn_s: float = 0.0
     rnic_dump_interval_s: float = 60.0
     max_exoneration_traces: int = 16
