@@ -25,6 +25,19 @@ def assert_accounted(s: EngineStats) -> None:
 
 
 def quiesce(eng: Engine, timeout_s: float = 5.0) -> EngineStats:
-    """Stops probing-side activity from mattering: waits until every probe has its record."""
-    wait_for(lambda: eng.stats().in_flight == 0 and eng.stats().awaiting_direction == 0, timeout_s)
+    """Stops probing-side activity from mattering: waits until every probe sent has its record.
+
+    The in-flight and awaiting gauges alone are not enough: the engine thread refreshes them once
+    per wake-up, so a probe just sent (and answered by a test at once) can still read 0 in flight.
+    """
+
+    def settled() -> bool:
+        s = eng.stats()
+        return (
+            s.sent + s.send_errors == s.records + s.ring_overflow
+            and s.in_flight == 0
+            and s.awaiting_direction == 0
+        )
+
+    wait_for(settled, timeout_s)
     return eng.stats()
