@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from skh.cli._daemon_args import add_common, config_from
@@ -194,24 +196,32 @@ def run_live(args: argparse.Namespace, console) -> int:
 
         demo = LiveDemo(spec, run_dir, say=say)
         error = ""
+        # SIGTERM (systemd, `timeout`, a CI runner) would otherwise end the process without
+        # unwinding, and the testbed's namespaces and daemons (their own sessions) outlive it.
+        stopped_by, restore = _interrupt_on_stop_signals()
         try:
             demo.start()
             progress.update(task, description="injecting faults")
             for kind in kinds:
                 demo.fault(kind)
                 progress.advance(task)
-        except (SkhError, OSError) as exc:
+        except (SkhError, OSError, KeyboardInterrupt) as exc:
             error = str(exc)
+            if isinstance(exc, KeyboardInterrupt):
+                error = f"interrupted by {signal.Signals(stopped_by[0] or signal.SIGINT).name}"
             progress.console.print(
-                f"[bold red]demo failed: {exc}[/]\n"
+                f"[bold red]demo failed: {error}[/]\n"
                 f"every process's log (logs/), the controller's and testbed's last state"
                 f" (state.json) and the alert log are kept in {run_dir.resolve()}/ —"
                 " send that directory with a report"
             )
         finally:
+            # a second Ctrl-C must not leave the teardown half done
+            _ignore_stop_signals()
             progress.update(task, description="tearing down")
             left = demo.stop()
             progress.advance(task)
+            restore()
     table = Table(title="Faults vs verdicts")
     for col in ("fault", "truth", "verdict", "type", "detect", "alert", "resolve", "ok"):
         table.add_column(col)
@@ -261,4 +271,33 @@ def run_live(args: argparse.Namespace, console) -> int:
         else "[bold red]not every fault was caught and localized[/]"
         f" (logs and state kept in {run_dir.resolve()}/)"
     )
+    if stopped_by[0]:
+        return 128 + stopped_by[0]  # the shell's convention for a command a signal ended
     return 0 if ok else 1
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupt_on_stop_signals() -> tuple[list[int], Callable[[], None]]:
+    """Makes each stop signal raise KeyboardInterrupt in the main thread (a BaseException, so no
+    ``except Exception`` on the way swallows it); returns a one-item list that then holds the
+    signal's number, and a function restoring the previous handlers."""
+    got = [0]
+
+    def handler(signum: int, _frame: object) -> None:
+        got[0] = signum
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
+
+    def restore() -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    return got, restore
+
+
+def _ignore_stop_signals() -> None:
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -27,7 +27,9 @@ import pytest
 from skh.demo.live import DemoSpec, LiveDemo, matches
 from skh.errors import RequestRefused, RequestTimeout
 from skh.orchestrator.admin import ControllerClient
-from skh.testbed.spec import owns
+
+sys.path.insert(0, str(Path(__file__).parent))
+from demo_helpers import leftovers  # noqa: E402
 
 pytestmark = [
     pytest.mark.root,
@@ -47,29 +49,6 @@ LAYER = {
     "slow_path": "rnic",
     "agent_crash": "agent",
 }
-
-
-def _ours(prefix: str, run_dir: Path) -> dict[str, list]:
-    links = [n for n in os.listdir("/sys/class/net") if owns(prefix, n)]
-    netns = [
-        n
-        for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
-        if owns(prefix, n)
-    ]
-    procs = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = (
-                Path(f"/proc/{pid}/cmdline")
-                .read_bytes()
-                .replace(b"\0", b" ")
-                .decode(errors="replace")
-            )
-        except OSError:
-            continue
-        if int(pid) != os.getpid() and (str(run_dir) in cmd or f"/{prefix}/" in cmd):
-            procs.append((int(pid), cmd))
-    return {"links": links, "netns": netns, "processes": procs}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +109,7 @@ def run(tmp_path_factory):
         "argv": argv,
         "counts": counts,
         "run_dir": run_dir,
-        "left": _ours(PREFIX, run_dir),
+        "left": leftovers(PREFIX, run_dir),
     }
 
 
