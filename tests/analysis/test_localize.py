@@ -336,6 +336,24 @@ def test_agent_events_from_detection():
     assert named(v) == ("overlay", "j/c3", F.CONTAINER_CRASH)
 
 
+def test_a_stopped_agent_silent_like_a_dead_one_is_late_when_its_host_sees_it_alive():
+    """SIGSTOP (make demo-all's agent_hang): heartbeats and probes stop as after a crash, but the
+    host's report lists the process as alive and stopped, and a restart would not help."""
+    w = World()
+    c3 = [e.ep_id for e in w.cluster.endpoints if e.container == "c3"]
+    loc = Localizer(w.cluster)
+    s = Suspect((), "unreachable", 5, agents={c3[0]: 1, c3[1]: 1})
+    assert only(loc.localize([s], w, now_ns=9)).failure_type == F.AGENT_CRASH
+    w.reports["host3"] = HostReport("host3", agents_late=frozenset({"c3"}))
+    v = only(loc.localize([s], w, now_ns=9))
+    assert named(v) == ("agent", "j/c3", F.LATE_AGENT) and v.symptom == "unreachable"
+    # a report that also says dead (another process of that container) does not overrule
+    w.reports["host3"] = HostReport(
+        "host3", agents_late=frozenset({"c3"}), agents_dead=frozenset({"c3"})
+    )
+    assert only(loc.localize([s], w, now_ns=9)).failure_type == F.AGENT_CRASH
+
+
 def test_suspect_from_detection_event():
     @dataclasses.dataclass
     class Ev:

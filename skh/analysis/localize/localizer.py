@@ -449,6 +449,8 @@ class Localizer:
         crashed = {v.component for v in w.verdicts if v.failure_type == FailureType.CONTAINER_CRASH}
         blamed: dict[tuple[str, str, FailureType], list[Pair]] = {}
         endpoints: dict[tuple[str, str, FailureType], set[int]] = {}
+        # late agents that answer nothing: silent like a crashed one, but their process lives
+        hung: set[tuple[str, str, FailureType]] = set()
         # endpoints detection already found unhealthy (heartbeats, refused, delays)
         for e, bits in sorted(w.agents.items()):
             ep = self._ep(e)
@@ -459,6 +461,10 @@ class Localizer:
             # an agent whose own probes still come back is alive, however many heartbeats it
             # missed: late, not crashed
             dead = bool(bits & DEAD_BITS) and e not in w.responsive
+            if dead and self._agent_alive(ep, report):
+                # its host sees the process alive but stopped or stuck (SIGSTOP, a D state)
+                dead = False
+                hung.add((ep.job, ep.container, FailureType.LATE_AGENT))
             if dead and self._container_gone(ep, node, tables, report):
                 key = (ep.job, ep.container, FailureType.CONTAINER_CRASH)
             else:
@@ -507,9 +513,23 @@ class Localizer:
                     "endpoints": eps,
                     "health_bits": {e: w.agents[e] for e in eps},
                 },
-                symptom="unreachable" if ftype != FailureType.LATE_AGENT else "latency",
+                symptom=(
+                    "latency"
+                    if ftype == FailureType.LATE_AGENT and (job, container, ftype) not in hung
+                    else "unreachable"
+                ),
             )
             w.left -= set(pairs)
+
+    @staticmethod
+    def _agent_alive(ep: Endpoint, report) -> bool:
+        """Whether the host report of ``ep``'s host lists its agent as late and not dead."""
+        rep = report(ep.host)
+        return (
+            rep is not None
+            and ep.container in rep.agents_late
+            and ep.container not in rep.agents_dead
+        )
 
     def _exoneration(self, failing: Sequence[Pair], healthy_pairs: np.ndarray | None) -> list[Pair]:
         if healthy_pairs is None or self.max_exoneration_traces == 0:
