@@ -118,6 +118,7 @@ class ControllerConfig:
     probe_min_interval_s: float = _POLICY.min_interval_s
     probe_budget_per_s: float = _POLICY.budget_per_s
     probe_link_min_per_s: float = _POLICY.link_min_per_s
+    probe_access_link_min_per_s: float = _POLICY.access_link_min_per_s
     probe_path_coverage: float = _POLICY.path_coverage
     probe_coverage_s: float = _POLICY.coverage_s
     probe_max_paths: int = _POLICY.max_paths
