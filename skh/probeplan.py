@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,11 @@ class ProbePolicy:
     budget_per_s: float = 100.0
     #: probes/s every link of the job's skeleton should see
     link_min_per_s: float = 10.0
+    #: probes/s every access link (RNIC to ToR) of the skeleton should see: the loss test's
+    #: time to detect a lossy link falls with the probes crossing it (a CRC-style 2 % loss shows
+    #: in ~5 failures), and on a sparse skeleton an access link carries one pair both ways,
+    #: 2 x 10/s; 4x that is paid only by endpoints with few peers (docs/probing.md)
+    access_link_min_per_s: float = 80.0
     #: the chance a given ECMP path of a pair is among its path ids
     path_coverage: float = 0.995
     #: every path id of a pair is probed within this long
@@ -100,8 +105,9 @@ class ProbePolicy:
         for name in ("interval_s", "min_interval_s", "budget_per_s", "coverage_s"):
             if getattr(self, name) <= 0:
                 raise bad(name, "> 0")
-        if self.link_min_per_s < 0 or self.ok_sample_s < 0:
-            raise bad("link_min_per_s" if self.link_min_per_s < 0 else "ok_sample_s", ">= 0")
+        for name in ("link_min_per_s", "access_link_min_per_s", "ok_sample_s"):
+            if getattr(self, name) < 0:
+                raise bad(name, ">= 0")
         if self.min_interval_s > self.interval_s:
             raise bad("min_interval_s", f"<= interval_s ({self.interval_s:g})")
         if self.interval_s * 1000 > _MS_MAX:
@@ -164,13 +170,15 @@ def paths_needed(ecmp_paths: np.ndarray | int, coverage: float, max_paths: int) 
 @dataclass(frozen=True, slots=True)
 class LinkIncidence:
     """Which links each pair's paths cross, and with what share of its paths: COO triples
-    (``pair``, ``link``, ``share``); ``names`` names the links; ``ecmp_paths`` per pair."""
+    (``pair``, ``link``, ``share``); ``names`` names the links, ``access`` says which of them are
+    access links (an RNIC's to its ToR); ``ecmp_paths`` per pair."""
 
     pair: np.ndarray  # int64 row of the pair
     link: np.ndarray  # int64 link id
     share: np.ndarray  # float64 share of the pair's paths that cross the link
     names: tuple[tuple[str, str], ...]
     ecmp_paths: np.ndarray  # int64 per pair
+    access: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per link id
 
 
 class FabricLinks:
@@ -183,6 +191,7 @@ class FabricLinks:
         self._tor = {r.key: r.tor for h in fabric.hosts.values() for r in h.rnics}
         self._ids: dict[tuple[str, str], int] = {}
         self._names: list[tuple[str, str]] = []
+        self._access: set[int] = set()
         self._tor_pairs: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, int]] = {}
 
     def _link(self, a: str, b: str) -> int:
@@ -225,13 +234,16 @@ class FabricLinks:
             raise ConfigError("FabricLinks.incidence: src_rnic and dst_rnic differ in length")
         if n == 0:
             empty = np.zeros(0, np.int64)
-            return LinkIncidence(empty, empty, np.zeros(0), tuple(self._names), empty)
+            return LinkIncidence(
+                empty, empty, np.zeros(0), tuple(self._names), empty, self._access_mask()
+            )
         rows, links, shares = [], [], []
         ecmp = np.ones(n, np.int64)
         idx = np.arange(n, dtype=np.int64)
         keys, inv = np.unique(np.asarray(list(src_rnic) + list(dst_rnic)), return_inverse=True)
         key_tor = [self.tor(str(k)) for k in keys]
         access = np.array([self._link(str(k), t) for k, t in zip(keys, key_tor, strict=True)])
+        self._access.update(access.tolist())
         src_k, dst_k = inv[:n], inv[n:]
         for side in (src_k, dst_k):
             rows.append(idx)
@@ -260,7 +272,13 @@ class FabricLinks:
             np.concatenate(shares),
             tuple(self._names),
             ecmp,
+            self._access_mask(),
         )
+
+    def _access_mask(self) -> np.ndarray:
+        mask = np.zeros(len(self._names), bool)
+        mask[list(self._access)] = True
+        return mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +293,8 @@ class ProbePlan:
     #: planned probes/s per link (ids of the incidence; empty without one)
     link_rate: np.ndarray
     link_names: tuple[tuple[str, str], ...] = ()
+    #: probes/s each of those links should see (its policy floor)
+    link_floor: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def interval_s(self) -> np.ndarray:
@@ -320,7 +340,8 @@ class ProbePlan:
             "pairs_slower_than_coverage": int((cycle > p.coverage_s + 1e-9).sum()),
         }
         if self.link_rate.size:
-            short = self.link_rate < p.link_min_per_s - 1e-9
+            floor = self.link_floor if self.link_floor.size else p.link_min_per_s
+            short = self.link_rate < floor - 1e-9
             out |= {
                 "links": int(self.link_rate.size),
                 "link_rate_min": round(float(self.link_rate.min()), 3),
@@ -376,6 +397,16 @@ def _fit_budget(
     return np.where(over[src], floor + extra * share[src], want)
 
 
+def _link_floors(links: LinkIncidence | None, p: ProbePolicy) -> np.ndarray:
+    """Probes/s each link of ``links`` should see: ``access_link_min_per_s`` on access links,
+    ``link_min_per_s`` on the others."""
+    if links is None:
+        return np.zeros(0)
+    access = np.zeros(len(links.names), bool)
+    access[: links.access.size] = links.access[: len(links.names)]
+    return np.where(access, max(p.access_link_min_per_s, p.link_min_per_s), p.link_min_per_s)
+
+
 def plan_probes(
     pairs: np.ndarray,
     policy: ProbePolicy,
@@ -418,14 +449,13 @@ def plan_probes(
     want = np.maximum(base, floor)
     rate = base
     n_links = len(links.names) if links is not None else 0
+    link_min = _link_floors(links, p)
     for _ in range(max(1, rounds)):
         if links is not None and links.pair.size:
             load = np.bincount(
                 links.link, weights=rate[links.pair] * links.share, minlength=n_links
             )
-            short = np.where(
-                load < p.link_min_per_s, p.link_min_per_s / np.maximum(load, 1e-9), 1.0
-            )
+            short = np.where(load < link_min, link_min / np.maximum(load, 1e-9), 1.0)
             factor = np.ones(m)
             np.maximum.at(factor, links.pair, short[links.link])
             want = np.maximum(want, rate * factor)
@@ -446,4 +476,4 @@ def plan_probes(
     used = np.zeros(n_links, bool)
     used[links.link] = True
     names = tuple(n for n, u in zip(links.names, used.tolist(), strict=True) if u)
-    return ProbePlan(pairs, iv.astype(np.uint16), paths, p, link_rate[used], names)
+    return ProbePlan(pairs, iv.astype(np.uint16), paths, p, link_rate[used], names, link_min[used])

@@ -47,7 +47,8 @@ def test_a_link_few_pairs_cross_gets_its_floor_within_the_budget():
     pairs = np.array([[0, 2], [0, 1]], np.uint32)
     rnic = {0: "host0:rnic0", 1: "host1:rnic0", 2: "host2:rnic0"}
     inc = links.incidence([rnic[a] for a in (0, 0)], [rnic[b] for b in (1, 2)])
-    plan = plan_probes(pairs, ProbePolicy(), links=inc)
+    # the access links' own floor is the next test's
+    plan = plan_probes(pairs, ProbePolicy(access_link_min_per_s=0), links=inc)
     assert inc.ecmp_paths.tolist() == [1, 2]
     # each spine link sees half the pair's probes: 20/s makes 10/s per spine link
     assert plan.lookup(0) == {1: (0.1, 1), 2: (0.05, 8)}
@@ -57,9 +58,45 @@ def test_a_link_few_pairs_cross_gets_its_floor_within_the_budget():
         ("spine0", "tor0r0")
     ] == pytest.approx(10.0)
     # a budget too small for the floor: the budget wins and the plan says what falls short
-    tight = plan_probes(pairs, ProbePolicy(budget_per_s=15.0), links=inc)
+    tight = plan_probes(pairs, ProbePolicy(budget_per_s=15.0, access_link_min_per_s=0), links=inc)
     assert tight.endpoint_rates()[1].max() <= 15.0
     assert tight.summary()["links_below_floor"] > 0
+
+
+def test_access_links_get_four_times_the_probes_within_the_budget():
+    """A sparse skeleton's access link carries one pair both ways (2 x 10/s): the access floor
+    (80/s) probes that pair 4x as fast, while a source whose peers already load its access link
+    beyond the floor, is left as it was, and one whose budget is spent goes no faster."""
+    fab = Fabric.from_params(hosts=8, rnics_per_host=1, hosts_per_segment=2, spines=2)
+    links = FabricLinks(fab)
+    rnic = [f"host{i}:rnic0" for i in range(8)]
+    # 0 <-> 2 (across the spines), and 3 <-> 4..7 (80/s on 3's access link at 10/s a pair)
+    pairs = np.array(
+        [[0, 2], [2, 0]] + [[3, d] for d in range(4, 8)] + [[d, 3] for d in range(4, 8)],
+        np.uint32,
+    )
+    pairs = np.unique(pairs, axis=0)
+    inc = links.incidence([rnic[a] for a in pairs[:, 0]], [rnic[b] for b in pairs[:, 1]])
+    assert inc.access.sum() == 7  # the 7 RNICs' access links, no switch link
+    plan = plan_probes(pairs, ProbePolicy(), links=inc)
+    assert plan.lookup(0)[2][0] == plan.lookup(2)[0][0] == 0.025  # 40/s each way: 4 x 10/s
+    # source 3's peers' access links carry one pair each: sped up as far as 3's budget goes
+    # (100/s over 4 peers)
+    assert {iv for iv, _n in plan.lookup(3).values()} == {0.04}
+    assert plan.endpoint_rates()[1].max() <= 100.0
+    rate = dict(zip(plan.link_names, plan.link_rate.tolist(), strict=True))
+    assert rate[("host0:rnic0", "tor0r0")] == pytest.approx(80.0)
+    # 4..7 probe 3 at the fastest a floor may (50/s), 3 probes each at 25/s (its budget): 75/s
+    # on their access links, short of the floor, and the plan says so
+    assert rate[("host4:rnic0", "tor2r0")] == pytest.approx(75.0)
+    assert plan.summary()["links_below_floor"] == 4
+    # within the budget: 30 probes/s per endpoint cannot pay 40/s, the budget wins and says so
+    tight = plan_probes(pairs, ProbePolicy(budget_per_s=30.0), links=inc)
+    assert tight.endpoint_rates()[1].max() <= 30.0
+    assert tight.summary()["links_below_floor"] > 0
+    # no access floor: the old 10/s per pair
+    flat = plan_probes(pairs, ProbePolicy(access_link_min_per_s=0), links=inc)
+    assert flat.lookup(0)[2][0] == 0.1
 
 
 def test_path_coverage_sets_a_rate_floor():
@@ -131,8 +168,12 @@ def test_plans_at_the_paper_scale_fabric_are_fast():
     # one ToR, or the 2-3 spines two of the pod's segments share
     assert set(np.unique(inc.ecmp_paths).tolist()) == {1, 2, 3}
     s = plan.summary()
-    assert s["links_below_floor"] == 0 and s["pairs_slower_than_coverage"] == 0
-    assert s["endpoint_rate_max"] <= 100.0
+    assert s["pairs_slower_than_coverage"] == 0 and s["endpoint_rate_max"] <= 100.0
+    # every link meets its floor but access links whose one pair, one way, already goes as fast
+    # as a floor may (50/s, short of the 80/s access floor)
+    short = plan.link_rate < plan.link_floor - 1e-9
+    assert s["links_below_floor"] == short.sum() > 0
+    assert np.allclose(plan.link_rate[short], 50.0)
 
 
 def test_the_eval_plans_its_cluster_and_covers_every_ecmp_path():

@@ -69,9 +69,9 @@ class DemoSpec:
     keys_dir: str = ""
     #: plain-text links and no identities (``--insecure``): for comparison only, never the default
     insecure: bool = False
-    #: the pipeline's ``trace_learn_s``: traces pinned to the probe flows' ECMP paths (0: off,
-    #: the pipeline's default, see skh.orchestrator.pipeline.config)
-    trace_learn_s: float = 0.0
+    #: the pipeline's ``trace_learn_s``: traces pinned to the probe flows' ECMP paths (0: off;
+    #: see skh.orchestrator.pipeline.config)
+    trace_learn_s: float = 5.0
 
     def __post_init__(self) -> None:
         # none: the caller injects its own (LiveDemo.fault)

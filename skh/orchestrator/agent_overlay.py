@@ -85,6 +85,17 @@ class EngineLike(Protocol):
 EngineFactory = Callable[[EndpointSpec, AgentConfig], EngineLike]
 
 
+def ring_records(cfg: AgentConfig) -> int:
+    """Result-ring capacity of one endpoint's engine. The agent drains every batch interval, so
+    a ring holds a few intervals of this endpoint's share of the agent's top rate — not the
+    engine's default 65,536 records (3 MiB each, all resident once the ring has wrapped: +24 MB
+    for 8 endpoints after ~14 min at 80 probes/s each), nor the whole agent's rate in each of
+    its engines (8 x 192 KiB resident after the first minute). An endpoint probing beyond its
+    share for seconds on end overflows its ring, which its ``ring_overflow`` counter says."""
+    share = cfg.max_probe_rate / max(1, len(cfg.endpoints))
+    return max(256, int(max(4.0, 4 * cfg.batch_interval_s) * share))
+
+
 def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
     from skh.probe import Engine  # the C engine; imported here so the controller never loads it
 
@@ -92,10 +103,7 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         bind=spec.ip,
         port=spec.port,
         transport=cfg.transport,
-        # the agent drains every batch interval: a few intervals at the agent's whole top rate,
-        # not the engine's default 65,536 records (3 MiB each, all resident once the ring has
-        # wrapped: +24 MB for 8 endpoints after ~14 min at 80 probes/s each)
-        ring_records=int(max(4.0, 4 * cfg.batch_interval_s) * cfg.max_probe_rate),
+        ring_records=ring_records(cfg),
         timeout_s=cfg.probe_timeout_s,
         device=spec.device or None,
         gid_index=None if spec.gid_index < 0 else spec.gid_index,

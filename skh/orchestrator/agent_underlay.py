@@ -268,6 +268,11 @@ class UnderlayAgent(AgentBase):
         }
         self.enrol: EnrolServer | None = None
         self._enrol_client: Any = None  # the enrolment thread's own connection
+        #: learns the probe flows' VXLAN outer ports ahead of any trace (a round never waits)
+        self.outer_ports: OuterPortLearner | None = None
+        if cfg.learn_vxlan_port:
+            self.outer_ports = _outer_ports(cfg.learn_vxlan_port)
+            self.outer_ports.start()
         if cfg.enrol_socket:
             self.enrol = EnrolServer(cfg.enrol_socket, cfg.containers, self._vouch)
         self._next_sample = time.monotonic() + next_sample_delay_s(
@@ -326,6 +331,18 @@ class UnderlayAgent(AgentBase):
             return {"ok": False, "error": str(exc), "retry": True}
         self.counters["sidecars_vouched"] += 1
         return {"ok": True, "name": data["name"]}
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        if self.outer_ports is not None:
+            lp = self.outer_ports
+            out["outer_ports"] = {
+                "frames": lp.frames,
+                "recorded": lp.recorded,
+                "flows": lp.flows(),
+                "error": lp.error or "",
+            }
+        return out
 
     def _unresolved(self) -> list[str]:
         return [s.endpoint for s in self.sampler.sources if s.endpoint not in self.ep_ids]
@@ -420,6 +437,8 @@ class UnderlayAgent(AgentBase):
             self.ship()
 
     def close(self) -> None:
+        if self.outer_ports is not None:
+            self.outer_ports.stop()
         if self.enrol is not None:
             self.enrol.close()
             if self._enrol_client is not None:

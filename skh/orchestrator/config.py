@@ -118,6 +118,7 @@ class ControllerConfig:
     probe_min_interval_s: float = _POLICY.min_interval_s
     probe_budget_per_s: float = _POLICY.budget_per_s
     probe_link_min_per_s: float = _POLICY.link_min_per_s
+    probe_access_link_min_per_s: float = _POLICY.access_link_min_per_s
     probe_path_coverage: float = _POLICY.path_coverage
     probe_coverage_s: float = _POLICY.coverage_s
     probe_max_paths: int = _POLICY.max_paths
@@ -219,6 +220,10 @@ class AgentConfig:
     #: apart by their sends' timing, which 1 Hz hides (bench/skeleton.py assumes 10 Hz); the
     #: samples still ship once per ``batch_interval_s``
     counter_hz: int = DEFAULT_COUNTER_HZ
+    #: underlay: watch this host's VXLAN frames (to this UDP port) all the time, so a trace of a
+    #: probe flow finds its outer port learned at once (:mod:`skh.collect.vxlan`); 0 = watch only
+    #: while a trace waits for its flow
+    learn_vxlan_port: int = 4789
     buffer_s: float = 300.0  # results kept while the analyzer is unreachable
     max_probe_rate: float = 1000.0  # sizes the buffer: buffer_s x rate records
     ready_file: str = ""  # report ready only once this file exists ("" = at once)
@@ -387,6 +392,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "The 'agent.sample_phase_s' setting must be in [0, 1)."
             f" Got {g.sample_phase_s!r} instead."
+        )
+    if not (isinstance(g.learn_vxlan_port, int) and 0 <= g.learn_vxlan_port <= 65535):
+        raise ConfigError(
+            "The 'agent.learn_vxlan_port' setting must be a UDP port, or 0 for none."
+            f" Got {g.learn_vxlan_port!r} instead."
         )
     if g.role not in ("overlay", "underlay"):
         raise ConfigError(

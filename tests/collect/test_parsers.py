@@ -280,7 +280,7 @@ def test_truncated_json_keeps_the_complete_rows():
     assert head and parse_tc_filters(text[:-20], dev="tca") == head
 
 
-def _vxlan_probe_frame(path_id: int = 5, mtype: int = 1, ihl: int = 5) -> bytes:
+def _vxlan_probe_frame(path_id: int = 5, mtype: int = 1, ihl: int = 5, sport: int = 51234) -> bytes:
     """Ethernet / outer IPv4 / UDP to 4789 / VXLAN / inner Ethernet / IPv4 / UDP / skh header."""
     import socket
     import struct
@@ -293,7 +293,7 @@ def _vxlan_probe_frame(path_id: int = 5, mtype: int = 1, ihl: int = 5) -> bytes:
     )  # fmt: skip
     inner = b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + inner_ip + inner_udp + skh
     vx = struct.pack("!II", 0x08000000, 1000 << 8)
-    udp = struct.pack("!HHHH", 51234, 4789, 8 + len(vx) + len(inner), 0)
+    udp = struct.pack("!HHHH", sport, 4789, 8 + len(vx) + len(inner), 0)
     opts = bytes(4 * (ihl - 5))
     outer = struct.pack(
         "!BBHHHBBH4s4s", 0x40 | ihl, 0, 0, 0, 0, 64, 17, 0,
@@ -344,3 +344,31 @@ def test_the_probe_filter_jumps_to_accept_or_drop_only():
     for i, (code, jt, jf, _k) in enumerate(prog[:-2]):
         if code & 0x07 == 0x05:  # a jump: each way goes to the next row or to "drop"
             assert {i + 1 + jt, i + 1 + jf} <= {i + 1, ret_drop}, (i, jt, jf)
+
+
+def test_a_flow_seen_again_with_its_known_port_is_not_parsed_again():
+    # the learner runs all the time on the host agent: a frame of a flow it recorded lately
+    # under the same outer port costs a slice and a lookup; a new port, another flow or the
+    # frame layout it has no fixed offsets for (outer IP options) are parsed and recorded
+    from skh.collect.vxlan import InnerFlow, OuterPortLearner
+
+    now = [100.0]
+    lp = OuterPortLearner(ttl_s=30.0, clock=lambda: now[0])
+    for _ in range(50):
+        lp._frame(_vxlan_probe_frame(), now[0])
+    assert (lp.frames, lp.recorded) == (50, 1)
+    lp._frame(_vxlan_probe_frame(sport=40000), now[0])  # the flow hashed anew (engine restart)
+    lp._frame(_vxlan_probe_frame(path_id=6), now[0])
+    lp._frame(_vxlan_probe_frame(ihl=6, sport=40000), now[0])
+    lp._frame(_vxlan_probe_frame(ihl=6, sport=40000), now[0])
+    assert lp.recorded == 5
+    flow = InnerFlow("172.16.0.1", "172.16.1.1", 5)
+    assert lp.lookup("10.0.1.1", flow, 0.0).sport == 40000
+    # refreshed a tenth of the ttl later, so what a lookup finds stays fresh
+    now[0] += 3.5
+    lp._frame(_vxlan_probe_frame(sport=40000), now[0])
+    assert lp.recorded == 6
+    # forgotten once no frame came for longer than the ttl
+    now[0] += 31
+    lp._prune(now[0])
+    assert lp.flows() == 0 and lp.lookup("10.0.1.1", flow, 0.0) is None

@@ -44,9 +44,9 @@ def test_a_silent_spine_link_drop_is_found_through_path_rotation(tmp_path):
         prefix=PREFIX,
         port_base=23000 + (os.getpid() % 400) * 20,
         faults=(),
-        # the flows that fail cross the dropping link only on their own ECMP path: traces must
-        # take it (a trace of another 5-tuple crosses either spine by chance)
-        trace_learn_s=5.0,
+        # the flows that fail cross the dropping link only on their own ECMP path: traces take
+        # it, pinned to the flows' outer 5-tuples (the default; a trace of another 5-tuple
+        # crosses either spine by chance), learned by the host agents ahead of the rounds
         hold_s=1.0,
         settle_s=1.0,
     )

@@ -100,9 +100,10 @@ class _FakeClient:
         return out
 
 
-def test_agent_state_source_turns_agent_answers_into_localizer_input():
-    from skh.model import Cluster, JobShape
-    from skh.orchestrator.pipeline import AgentStateSource
+def _two_host_testbed():
+    """A testbed's model (no namespaces): two hosts of one RNIC under one ToR, one container
+    each; its cluster, the two endpoints and the ToR's gateway address."""
+    from skh.model import JobShape
     from skh.testbed import JobSpec, Testbed, TestbedSpec
 
     tb = Testbed(
@@ -116,11 +117,19 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
         ),
         prefix="skhu",
     )
-    cluster: Cluster = tb.cluster()
+    cluster = tb.cluster()
     a, b = cluster.endpoints
+    tor = cluster.fabric.rnic(a.host, 0).tor
+    gw = next(ip for ip, node in tb.ip_owners().items() if node == tor)
+    return tb, cluster, a, b, gw
+
+
+def test_agent_state_source_turns_agent_answers_into_localizer_input():
+    from skh.orchestrator.pipeline import AgentStateSource
+
+    tb, cluster, a, b, gw = _two_host_testbed()
     ra, rb = cluster.fabric.rnic(a.host, 0), cluster.fabric.rnic(b.host, 0)
     tor = ra.tor
-    gw = next(ip for ip, node in tb.ip_owners().items() if node == tor)
 
     def answers(agent, name, args):
         if name == "traceroute":
@@ -147,12 +156,13 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
         host_agents={a.host: "ul-a", b.host: "ul-b"},
         vf_devices={e.name: tb.representor(e)[1] for e in cluster.endpoints},
     )
-    # by default a trace is not pinned to the probe flow (the round would wait for the flow's
-    # frames): one plain trace, no answers' leg
+    # with trace_learn_s 0 a trace is not pinned to the probe flow: one plain trace, no
+    # answers' leg
     plain = _FakeClient(answers)
-    assert AgentStateSource(plain, cluster, cfg).traceroute((a.ep_id, b.ep_id), 0).reached
+    unpinned = dataclasses.replace(cfg, trace_learn_s=0.0)
+    assert AgentStateSource(plain, cluster, unpinned).traceroute((a.ep_id, b.ep_id), 0).reached
     assert [sorted(x) for _a, _n, x in plain.asked] == [["dport", "dst", "max_ttl", "sport", "src"]]
-    cfg = dataclasses.replace(cfg, trace_learn_s=5.0)
+    assert cfg.trace_learn_s == 5.0  # pinned by default
     client = _FakeClient(answers)
     src = AgentStateSource(client, cluster, cfg)
     t = src.traceroute((a.ep_id, b.ep_id), 0)
@@ -212,6 +222,49 @@ def test_agent_state_source_turns_agent_answers_into_localizer_input():
     assert src.overlay_tables(b.host) is None  # a failed command is no evidence, not a crash
     diff = src.flow_tables(a.host, 0).diff()
     assert len(diff.missing) == 1 and not diff.stale
+
+
+@pytest.mark.parametrize("symptom", ["loss", "latency"])
+def test_a_pinned_round_traces_the_answers_leg_of_lost_flows_only(symptom):
+    # the pipeline's round with traces pinned (the default): a flow that lost probes may have
+    # lost them on the way back, so its answers' leg is traced too; a slow flow lost nothing
+    # (its answers came back), and tracing each slow flow's way back doubled a latency round
+    from skh.analysis.localize import Suspect
+    from skh.orchestrator.pipeline import AgentStateSource, Pipeline
+
+    tb, cluster, a, b, gw = _two_host_testbed()
+
+    def answers(agent, name, args):
+        if name != "traceroute":
+            return {"ok": False, "error": "not here"}
+        hops = [
+            {"ttl": 1, "addr": gw, "icmp": "time-exceeded"},
+            {"ttl": 2, "addr": args["dst"], "icmp": "unreachable", "code": 3},
+        ]
+        trace = {"dst": args["dst"], "reached": True, "hops": hops}
+        return {"ok": True, "result": {"trace": trace, "pinned": "inner_src" in args}}
+
+    client = _FakeClient(answers)
+    cfg = PipelineConfig(
+        fabric=cluster.fabric.to_mapping(),
+        addr_owner=tb.ip_owners(),
+        host_agents={a.host: "ul-a", b.host: "ul-b"},
+    )
+    p = Pipeline(
+        cfg,
+        source_factory=lambda c: AgentStateSource(client, c, cfg),
+        apply_skeleton=lambda *_: True,
+    )
+    p.set_cluster(cluster)
+    ab = (a.ep_id, b.ep_id)
+    now_ns = 1_000 * 10**9
+    suspect = Suspect((ab,), symptom, now_ns - 3 * 10**9, path_ids={ab: (1, 2)})
+    p.locate([suspect], np.zeros((0, 2), np.uint32), now_ns)
+    legs = sorted(
+        (x["path_id"], x.get("reply", False)) for _a, n, x in client.asked if n == "traceroute"
+    )
+    probes = [(1, False), (2, False)]  # each failing flow's probes' leg, pinned
+    assert legs == (probes if symptom == "latency" else sorted([*probes, (1, True), (2, True)]))
 
 
 def test_an_event_on_the_reverse_of_an_alerted_pair_confirms_that_alert():

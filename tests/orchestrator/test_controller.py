@@ -255,7 +255,10 @@ def test_skeletons_come_with_their_probe_plan_and_the_policy(cfg, ctx, client, r
     from skh.probeplan import ProbePlan, ProbePolicy
 
     fabric = Fabric.from_params(hosts=4, rnics_per_host=1, hosts_per_segment=2, spines=2)
-    ccfg = dataclasses.replace(cfg.controller, probe_budget_per_s=60.0)
+    # (no access-link floor: the spine links' floor is what this plan shows)
+    ccfg = dataclasses.replace(
+        cfg.controller, probe_budget_per_s=60.0, probe_access_link_min_per_s=0.0
+    )
     ctl = Controller(ccfg, cfg.security, ctx=ctx, fabric=fabric)
     router, pub = ctl.bind()
     containers = [{"name": f"c{h}", "host": f"host{h}", "rails": [0]} for h in (0, 1, 2)]
@@ -278,7 +281,7 @@ def test_skeletons_come_with_their_probe_plan_and_the_policy(cfg, ctx, client, r
         body = admin.codec.decode(sub.recv_multipart()[1]).body
         sub.close(0)
         policy = ProbePolicy.from_wire(body["probing"])
-        assert policy.budget_per_s == 60.0
+        assert (policy.budget_per_s, policy.access_link_min_per_s) == (60.0, 0.0)
         plan = ProbePlan.from_wire(body["plan"], np.unique(skeleton, axis=0), policy)
         # the pair across the spines runs at 20/s, so each spine link sees its 10/s
         assert plan.lookup(0) == {1: (0.1, 1), 2: (0.05, 8)}

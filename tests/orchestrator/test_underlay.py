@@ -217,3 +217,14 @@ def test_host_report_reads_the_rnic_ports_the_analyzer_names(netns):
     assert got["peer_down"] == [0] and got["port_down_count"]["0"] == before + 1
     empty = host_report({"rnics": {}, "netns": netns})
     assert empty["rnic_state"] == {} and empty["peer_down"] == []
+
+
+def test_the_vxlan_port_to_learn_outer_ports_on_is_checked():
+    from skh.errors import ConfigError
+    from skh.orchestrator.config import load_config
+
+    assert load_config(None, {}).agent.learn_vxlan_port == 4789  # watched all the time
+    assert load_config(None, {"agent.learn_vxlan_port": 0}).agent.learn_vxlan_port == 0
+    for bad in (70000, -1, "x"):
+        with pytest.raises(ConfigError, match="learn_vxlan_port"):
+            load_config(None, {"agent.learn_vxlan_port": bad})

@@ -81,15 +81,15 @@ class PipelineConfig:
     command_timeout_s: float = 10.0
     trace_max_ttl: int = 6
     trace_base_port: int = 33434
-    #: how long a host agent watches for a probe flow's VXLAN frames to learn the outer source
-    #: port its trace must use; each path id of a pair is probed once per rotation (the
-    #: demo: 19 ids x 0.25 s), at the latest every ``controller.probe_coverage_s``. 0 (the
-    #: default): traces are not pinned to the probe flows. Pinned, a trace crosses the spine
-    #: the failing flow crosses (a fault on some ECMP paths only is placed, not guessed), but
-    #: the round waits up to this long for the frames, before the traces: in the demo a link
-    #: down's alert came 11.2 s after the fault instead of 5.0 s, a slow RNIC's 22.5 s instead
-    #: of 6.0 s (unpinned). On by default once the agents learn ahead of the round (docs/probing.md)
-    trace_learn_s: float = 0.0
+    #: traces are pinned to the probe flows' VXLAN outer 5-tuples, which host agents learn by
+    #: watching the flows' frames leave: a trace crosses the spine the failing flow crosses (a
+    #: fault on some ECMP paths only is placed, not guessed). Host agents watch all the time
+    #: (``agent.learn_vxlan_port``), so a round finds the ports learned; this is how long a
+    #: trace waits for a flow's frames only while its agent has watched less than that (just
+    #: started, or watching on demand). 0: traces not pinned. (Waiting in every round, as host
+    #: agents did before they learned ahead of it, made the demo's link-down alert 11.2 s late
+    #: instead of 5.0 s, a slow RNIC's 22.5 s instead of 6.0 s: docs/probing.md.)
+    trace_learn_s: float = 5.0
     rnic_dump_interval_s: float = 60.0
     max_exoneration_traces: int = 16
 

@@ -606,12 +606,18 @@ class Pipeline:
         prefetch_hosts = getattr(source, "prefetch_hosts", None)
         if prefetch_hosts is not None:
             prefetch_hosts(sorted({self.cluster.endpoints[e].host for e in eps}))
-        # the flows that failed (the localizer traces path id 0 of a pair without records):
-        # a source that traces both legs of a round trip does so for these only
+        # the flows that lost probes (the localizer traces path id 0 of a pair without
+        # records): a source that traces both legs of a round trip does so for these only. A
+        # slow flow lost nothing: its answers came back, its slowness is on the way its probes'
+        # trace follows, and tracing every slow flow's way back doubled a latency round's traces
         failed_flows = getattr(source, "failed_flows", None)
         if failed_flows is not None:
             failed_flows(
-                (p, pid) for s in suspects for p in s.pairs for pid in s.path_ids.get(p) or (0,)
+                (p, pid)
+                for s in suspects
+                if s.symptom != "latency"
+                for p in s.pairs
+                for pid in s.path_ids.get(p) or (0,)
             )
         verdicts = self.localizer.localize(
             suspects,
