@@ -350,7 +350,39 @@ def test_a_deep_pipeline_without_data_parallelism_is_not_read_as_replicas(hint):
     ((x, tx),) = _traffic([job], seed=3)
     sk = _infer(job, x, tx, hint=hint)
     assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0, sk.reason
-    assert sk.n_stages == 1 and "no collective bursts" in sk.reason, sk.reason
+    assert "one replica per stage" in sk.reason, sk.reason
+
+
+@pytest.mark.parametrize(
+    "shape,plan,period,regime",
+    [
+        ((8, 8, 1, 1), {}, 26.0, {}),
+        ((8, 4, 1, 1), {}, 16.0, {"jitter": 0.2, "straggler_p": 0.2}),
+        ((4, 8, 1, 1), {"rnics": 8}, 18.0, {}),
+        ((8, 4, 1, 1), {"vpp": 2}, 14.0, {}),
+    ],
+    ids=["pp8", "pp4-jitter", "tp4-in-8", "pp4-interleaved"],
+)
+def test_a_pipeline_without_data_parallelism_is_ordered_by_its_idle_gaps(
+    shape, plan, period, regime
+):
+    """One replica per stage: no DP group to split, and 1F1B's sends coincide in phase across
+    stages, so before the chain every same-rail pair was kept (4x the truth for PP8, 2x for PP4
+    in the bench). Each iteration's fill and drain make a host's idle gap longer by a forward
+    and a backward per stage down the pipeline: the hosts in that order, whatever the hint
+    says; a plain pipeline's ends (half the messages) get no wrap-around link, an interleaved
+    one keeps it."""
+    job = _job(shape, seed=4, period=period, **plan)
+    ((x, tx),) = _traffic([job], seed=4, **regime)
+    shuffled = np.random.default_rng(4).permutation(job.container.max() + 1)[job.container]
+    for hint in ("pod", "none", shuffled):
+        sk = _infer(job, x, tx, hint=hint)
+        assert sk.mode == MODE_SKELETON and "one replica per stage" in sk.reason, sk.reason
+        assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0, sk.reason
+        _check_pairs(sk, job)
+        # interleaved: the ends' tie stays a tier and the wrap-around link is kept
+        assert _ratio(sk, job) <= (1.5 if plan.get("vpp", 1) > 1 else 1.0), sk.reason
+    assert _infer(job, x, tx).hint == "confirmed"
 
 
 def test_an_unclear_stage_order_links_every_two_stages():

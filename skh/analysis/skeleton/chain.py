@@ -1,0 +1,147 @@
+"""Stage 4b: the stage order of a pipeline without data parallelism, from its hosts' idle gaps.
+
+A job without a collective between containers (one replica: PP × TP, DP = 1) has no DP group to
+split, so every RNIC of a rail lands in one group and every same-rail pair would be kept. Its
+stages' sends cannot name partners either: 1F1B keeps every stage in step (a backward is two
+forwards, so stages s and s + 3 send in the same samples), and at 10 Hz a partner's sends
+coincide no better than a non-partner's. What does tell the stages apart is the pipeline's
+fill and drain: each iteration, stage s receives its first activation a forward pass after
+stage s − 1 and finishes its last backward a backward pass before it. So every host idles once
+per iteration between its last and its next operation, and that gap is longer by a forward plus
+a backward per stage down the pipeline (stage 0 idles least, the last stage most).
+
+The gaps are measured on each host's lower quartile over its rails (flows a few rails carry
+alone, co-tenants or storage, do not fill it), matched across hosts by iteration (every host's
+gap of one iteration contains the first stage's), and the hosts ordered by their median gap.
+The order is used only when every two consecutive hosts differ clearly, iteration by iteration
+(replicas of one stage, or stages in one host, have equal gaps and do not); then each host's
+partners are the hosts next to it in that order, and the last and first (an interleaved
+schedule's wrap-around, which gap lengths cannot rule out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from skh.analysis.skeleton.model import robust_sd
+
+__all__ = ["Chain", "pipeline_chain"]
+
+#: an idle stretch shorter than this is a pause inside the steady 1F1B phase, not the
+#: iteration's drain-to-fill gap (a stage's steady-state pauses last a forward or two)
+_MIN_GAP_S = 1.0
+#: consecutive hosts' gap lengths must differ by this many standard errors over iterations
+_ORDER_T = 5.0
+#: below this many standard errors (or a sample) two hosts' gaps tie
+_TIE_T = 2.0
+#: and by at least this many samples in the median (one sample is the counters' resolution)
+_MIN_STEP_SAMPLES = 1.0
+#: at least this many iterations matched on every host
+_MIN_ITERATIONS = 5
+#: a plain pipeline's end stage (one neighbour) has traffic in about half the samples an
+#: interior stage (two) has; an interleaved one's ends as many
+_END_BUSY_SHARE = 0.75
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """Hosts (indices into the job's sorted unique hosts) in pipeline order as tiers: each tier
+    one stage's host, or hosts the gaps cannot tell apart (linked to each other and to both
+    neighbouring tiers); ``wrap`` whether the last tier links back to the first; the weakest
+    consecutive step in standard errors; ``why`` says what failed when ``tiers`` is empty."""
+
+    tiers: list[np.ndarray]
+    wrap: bool
+    weakest_t: float
+    iterations: int
+    why: str = ""
+
+
+def _idle_runs(active: np.ndarray, min_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, stop) sample indices of runs of ``False`` in ``active`` at least ``min_len`` long,
+    inside the series (a run touching either end is cut short and not counted)."""
+    d = np.diff(np.r_[1, active.astype(np.int8), 1])
+    start = np.flatnonzero(d == -1)
+    stop = np.flatnonzero(d == 1)
+    keep = (stop - start >= min_len) & (start > 0) & (stop < active.size)
+    return start[keep], stop[keep]
+
+
+def _gaps(active: np.ndarray, min_len: int) -> np.ndarray:
+    """(iterations, hosts): each host's idle gap of the iterations every host has one in."""
+    runs = [_idle_runs(a, min_len) for a in active]
+    # every host's gap of one iteration contains the first stage's, the shortest: take each
+    # host's gaps in turn as the reference and keep the one that matches most iterations
+    best = np.zeros((0, active.shape[0]))
+    for ref in range(active.shape[0]):
+        rows = []
+        for m in (runs[ref][0] + runs[ref][1]) // 2:
+            row = []
+            for s, e in runs:
+                j = np.searchsorted(s, m, side="right") - 1
+                if j < 0 or e[j] <= m:
+                    break
+                row.append(e[j] - s[j])
+            else:
+                rows.append(row)
+        if len(rows) > best.shape[0]:
+            best = np.asarray(rows, np.float64)
+    return best
+
+
+def _fail(why: str, t: float = 0.0, iterations: int = 0) -> Chain:
+    return Chain([], True, t, iterations, why)
+
+
+def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> Chain:
+    """The pipeline order of hosts from ``quartile`` (per host, the lower quartile over its rails
+    of the bytes per sample at ``hz``), or why there is none.
+
+    Counters see messages, not compute: stage 0 talks only to stage 1, so its traffic starts and
+    ends with stage 1's, and the first two hosts tie. The ends of a plain 1F1B pipeline carry
+    half the messages of the interior (one neighbour, not two): the quieter of the tied pair is
+    stage 0, and a pipeline whose two ends are that quiet has no wrap-around link. An interleaved
+    one's ends talk to each other as much as to their other neighbour: the tie stays a tier and
+    the wrap-around link is kept."""
+    n_h = quartile.shape[0]
+    if n_h < 3:
+        return _fail("two hosts: nothing to order")
+    active = quartile > idle_bytes_per_s / hz
+    gaps = _gaps(active, max(2, int(round(_MIN_GAP_S * hz))))
+    if gaps.shape[0]:
+        # a gap that swallows two iterations (a checkpoint pause) would inflate the spread
+        total = gaps.sum(axis=1)
+        gaps = gaps[total <= 1.5 * np.median(total)]
+    if gaps.shape[0] < _MIN_ITERATIONS:
+        return _fail(f"idle gaps matched on every host in {gaps.shape[0]} iterations only")
+    order = np.argsort(np.median(gaps, axis=0), kind="stable")
+    step = np.diff(gaps[:, order], axis=1)  # (iterations, n_h - 1), positive when ordered
+    med = np.median(step, axis=0)
+    # robust: a gap matched to the wrong iteration now and then must not swamp the spread
+    # (the standard error of a median is 1.25 sd / sqrt(n))
+    sd = np.maximum(robust_sd(step, axis=0), 0.5)
+    t = med / (1.2533 * sd) * np.sqrt(step.shape[0])
+    # a step is clear, or a tie (the hosts stay one tier: linked to each other and to both
+    # neighbouring tiers, a longer list but no missed pair); anything between is no order
+    cut = (med >= _MIN_STEP_SAMPLES) & (t >= _ORDER_T)
+    tie = (med < _MIN_STEP_SAMPLES) | (t < _TIE_T)
+    if not np.all(cut | tie) or not cut.any():
+        weakest = float(t[~tie].min()) if (~tie).any() else 0.0
+        return _fail(
+            f"hosts' idle gaps do not order them (weakest step {weakest:.1f} standard errors)",
+            weakest,
+            gaps.shape[0],
+        )
+    tiers = np.split(order, np.flatnonzero(cut) + 1)
+    # messages per host: the share of samples with traffic
+    busy = active.mean(axis=1)
+    quiet = busy <= _END_BUSY_SHARE * busy.max()
+    first, last = tiers[0], tiers[-1]
+    wrap = True
+    if last.size == 1 and quiet[last[0]] and int(quiet[first].sum()) == 1:
+        wrap = False
+        if first.size == 2:  # the quiet one is stage 0, the other stage 1
+            tiers = [first[quiet[first]], first[~quiet[first]]] + tiers[1:]
+    return Chain(tiers, wrap, float(t[cut].min()), gaps.shape[0])
