@@ -40,9 +40,10 @@ _TIE_T = 2.0
 _MIN_STEP_SAMPLES = 1.0
 #: at least this many iterations matched on every host
 _MIN_ITERATIONS = 5
-#: a plain pipeline's end stage (one neighbour) has traffic in about half the samples an
-#: interior stage (two) has; an interleaved one's ends as many
-_END_BUSY_SHARE = 0.75
+#: a plain pipeline's end stage (one neighbour) carries half the messages of an interior one
+#: (two); an interleaved one's ends 1 - 1 / (2 vpp) of them: 0.75 or more (the midpoint; what
+#: else a host carries, checkpoints or loads, only raises the ends' share: the wrap is kept)
+_END_SHARE = 0.625
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,22 +73,22 @@ def _idle_runs(active: np.ndarray, min_len: int) -> tuple[np.ndarray, np.ndarray
 def _gaps(active: np.ndarray, min_len: int) -> np.ndarray:
     """(iterations, hosts): each host's idle gap of the iterations every host has one in."""
     runs = [_idle_runs(a, min_len) for a in active]
+    if any(s.size == 0 for s, _ in runs):
+        return np.zeros((0, active.shape[0]))
     # every host's gap of one iteration contains the first stage's, the shortest: take each
     # host's gaps in turn as the reference and keep the one that matches most iterations
     best = np.zeros((0, active.shape[0]))
-    for ref in range(active.shape[0]):
-        rows = []
-        for m in (runs[ref][0] + runs[ref][1]) // 2:
-            row = []
-            for s, e in runs:
-                j = np.searchsorted(s, m, side="right") - 1
-                if j < 0 or e[j] <= m:
-                    break
-                row.append(e[j] - s[j])
-            else:
-                rows.append(row)
-        if len(rows) > best.shape[0]:
-            best = np.asarray(rows, np.float64)
+    for ref_start, ref_stop in runs:
+        mids = (ref_start + ref_stop) // 2
+        rows = np.zeros((mids.size, len(runs)))
+        ok = np.ones(mids.size, bool)
+        for h, (s, e) in enumerate(runs):
+            j = np.searchsorted(s, mids, side="right") - 1
+            jj = np.maximum(j, 0)
+            ok &= (j >= 0) & (e[jj] > mids)
+            rows[:, h] = e[jj] - s[jj]
+        if ok.sum() > best.shape[0]:
+            best = rows[ok]
     return best
 
 
@@ -101,10 +102,10 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
 
     Counters see messages, not compute: stage 0 talks only to stage 1, so its traffic starts and
     ends with stage 1's, and the first two hosts tie. The ends of a plain 1F1B pipeline carry
-    half the messages of the interior (one neighbour, not two): the quieter of the tied pair is
+    half the bytes of the interior (one neighbour, not two): the quieter of the tied pair is
     stage 0, and a pipeline whose two ends are that quiet has no wrap-around link. An interleaved
-    one's ends talk to each other as much as to their other neighbour: the tie stays a tier and
-    the wrap-around link is kept."""
+    one's ends also talk to each other (3/4 of the interior's bytes with two model chunks): the
+    tie stays a tier and the wrap-around link is kept."""
     n_h = quartile.shape[0]
     if n_h < 3:
         return _fail("two hosts: nothing to order")
@@ -135,10 +136,21 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
             gaps.shape[0],
         )
     tiers = np.split(order, np.flatnonzero(cut) + 1)
-    # messages per host: the share of samples with traffic
-    busy = active.mean(axis=1)
-    quiet = busy <= _END_BUSY_SHARE * busy.max()
+    if tiers[0].size > 2 or any(t.size > 1 for t in tiers[1:]):
+        # one replica per stage ties only its first two hosts; more hosts alike in their gaps
+        # are replicas of one stage, which burst together: data parallelism, not this case
+        return _fail(
+            "hosts alike in their idle gaps beyond the first two: replicas, not one pipeline",
+            float(t[cut].min()),
+            gaps.shape[0],
+        )
+    # messages per host: its bytes (every message is one activation or its gradient), against
+    # the interior's (a host of no end tier; the busiest when every host is in one)
+    volume = quartile.sum(axis=1)
     first, last = tiers[0], tiers[-1]
+    inner = np.concatenate(tiers[1:-1]) if len(tiers) > 2 else np.zeros(0, np.int64)
+    ref = float(np.median(volume[inner])) if inner.size else float(volume.max())
+    quiet = volume <= _END_SHARE * ref
     wrap = True
     if last.size == 1 and quiet[last[0]] and int(quiet[first].sum()) == 1:
         wrap = False

@@ -15,7 +15,6 @@ from skh.analysis.skeleton.model import (
     Skeleton,
     SkeletonParams,
     all_pairs,
-    bipartite,
     digest,
     standardize,
     unique_pairs,
@@ -202,9 +201,10 @@ def infer_skeleton(
             b = np.broadcast_to(e[:, None, :], (k, g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
     coh = split.coherence
-    if max(ks) == 1:
-        # one group per rail: no DP group to split. A pipeline without data parallelism still
-        # orders its hosts by their fill-and-drain gaps (:mod:`.chain`)
+    if max(ks) == 1 and hosts.size >= 3:
+        # one group per rail: no DP group split. A pipeline without data parallelism still
+        # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
+        # alike in their gaps (replicas of a stage)
         _, hinv = np.unique(host, return_inverse=True)
         chain = pipeline_chain(host_quartile(x, hinv, rail_inv), hz, params.idle_bytes_per_s)
         if chain.tiers:
@@ -309,16 +309,18 @@ def _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage) -> np.ndarray:
     links = list(zip(tiers[:-1], tiers[1:], strict=True))
     if chain.wrap and len(tiers) >= 3:
         links.append((tiers[-1], tiers[0]))
-    chunks = []
+    links += [(t, t) for t in tiers if t.size > 1]
     for i, t in enumerate(tiers):
-        e = ep_of[t]  # (hosts of the tier, rails)
-        stage[e] = i
-        group[e] = i * n_rails + np.arange(n_rails)
-        if t.size > 1:
-            chunks += [all_pairs(ep_id[e[:, r]], hinv[e[:, r]]) for r in range(n_rails)]
-    for a, b in links:
-        chunks += [bipartite(ep_id[ep_of[a, r]], ep_id[ep_of[b, r]]) for r in range(n_rails)]
-    return unique_pairs(chunks)
+        stage[ep_of[t]] = i
+        group[ep_of[t]] = i * n_rails + np.arange(n_rails)
+    # host pairs once, then the same pairs on every rail
+    a, b = (
+        np.concatenate([np.repeat(p, q.size) for p, q in links]),
+        np.concatenate([np.tile(q, p.size) for p, q in links]),
+    )
+    keep = a != b
+    a, b = np.r_[a[keep], b[keep]], np.r_[b[keep], a[keep]]
+    return unique_pairs([np.stack([ep_id[ep_of[a]].ravel(), ep_id[ep_of[b]].ravel()], axis=1)])
 
 
 def _chain_hint(hint, hinv, tiers) -> str:

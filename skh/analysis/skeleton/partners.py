@@ -32,6 +32,7 @@ from skh.analysis.skeleton.model import (
     bipartite,
     both_ways,
     robust_sd,
+    row_quantiles,
     standardize,
 )
 
@@ -41,7 +42,7 @@ __all__ = ["Boundary", "Evidence", "PairStats", "fingerprints", "pair_boundaries
 def _sync_cap(means: np.ndarray) -> np.ndarray:
     """Per group, the rate above which a sample is the group's own collective burst: three times
     its median rate, or a tenth of its peak (99th percentile) when it idles between bursts."""
-    q = np.quantile(means, [0.5, 0.99], axis=1)
+    q = row_quantiles(means, (0.5, 0.99))
     return np.maximum(3.0 * q[0], 0.1 * q[1])
 
 

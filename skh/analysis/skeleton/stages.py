@@ -31,7 +31,14 @@ from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
 
-from skh.analysis.skeleton.model import SkeletonParams, clip01, parabolic, robust_sd, standardize
+from skh.analysis.skeleton.model import (
+    SkeletonParams,
+    clip01,
+    parabolic,
+    robust_sd,
+    row_quantiles,
+    standardize,
+)
 from skh.analysis.skeleton.spectrum import per_second
 
 __all__ = ["Split", "bursts", "coherence", "host_quartile", "split_stages"]
@@ -283,7 +290,7 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     (for at least ``_MIN_BURST_S``: a grey opening removes shorter spikes)."""
     # the quantiles of every tenth-second sample are as good and ten times cheaper
     step = max(1, int(hz))
-    q = np.quantile(x[:, ::step], [0.5, 0.99], axis=1)
+    q = row_quantiles(x[:, ::step], (0.5, 0.99))
     level = np.maximum(3.0 * q[0], 0.5 * q[1])
     y = np.maximum(x - level[:, None], 0.0)
     width = int(round(_MIN_BURST_S * hz))
