@@ -96,9 +96,12 @@ def _fail(why: str, t: float = 0.0, iterations: int = 0) -> Chain:
     return Chain([], True, t, iterations, why)
 
 
-def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> Chain:
+def pipeline_chain(
+    quartile: np.ndarray, hz: float, idle_bytes_per_s: float, period_s: float = 0.0
+) -> Chain:
     """The pipeline order of hosts from ``quartile`` (per host, the lower quartile over its rails
-    of the bytes per sample at ``hz``), or why there is none.
+    of the bytes per sample at ``hz``; ``period_s`` the iteration period, 0 when unknown), or
+    why there is none.
 
     Counters see messages, not compute: stage 0 talks only to stage 1, so its traffic starts and
     ends with stage 1's, and the first two hosts tie. The ends of a plain 1F1B pipeline carry
@@ -144,9 +147,15 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
             float(t[cut].min()),
             gaps.shape[0],
         )
-    # messages per host: its bytes (every message is one activation or its gradient), against
-    # the interior's (a host of no end tier; the busiest when every host is in one)
-    volume = quartile.sum(axis=1)
+    # messages per host: its bytes (every message is one activation or its gradient) per
+    # iteration-long chunk, the median over chunks (a checkpoint's minutes of writes on every
+    # RNIC would lift the quiet ends), against the interior's (a host of no end tier; the
+    # busiest when every host is in one)
+    chunk = max(1, int(round((period_s if period_s > 0 else 10.0) * hz)))
+    n_chunks = max(1, quartile.shape[1] // chunk)
+    volume = np.median(
+        quartile[:, : n_chunks * chunk].reshape(n_h, n_chunks, -1).sum(axis=2), axis=1
+    )
     first, last = tiers[0], tiers[-1]
     inner = np.concatenate(tiers[1:-1]) if len(tiers) > 2 else np.zeros(0, np.int64)
     ref = float(np.median(volume[inner])) if inner.size else float(volume.max())
