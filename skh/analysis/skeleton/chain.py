@@ -34,10 +34,12 @@ __all__ = ["Chain", "pipeline_chain"]
 _MIN_GAP_S = 1.0
 #: consecutive hosts' gap lengths must differ by this many standard errors over iterations
 _ORDER_T = 5.0
-#: below this many standard errors (or a sample) two hosts' gaps tie
+#: below this many standard errors (or the least step) two hosts' gaps tie
 _TIE_T = 2.0
-#: and by at least this many samples in the median (one sample is the counters' resolution)
-_MIN_STEP_SAMPLES = 1.0
+#: and by at least this much in the median (stages differ by a forward and a backward, ~0.5 s
+#: and more; the first two stages' gaps differ by a sample or so, an interleaved schedule's
+#: wrap-around messages being stage 0's alone: that must read as their tie), and two samples
+_MIN_STEP_S = 0.3
 #: at least this many iterations matched on every host
 _MIN_ITERATIONS = 5
 #: a plain pipeline's end stage (one neighbour) carries half the messages of an interior one
@@ -129,8 +131,9 @@ def pipeline_chain(
     t = med / (1.2533 * sd) * np.sqrt(step.shape[0])
     # a step is clear, or a tie (the hosts stay one tier: linked to each other and to both
     # neighbouring tiers, a longer list but no missed pair); anything between is no order
-    cut = (med >= _MIN_STEP_SAMPLES) & (t >= _ORDER_T)
-    tie = (med < _MIN_STEP_SAMPLES) | (t < _TIE_T)
+    min_step = max(2.0, _MIN_STEP_S * hz)
+    cut = (med >= min_step) & (t >= _ORDER_T)
+    tie = (med < min_step) | (t < _TIE_T)
     if not np.all(cut | tie) or not cut.any():
         weakest = float(t[~tie].min()) if (~tie).any() else 0.0
         return _fail(

@@ -175,12 +175,15 @@ def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: floa
     if sends is not None:
         tx, rx = sends
         t = tx.shape[1]
+        # every rail's rows side by side, (g, rails, t): one product per shift for all rails
+        ia, ib = np.stack(a_rows, axis=1), np.stack(b_rows, axis=1)
+        a_tx, a_rx = tx[ia].reshape(g, -1), rx[ia].reshape(g, -1)
+        b_tx, b_rx = tx[ib], rx[ib]
 
         def sends_corr(k: int) -> np.ndarray:
-            c = sum(
-                tx[a] @ np.roll(rx[b], k, axis=1).T + (np.roll(tx[b], k, axis=1) @ rx[a].T).T
-                for a, b in zip(a_rows, b_rows, strict=True)
-            )
+            # A's sends with B's receives and B's sends with A's receives, B shifted by k
+            c = a_tx @ np.roll(b_rx, k, axis=2).reshape(g, -1).T
+            c += a_rx @ np.roll(b_tx, k, axis=2).reshape(g, -1).T
             return c / (t * len(a_rows))
 
         zs.append(
