@@ -424,10 +424,10 @@ def test_chain_ties_the_first_two_stages_of_an_interleaved_pipeline():
     from skh.analysis.skeleton.chain import pipeline_chain
 
     q = _gapped([54, 53, 58, 61], [0.75, 1.0, 1.0, 0.75])
-    c = pipeline_chain(q, HZ, 10e6, 16.0)
+    c = pipeline_chain(q, HZ, 10e6)
     assert [t.tolist() for t in c.tiers] == [[0, 1], [2], [3]] and c.wrap, c
     # a plain pipeline's quiet ends (half the bytes) break the tie and drop the wrap-around
-    c = pipeline_chain(_gapped([54, 54, 60, 66], [0.5, 1.0, 1.0, 0.5]), HZ, 10e6, 16.0)
+    c = pipeline_chain(_gapped([54, 54, 60, 66], [0.5, 1.0, 1.0, 0.5]), HZ, 10e6)
     assert [t.tolist() for t in c.tiers] == [[0], [1], [2], [3]] and not c.wrap, c
     # replicas of a stage (equal gaps beyond the first two) are no pipeline
-    assert not pipeline_chain(_gapped([54, 60, 60, 66], [1.0] * 4), HZ, 10e6, 16.0).tiers
+    assert not pipeline_chain(_gapped([54, 60, 60, 66], [1.0] * 4), HZ, 10e6).tiers

@@ -77,6 +77,17 @@ def _gaps(active: np.ndarray, min_len: int) -> np.ndarray:
     runs = [_idle_runs(a, min_len) for a in active]
     if any(s.size == 0 for s, _ in runs):
         return np.zeros((0, active.shape[0]))
+    # each host idles once per iteration between drain and fill; pauses inside the steady
+    # phase can last seconds too when a job's operations are long. The iteration gaps are the
+    # runs of the least length at which every host has as many (within one) as the others
+    lengths = [e - s for s, e in runs]
+    for cut in np.unique(np.concatenate(lengths)):
+        counts = [int((ln >= cut).sum()) for ln in lengths]
+        if min(counts) < _MIN_ITERATIONS:
+            return np.zeros((0, active.shape[0]))
+        if max(counts) - min(counts) <= 1:
+            break
+    runs = [(s[ln >= cut], e[ln >= cut]) for (s, e), ln in zip(runs, lengths, strict=True)]
     # every host's gap of one iteration contains the first stage's, the shortest: take each
     # host's gaps in turn as the reference and keep the one that matches most iterations
     best = np.zeros((0, active.shape[0]))
@@ -98,12 +109,9 @@ def _fail(why: str, t: float = 0.0, iterations: int = 0) -> Chain:
     return Chain([], True, t, iterations, why)
 
 
-def pipeline_chain(
-    quartile: np.ndarray, hz: float, idle_bytes_per_s: float, period_s: float = 0.0
-) -> Chain:
+def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> Chain:
     """The pipeline order of hosts from ``quartile`` (per host, the lower quartile over its rails
-    of the bytes per sample at ``hz``; ``period_s`` the iteration period, 0 when unknown), or
-    why there is none.
+    of the bytes per sample at ``hz``), or why there is none.
 
     Counters see messages, not compute: stage 0 talks only to stage 1, so its traffic starts and
     ends with stage 1's, and the first two hosts tie. The ends of a plain 1F1B pipeline carry
@@ -154,7 +162,7 @@ def pipeline_chain(
     # iteration-long chunk, the median over chunks (a checkpoint's minutes of writes on every
     # RNIC would lift the quiet ends), against the interior's (a host of no end tier; the
     # busiest when every host is in one)
-    chunk = max(1, int(round((period_s if period_s > 0 else 10.0) * hz)))
+    chunk = max(1, quartile.shape[1] // (gaps.shape[0] + 1))  # about an iteration or more
     n_chunks = max(1, quartile.shape[1] // chunk)
     volume = np.median(
         quartile[:, : n_chunks * chunk].reshape(n_h, n_chunks, -1).sum(axis=2), axis=1

@@ -206,9 +206,7 @@ def infer_skeleton(
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
         # alike in their gaps (replicas of a stage)
         _, hinv = np.unique(host, return_inverse=True)
-        chain = pipeline_chain(
-            host_quartile(x, hinv, rail_inv), hz, params.idle_bytes_per_s, period_s
-        )
+        chain = pipeline_chain(host_quartile(x, hinv, rail_inv), hz, params.idle_bytes_per_s)
         if chain.tiers:
             pairs = _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage)
             scores.update(chain_t=chain.weakest_t, iterations=float(chain.iterations))
