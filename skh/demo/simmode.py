@@ -47,6 +47,7 @@ class SimRun:
     ) -> None:
         from skh.analysis.skeleton import Skeleton
         from skh.failures import FailureType
+        from skh.orchestrator.config import DEFAULT_COUNTER_HZ
         from skh.orchestrator.pipeline import Pipeline, PipelineConfig
         from skh.sim.answers import SimSource, sim_overlay_component, sim_overlay_endpoint
         from skh.sim.faults import Fault
@@ -54,8 +55,16 @@ class SimRun:
 
         fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2)
         clock = {} if t0_ns is None else {"clock": VirtualClock(t0_ns)}
+        # counters at the rate the deployed underlay agent samples them (skeleton inference
+        # tells partners apart by that rate)
         sim = Simulation.build(
-            fabric, 4, seed=seed, ping="same_rail", start_s=(-900.0, -600.0), **clock
+            fabric,
+            4,
+            seed=seed,
+            ping="same_rail",
+            start_s=(-900.0, -600.0),
+            counter_hz=DEFAULT_COUNTER_HZ,
+            **clock,
         )
         self.sim = sim
         preload = {j.name: same_rail_pairs(j.ep_ids, j.rail, j.host) for j in sim.jobs}

@@ -106,7 +106,7 @@ class Step:
     t_s: float  # start of the step
     dt_s: float
     probes: np.ndarray  # PROBE_DTYPE, sorted by t_wall_ns
-    counters: np.ndarray  # COUNTER_DTYPE, one row per live endpoint per second
+    counters: np.ndarray  # COUNTER_DTYPE, per live endpoint ``counter_hz`` rows a second
     heartbeats: np.ndarray  # uint32 endpoint ids whose agent reported in this step
     events: tuple[FaultEvent, ...]  # ground truth: faults that started or ended in this step
 
@@ -133,7 +133,13 @@ class Simulation:
         traffic_kw: dict | None = None,
         noise: str | NoiseRegime | None = None,
         probe_policy: ProbePolicy | None = None,
+        counter_hz: int = 1,
     ) -> None:
+        if not (isinstance(counter_hz, int) and 1 <= counter_hz <= 100):
+            raise ConfigError(
+                "The 'counter_hz' parameter of Simulation must be an int in 1..100. "
+                f"Got {counter_hz!r} instead."
+            )
         if not probe_interval_s > 0:
             raise ConfigError(
                 f"The 'probe_interval_s' parameter of Simulation must be > 0. "
@@ -172,7 +178,16 @@ class Simulation:
         self.n_path_ids = self.schedule.n_path_ids
         self.transport = transport
         self.arrivals_per_min = float(arrivals_per_min)
-        self._traffic_kw = dict(traffic_kw or {})
+        #: counter samples per second in ``Step.counters`` (the underlay agent's ``counter_hz``;
+        #: 1 by default: the field evaluation reads no counters, and 10 samples a second cost
+        #: its traffic model ten times the bins)
+        self.counter_hz = counter_hz
+        if "sample_hz" in (traffic_kw or {}):
+            raise ConfigError(
+                "Simulation samples traffic at its 'counter_hz': leave 'sample_hz' out of "
+                "'traffic_kw'."
+            )
+        self._traffic_kw = {"sample_hz": float(counter_hz)} | dict(traffic_kw or {})
         self.noise = regime(noise)
         self.noise_model = NoiseModel(self.noise, self.index, self.eps, self.seed)
         self.probe_model = ProbeModel(
@@ -613,8 +628,9 @@ class Simulation:
         live = np.flatnonzero((self._ep_start <= t) & (self._ep_end > t))
         down_eps = self._down_endpoints(active, t)
         traffic = []
+        hz = self.counter_hz
         for tm in self._traffic:
-            tx, rx = tm.sample(t, 1.0)
+            tx, rx = tm.window(t, hz)  # this second's counter intervals
             if down_eps.size:
                 off = np.isin(tm.ep_ids, down_eps)  # a VF whose link is down moves nothing
                 tx[off] = rx[off] = 0.0
@@ -648,7 +664,7 @@ class Simulation:
         quiet_beats = np.zeros(0, np.int64)
         if not self.noise.quiet:
             bursting = np.concatenate(
-                [tm.ep_ids[tx > 0.5 * tm.burst] for tm, tx, _ in traffic]
+                [tm.ep_ids[tx.sum(axis=1) > 0.5 * tm.burst] for tm, tx, _ in traffic]
                 or [np.zeros(0, np.uint32)]
             )
             eff, seq, wall, quiet_beats, faulted = self._noise(
@@ -666,20 +682,25 @@ class Simulation:
         )
         if not self.noise.quiet:
             self._ledger_probes(probes, faulted if eff is None else faulted[eff.emit], rows, eff)
-        # counters: every endpoint of a live container
-        for tm, tx, rx in traffic:
-            self._tx[tm.ep_ids] += tx
-            self._rx[tm.ep_ids] += rx
+        # counters: every endpoint of a live container, at the end of each counter interval
         up = np.ones(live.size, np.uint8)
         if down_eps.size:
             up[np.isin(live, down_eps)] = 0
-        counters = counter_batch(
-            live.astype(np.uint32),
-            int(self.clock.wall_ns(t + 1.0)),
-            self._tx[live].astype(np.uint64),
-            self._rx[live].astype(np.uint64),
-            oper_up=up,
-        )
+        batches = []
+        for i in range(hz):
+            for tm, tx, rx in traffic:
+                self._tx[tm.ep_ids] += tx[:, i]
+                self._rx[tm.ep_ids] += rx[:, i]
+            batches.append(
+                counter_batch(
+                    live.astype(np.uint32),
+                    int(self.clock.wall_ns(t + (i + 1) / hz)),
+                    self._tx[live].astype(np.uint64),
+                    self._rx[live].astype(np.uint64),
+                    oper_up=up,
+                )
+            )
+        counters = batches[0] if hz == 1 else np.concatenate(batches)
         silent = self._silent_endpoints(active, t)
         if quiet_beats.size:
             silent = np.concatenate([silent, quiet_beats])

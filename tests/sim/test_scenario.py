@@ -165,3 +165,30 @@ def test_with_a_probe_policy_pairs_probe_as_the_controller_plans_them():
     # the plan holds each source to its budget: some pairs are slower than 10 Hz, paths > 4
     assert sim._pair_iv.max() > 0.1 and sim._pair_paths.max() > 4
     assert sim.n_path_ids >= sim._pair_paths.max()
+
+
+def test_counters_come_at_the_agents_rate_and_add_up_to_the_traffic():
+    """``counter_hz`` counter rows per live endpoint and second, each the cumulative bytes at the
+    end of its interval, as the underlay agent ships them (the demo's pipeline reads 10 Hz, as
+    deployed); the pipeline's history reads the rate back from the timestamps."""
+    from skh.orchestrator.config import DEFAULT_COUNTER_HZ
+    from skh.orchestrator.pipeline.history import CounterHistory
+
+    fabric = Fabric.from_params(hosts=16, hosts_per_segment=8, spines=2)
+    sim = Simulation.build(
+        fabric, 3, seed=2, start_s=(-900.0, -600.0), counter_hz=DEFAULT_COUNTER_HZ
+    )
+    _, counters, _ = _digest(sim, 30)
+    hz = DEFAULT_COUNTER_HZ
+    for ep in np.unique(counters["ep"])[:5]:
+        c = counters[counters["ep"] == ep]
+        assert c.size == 30 * hz
+        assert np.allclose(np.diff(c["t_ns"]), 1e9 / hz)
+        assert (np.diff(c["tx_bytes"].astype(np.int64)) >= 0).all()
+    hist = CounterHistory(120.0)
+    hist.add(counters)
+    busy = np.unique(counters["ep"])
+    x, tx, got_hz = hist.series(busy)
+    assert got_hz == hz and x.shape[0] == busy.size and x.sum() > 0 and (tx <= x + 1).all()
+    with pytest.raises(ConfigError):
+        Simulation.build(fabric, 1, seed=2, counter_hz=0)

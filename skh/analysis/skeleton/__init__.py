@@ -28,6 +28,10 @@ The stages (the paper gives no STFT window, hop, distance or linkage; these are 
    across the boundary by assignment, pooled over rails of the same hosts; a rank hint is a prior
    that lowers the bar for its own partner but must be confirmed, and is dropped where the
    traffic names another partner. Rows without clear evidence keep the whole adjacent group.
+   A job without data parallelism (one replica: every rail one group, no collective) is
+   ordered instead by its hosts' idle gaps (:mod:`.chain`): each iteration's pipeline fill and
+   drain lengthen a host's gap by a forward and a backward per stage down the pipeline; each
+   host's partners are its neighbours in that order, when every step is clear.
 5. **Validation** (:mod:`.validate`): each RNIC's correlation with its group's other members
    (coherence), the clarity of the split, agreement of the rails, typical STFT regimes, and a scan
    of the residual correlation of same-rail pairs outside the skeleton (a strong one is a missed

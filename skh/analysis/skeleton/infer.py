@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 
+from skh.analysis.skeleton.chain import pipeline_chain
 from skh.analysis.skeleton.model import (
     MODE_GROUP_WIDE,
     MODE_SAME_RAIL,
@@ -26,7 +27,7 @@ from skh.analysis.skeleton.partners import (
     shared_sends,
 )
 from skh.analysis.skeleton.spectrum import atypical, per_second, period
-from skh.analysis.skeleton.stages import bursts, coherence, split_stages
+from skh.analysis.skeleton.stages import bursts, coherence, host_quartile, split_stages
 from skh.analysis.skeleton.validate import confidence
 from skh.errors import ConfigError
 from skh.model import same_rail_pairs
@@ -200,6 +201,27 @@ def infer_skeleton(
             b = np.broadcast_to(e[:, None, :], (k, g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
     coh = split.coherence
+    if max(ks) == 1 and hosts.size >= 3:
+        # one group per rail: no DP group split. A pipeline without data parallelism still
+        # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
+        # alike in their gaps (replicas of a stage)
+        _, hinv = np.unique(host, return_inverse=True)
+        chain = pipeline_chain(host_quartile(x, hinv, rail_inv), hz, params.idle_bytes_per_s)
+        if chain.tiers:
+            pairs = _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage)
+            scores.update(chain_t=chain.weakest_t, iterations=float(chain.iterations))
+            hint_state = _chain_hint(hint, hinv, chain.tiers)
+            reason = (
+                f"period {period_s:.1f} s, one replica per stage: {len(chain.tiers)} pipeline "
+                f"tiers ordered by their hosts' idle gaps (weakest step "
+                f"{chain.weakest_t:.1f} standard errors over {chain.iterations} iterations)"
+                + ("; the last tier linked back to the first" if chain.wrap else "")
+                + ("; rank hint contradicted by traffic and dropped"
+                   if hint_state == "contradicted" else "")
+            )  # fmt: skip
+            conf = min(1.0, chain.weakest_t / 10.0)
+            return result(MODE_SKELETON, reason, conf, pairs, period_s, scores, hint_state)
+        scores["chain_t"] = chain.weakest_t
     if float(np.quantile(coh, 0.05)) < params.min_coherence and max(ks) == 1:
         return fallback(
             MODE_SAME_RAIL,
@@ -275,6 +297,43 @@ def infer_skeleton(
         )
     reason = f"{desc}; confidence limited by {limit}: {why}"
     return result(MODE_SKELETON, reason, conf, pairs, period_s, scores, hint_state)
+
+
+def _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage) -> np.ndarray:
+    """Every rail's pairs between consecutive tiers, inside tiers, and from the last tier back
+    to the first when ``chain.wrap``; fills ``group`` (tier and rail) and ``stage`` (tier)."""
+    n_rails = int(rail_inv.max()) + 1
+    ep_of = np.empty((int(hinv.max()) + 1, n_rails), np.int64)
+    ep_of[hinv, rail_inv] = np.arange(ep_id.size)
+    tiers = chain.tiers
+    links = list(zip(tiers[:-1], tiers[1:], strict=True))
+    if chain.wrap and len(tiers) >= 3:
+        links.append((tiers[-1], tiers[0]))
+    links += [(t, t) for t in tiers if t.size > 1]
+    for i, t in enumerate(tiers):
+        stage[ep_of[t]] = i
+        group[ep_of[t]] = i * n_rails + np.arange(n_rails)
+    # host pairs once, then the same pairs on every rail
+    a, b = (
+        np.concatenate([np.repeat(p, q.size) for p, q in links]),
+        np.concatenate([np.tile(q, p.size) for p, q in links]),
+    )
+    keep = a != b
+    a, b = np.r_[a[keep], b[keep]], np.r_[b[keep], a[keep]]
+    return unique_pairs([np.stack([ep_id[ep_of[a]].ravel(), ep_id[ep_of[b]].ravel()], axis=1)])
+
+
+def _chain_hint(hint, hinv, tiers) -> str:
+    """Whether the rank hint lists the hosts in the tiers' order (either way round)."""
+    if hint is None:
+        return "none"
+    rank = np.full(int(hinv.max()) + 1, np.iinfo(np.int64).max)
+    np.minimum.at(rank, hinv, hint)
+    lo = np.array([rank[t].min() for t in tiers])
+    hi = np.array([rank[t].max() for t in tiers])
+    up = bool(np.all(hi[:-1] < lo[1:]))
+    down = bool(np.all(lo[:-1] > hi[1:]))
+    return "confirmed" if up or down else "contradicted"
 
 
 def _active_span(x: np.ndarray, hz: float, params: SkeletonParams) -> slice | str:

@@ -32,6 +32,7 @@ from skh.analysis.skeleton.model import (
     bipartite,
     both_ways,
     robust_sd,
+    row_quantiles,
     standardize,
 )
 
@@ -41,7 +42,7 @@ __all__ = ["Boundary", "Evidence", "PairStats", "fingerprints", "pair_boundaries
 def _sync_cap(means: np.ndarray) -> np.ndarray:
     """Per group, the rate above which a sample is the group's own collective burst: three times
     its median rate, or a tenth of its peak (99th percentile) when it idles between bursts."""
-    q = np.quantile(means, [0.5, 0.99], axis=1)
+    q = row_quantiles(means, (0.5, 0.99))
     return np.maximum(3.0 * q[0], 0.1 * q[1])
 
 
@@ -174,12 +175,15 @@ def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: floa
     if sends is not None:
         tx, rx = sends
         t = tx.shape[1]
+        # every rail's rows side by side, (g, rails, t): one product per shift for all rails
+        ia, ib = np.stack(a_rows, axis=1), np.stack(b_rows, axis=1)
+        a_tx, a_rx = tx[ia].reshape(g, -1), rx[ia].reshape(g, -1)
+        b_tx, b_rx = tx[ib], rx[ib]
 
         def sends_corr(k: int) -> np.ndarray:
-            c = sum(
-                tx[a] @ np.roll(rx[b], k, axis=1).T + (np.roll(tx[b], k, axis=1) @ rx[a].T).T
-                for a, b in zip(a_rows, b_rows, strict=True)
-            )
+            # A's sends with B's receives and B's sends with A's receives, B shifted by k
+            c = a_tx @ np.roll(b_rx, k, axis=2).reshape(g, -1).T
+            c += a_rx @ np.roll(b_tx, k, axis=2).reshape(g, -1).T
             return c / (t * len(a_rows))
 
         zs.append(

@@ -31,10 +31,17 @@ from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
 
-from skh.analysis.skeleton.model import SkeletonParams, clip01, parabolic, robust_sd, standardize
+from skh.analysis.skeleton.model import (
+    SkeletonParams,
+    clip01,
+    parabolic,
+    robust_sd,
+    row_quantiles,
+    standardize,
+)
 from skh.analysis.skeleton.spectrum import per_second
 
-__all__ = ["Split", "bursts", "coherence", "split_stages"]
+__all__ = ["Split", "bursts", "coherence", "host_quartile", "split_stages"]
 
 _MIN_MARGIN = 0.005  # correlation margin below which groups are never told apart
 _ORDER_SLACK = 0.05  # how far a stage's neighbour may trail its most similar groups
@@ -283,7 +290,7 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     (for at least ``_MIN_BURST_S``: a grey opening removes shorter spikes)."""
     # the quantiles of every tenth-second sample are as good and ten times cheaper
     step = max(1, int(hz))
-    q = np.quantile(x[:, ::step], [0.5, 0.99], axis=1)
+    q = row_quantiles(x[:, ::step], (0.5, 0.99))
     level = np.maximum(3.0 * q[0], 0.5 * q[1])
     y = np.maximum(x - level[:, None], 0.0)
     width = int(round(_MIN_BURST_S * hz))
@@ -319,6 +326,17 @@ def _collective(part: np.ndarray) -> bool:
     )
 
 
+def host_quartile(x: np.ndarray, hinv: np.ndarray, rail_inv: np.ndarray) -> np.ndarray:
+    """Per host (``hinv``: host index per row, every host on the same rails once each), the lower
+    quartile of its rails' series, interpolated as ``np.quantile`` does."""
+    n_h = int(hinv.max()) + 1
+    per = x[np.lexsort((rail_inv, hinv))].reshape(n_h, -1, x.shape[1])
+    q = 0.25 * (per.shape[1] - 1)
+    lo, hi = int(np.floor(q)), int(np.ceil(q))
+    srt = np.sort(per, axis=1)  # a handful of rails: a sort beats a strided partition
+    return srt[:, lo] + (q - lo) * (srt[:, hi] - srt[:, lo])
+
+
 def split_stages(
     x: np.ndarray,
     host: np.ndarray,
@@ -335,12 +353,7 @@ def split_stages(
     # a host's rails burst together when it holds one stage; the lower quartile of its rails
     # keeps those bursts and drops what a few rails carry alone (co-tenant or storage flows,
     # which may outgrow the bursts themselves), before the bursts are cut out
-    order = np.lexsort((rail_inv, hinv))
-    per = x[order].reshape(n_h, -1, x.shape[1])
-    q = 0.25 * (per.shape[1] - 1)  # the lower quartile, interpolated as np.quantile does
-    lo, hi = int(np.floor(q)), int(np.ceil(q))
-    srt = np.sort(per, axis=1)  # a handful of rails: a sort beats a strided partition
-    quartile = srt[:, lo] + (q - lo) * (srt[:, hi] - srt[:, lo])
+    quartile = host_quartile(x, hinv, rail_inv)
     part_h = _burst_part(quartile, hz)
     feat = bursts(quartile, hz, part_h)
     sim_h = feat @ feat.T / x.shape[1]
