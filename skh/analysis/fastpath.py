@@ -192,6 +192,7 @@ class FastPathState:
                 ("last_t_ns", "<i8"),  # newest send time seen, to keep runs in order
                 ("flow_consec", "<u1", (P,)),  # the same per flow (path id % paths) ...
                 ("flow_first_ns", "<i8", (P,)),
+                ("flow_out", "?", (P,)),  # the flow's current run was called an outage
                 ("flow_max", "<i2"),  # ... and over the pair's flows: the longest run, and
                 ("flow_run_ns", "<i8"),  # the first failure of any run (_NO_RUN: none)
                 ("fail_pos", "<i8"),
@@ -233,7 +234,7 @@ class FastPathState:
     def clear_pairs(self, pids: np.ndarray) -> None:
         """Forget the pairs' failures and runs (their baseline and rate stay)."""
         s = self.state
-        for f in ("consec", "flow_consec", "flow_max", "fail_pos"):
+        for f in ("consec", "flow_consec", "flow_max", "fail_pos", "flow_out"):
             s[f][pids] = 0
         for f in ("run_first_ns", "flow_first_ns", "fail_ns"):
             s[f][pids] = -1
@@ -359,6 +360,16 @@ class FastPathState:
         fp, fs = k2[fstart] // cfg.paths, k2[fstart] % cfg.paths
         oldf = s["flow_consec"][fp, fs].astype(np.int64)
         ffirst = np.minimum.reduceat(np.where(f2, idx2, k2.size), fstart)
+        # a flow's outage that ends (its first OK since): its run's failures were that outage,
+        # not loss. The pair's outage flag falls with that OK, and failures of the run sent
+        # after the last tick that saw the flag up (while the pair was held, or in the batch
+        # that brought the OK) otherwise stay in the look-back: at an offline spine's return
+        # they lifted the endpoint and ToR tests, and a lossy neighbour was corroborated
+        was_out = has_ok2 & (oldf > 0) & s["flow_out"][fp, fs]
+        if was_out.any():
+            fok = np.minimum.reduceat(np.where(~f2, idx2, k2.size), fstart)[was_out]
+            self._drop_failures(fp[was_out], s["flow_first_ns"][fp, fs][was_out], t2[fok])
+        s["flow_out"][fp[has_ok2], fs[has_ok2]] = False
         newf = np.minimum(np.where(has_ok2, trail2, oldf + nf2), _FLOW_CAP)
         s["flow_consec"][fp, fs] = newf
         s["flow_first_ns"][fp, fs] = np.where(
@@ -376,6 +387,7 @@ class FastPathState:
             reset = s["consec"][sp] == 0
             s["flow_consec"][sp[reset]] = 0
             s["flow_first_ns"][sp[reset]] = -1
+            s["flow_out"][sp[reset]] = False
         # the pair's summary over its flows, for the pairs whose flows had or have a run (a
         # pair rotates over up to 64 path ids: evaluate reads the summary, not every flow)
         touched = np.unique(fp[(oldf > 0) | (newf > 0)])
@@ -403,16 +415,24 @@ class FastPathState:
         np.add.at(s["new_f"], p, 1.0)
 
     def _drop_failures(self, pids: np.ndarray, from_ns: np.ndarray, to_ns: np.ndarray) -> None:
-        """Take the failures of ``pids`` sent in ``[from_ns, to_ns]`` (per pair) out of the
-        loss history (and out of what the baseline learns)."""
+        """Take the failures of ``pids`` sent in ``[from_ns, to_ns]`` (per row) out of the
+        loss history (and out of what the baseline learns). A pair may come several times (runs
+        of one batch, flows): its intervals add up (a write per row would keep only the last
+        row's drop)."""
         if pids.size == 0:
             return
         s = self.state
+        order = np.argsort(pids, kind="stable")
+        pids, from_ns, to_ns = pids[order], from_ns[order], to_ns[order]
         ring = s["fail_ns"][pids]
         gone = (ring >= from_ns[:, None]) & (ring <= to_ns[:, None]) & (ring >= 0)
+        start = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
+        up = pids[start]
+        gone = np.logical_or.reduceat(gone, start, axis=0)
+        ring = s["fail_ns"][up]
         ring[gone] = -1
-        s["fail_ns"][pids] = ring
-        np.add.at(s["new_f"], pids, -gone.sum(axis=1).astype(np.float64))
+        s["fail_ns"][up] = ring
+        s["new_f"][up] -= gone.sum(axis=1)
 
     def excuse_toward(self, pids: np.ndarray, from_ns: np.ndarray, to_ns: np.ndarray) -> None:
         """Failures of ``pids`` sent in ``[from_ns, to_ns]`` (per pair) were the responder's
@@ -430,6 +450,7 @@ class FastPathState:
         s["run_first_ns"][rp] = -1
         s["flow_consec"][rp] = 0
         s["flow_first_ns"][rp] = -1
+        s["flow_out"][rp] = False
         s["flow_max"][rp] = 0
         s["flow_run_ns"][rp] = _NO_RUN
 
@@ -516,6 +537,10 @@ class FastPathState:
         if fo.size:
             hit = s["flow_consec"][fo] >= k_run[fo, None]
             out_first[fo] = np.where(hit, s["flow_first_ns"][fo], _NO_RUN).min(axis=1)
+        fu = np.flatnonzero(flow_out & ~held)
+        if fu.size:
+            # the flows whose run is an outage: when it ends, its failures leave the look-back
+            s["flow_out"][fu] |= s["flow_consec"][fu] >= k_run[fu, None]
         out_fails = np.maximum(consec, flow_max)
         # ... or of an endpoint: most of its pairs failing together, improbable jointly
         live_n = np.bincount(src, minlength=m_ep) + np.bincount(dst, minlength=m_ep)

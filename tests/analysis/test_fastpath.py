@@ -233,3 +233,42 @@ def test_a_flapping_link_on_some_rotated_paths_does_not_corroborate_bystanders()
             loss |= set(fl.loss.tolist())
     assert not loss & set(bystanders.tolist()), sorted(loss & set(bystanders.tolist()))
     assert loss & set(crossing.tolist())
+
+
+def test_a_dead_paths_failures_leave_the_look_back_when_its_switch_returns():
+    """A spine offline for 30 s on one or two of 16 rotated path ids of a third of ToR 0's
+    pairs, the agents shipping every 2 s. A pair whose newest probe failed is held at a tick
+    (its responder has reported nothing past that failure yet), so the last ticks before a dead
+    flow's first OK need not see its outage; and the batch that brings the OK also brings the
+    flow's last failures. Those failures were the outage: they must leave the look-back, not
+    lift the ToR's test once the flows settle and corroborate the ToR's pairs that lose two
+    probes right after (lossy neighbours; with the failures left in, those were called lossy)."""
+    n, ids, per = 8, 16, 20
+    src, dst, groups = _two_tors(n)
+    m = src.size
+    fp = FastPathState(FastPathConfig(), m)
+    dead, crossing, bystanders = _some_paths_dead(m, ids, seed=11)
+    k = 0
+    loss: set[int] = set()
+    out: set[int] = set()
+    for _ in range(90):
+        t = T0 + (k + np.arange(per))[None, :] * 100 * MS + np.arange(m)[:, None] * MS
+        path = np.broadcast_to((k + np.arange(per)) % ids, (m, per))
+        sec = (k + np.arange(per))[None, :] // 10
+        failed = np.take_along_axis(dead, path, axis=1) & (sec >= 120) & (sec < 151)
+        for j, b in enumerate(bystanders):
+            failed[b] |= (sec[0] // 2 == 76 + j) & (np.arange(per) % 7 == 3)
+        pids = np.repeat(np.arange(m), per)
+        fp.update(pids, t.ravel(), failed.ravel(), path.ravel(), np.full(pids.size, 2000))
+        k += per
+        now = T0 + k * 100 * MS + 200 * MS
+        # each endpoint's agent has reported up to its newest probe sent
+        progress = np.zeros(2 * n, np.int64)
+        np.maximum.at(progress, src, t.max(axis=1))
+        fl = fp.evaluate(now, src, dst, 2 * n, progress_ns=progress, groups=[groups])
+        fp.learn(now, np.isin(np.arange(m), fl.unreachable))
+        if k >= 1200:
+            loss |= set(fl.loss.tolist())
+            out |= set(fl.unreachable.tolist())
+    assert out == set(crossing.tolist())
+    assert not loss, sorted(loss)

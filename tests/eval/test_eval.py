@@ -50,24 +50,27 @@ MUST_SHOW = (
 #: commit 274afea, seeds 1349799377 and 1076759730 (field): precision 0.920 (CI 0.862-0.955),
 #: recall 0.959 (0.886-0.986), 14.5 false positives per 1,000 healthy host-hours (11 in 760 h),
 #: end-to-end component 0.871 (0.773-0.931), type 0.829 (0.724-0.899); skeleton coverage 1.0
-#: holds. Session 6 (field, 5bb224e: flows per path id, corroboration needs two losses), one
-#: seed at a time, detection only: seed 311581655 (of draw 22506341+311581655, 13 false events
-#: on main) precision 0.924 -> 0.978, recall 1.0, false loss events 10 -> 0; its 3 false
-#: latency-short events (+6-9 us on pairs no fault touched) remain. Fresh draw 1236041107 +
-#: 1294203631 (drawn at run time): precision 0.983 (169 of 172 events), recall 1.0 (78 of 78),
-#: 3 false loss events (~3.9 per 1k host-h): failures of a spine's outage left in the loss
-#: look-back after the pair's flow-outage flag lapsed before the end. Fresh draw 811028260 +
-#: 1468061342: precision 0.996 (223 of 224), recall 1.0 (88 of 88), 1 false loss event in
-#: 748.5 healthy host-h (1.3 per 1k). Precision met on both fresh draws, false positives on
-#: neither; recall was 1.0 on every draw measured (six).
+#: holds. Session 6 (5bb224e: flows per path id, corroboration needs two losses), detection
+#: only: fresh draws 1236041107+1294203631 precision 0.983, 3 false loss events (~3.9 per 1k
+#: host-h), 811028260+1468061342 precision 0.996, 1 false loss event (1.3 per 1k): failures of
+#: a spine's outage left in the loss look-back after the flow's outage flag lapsed.
+#: Whole `skh eval --quick` runs on held-out draws (drawn at run time, field regime):
+#: 431512648+1905308514 (69a9e24, CI dry run): precision 1.0, recall 0.963, 0 false events
+#: (0.0 per 1k); 1022693922+1304705560 (4e24450: a flow's outage takes its failures out of the
+#: look-back): precision 1.0 (274 of 274, CI low 0.986), recall 0.989 (92 of 93, CI low 0.942),
+#: 0 false events in 747.9 healthy host-h (0.0 per 1k), e2e component 0.935, type 0.924.
+#: Precision and false positives held on both, so they are gated now. NOTE: one false event in a
+#: quick run (~750 healthy host-h) is 1.3 per 1k, over the 0.5 gate: 0 false events were seen in
+#: ~1,500 host-h of whole runs and ~1,500 of detection-only seeds (73e4fe0), not enough to bound
+#: that chance small. Recall held on one of the two (misses: a port down masked by its ToR's
+#: earlier outage on the same pairs, a +20 us fault on a job started 10 s before it, a PCIe
+#: error not diagnosed yet; on 1022693922+1304705560 a CRC error).
 #: The test asserts every other gate on the point estimate, and that a gate below is
 #: said so in the printed result; take a name out when it holds (so that CI then fails below
 #: it), never put one in to make a run pass.
 SHORT_OF_GATE: frozenset[str] = frozenset(
     {
-        "precision",
         "recall",
-        "fp_per_1k_host_hours",
         "e2e_localization_accuracy",
         "e2e_type_accuracy",
     }
