@@ -512,6 +512,8 @@ def _merge_e2e(runs: list[dict]) -> dict[str, Any]:
         "type_confusion": confusion,
         "spurious_alerts_per_fault": round(float(np.mean(sp)), 3) if sp else None,
         "misses": [m for e in es for m in e["misses"]][:16],
+        "detected_after_end": sum(e["detected_after_end"] for e in es),
+        "detected_after_end_cases": [c for e in es for c in e["detected_after_end_cases"]][:16],
     }
 
 

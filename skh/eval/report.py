@@ -330,6 +330,8 @@ def tables(r: dict[str, Any]) -> list[Table]:
             "certain alert names it, type right = its type is in the fault's class (merged "
             f"classes: {e2e['merged_types']}). Spurious alerts per fault: "
             f"{_num(e2e['spurious_alerts_per_fault'], 2)}. "
+            f"Not scored: {e2e.get('detected_after_end', 0)} fault(s) first detected after they "
+            "ended (nothing left to localize; detection's lateness). "
             f"Suite: oracle suspects built from the fault's record ({loc['scored']} cases), a "
             "diagnostic only.",
         )

@@ -631,8 +631,8 @@ class SimSource:
             if r.get("bond") == "degraded":
                 bond.add(rail)
         for rail in {int(r) for r in d["rnics"]}:
-            _, off = self.sim.flow_tables(host, rail, t_s)
-            if any(f.installs > 1 for f in off):
+            # the offload counters: flows evicted and re-installed, also while they are out
+            if self.sim.view.offload_reinstalls(host, rail, t_s) > 0:
                 churn.add(rail)
         cfg = d["config"]
         containers = {v["representor"]: v["container"] for v in d["vfs"]}

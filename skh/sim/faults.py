@@ -379,6 +379,20 @@ class FaultEngine:
                 on &= np.mod(t_s - fault.start_s, period) < fault.eff("flap_on_s")
         return on
 
+    def windows_ended(self, fault: Fault, t_s: float) -> int:
+        """How many of a flapping fault's on-windows ended by ``t_s`` (and before the fault
+        did): each is one time its symptom went and came back (0 for a fault that does not
+        flap)."""
+        period = fault.eff("flap_period_s")
+        t = min(float(t_s), fault.end_s)
+        if period <= 0 or t < fault.start_s:
+            return 0
+        if fault.aperiodic:
+            starts, ons = self._cycles(fault)
+            return int(np.count_nonzero(starts + ons <= t))
+        on = fault.eff("flap_on_s")
+        return 0 if t < fault.start_s + on else int((t - fault.start_s - on) // period) + 1
+
     def _cycles(self, fault: Fault) -> tuple[np.ndarray, np.ndarray]:
         """Cycle start times and on-times of an aperiodic flap (cached per fault)."""
         key = (fault.fault_id, fault.component, fault.start_s)

@@ -15,10 +15,12 @@ Fault → state:
   slower. Container crash (17): its VF and representor are absent. Not using RDMA (14): its
   encap rules say ``encap_sw`` and are not offloaded. Vswitch loop (22): encap rules of that RNIC
   point back at the representor. Offloading failure (9): the offloaded table has none of the
-  rules; repetitive offloading (15): rules missing while the flap window is on and ``installs``
-  growing; suboptimal offloading (16): offloaded rules out of priority order; firmware (6):
-  offloaded rules ``stale``. GID change (11): the RNIC's ``gid`` differs from ``registered_gid``;
-  host faults (12, 13, 18) show in the host's ``config``; RNIC faults in its ``rnics`` entry.
+  rules; repetitive offloading (15): rules missing while the flap window is on, and ``installs``
+  counting each window that ended (evicted and re-installed; the offload counters keep the count
+  while the rules are out, :meth:`AgentView.offload_reinstalls`); suboptimal offloading (16):
+  offloaded rules out of priority order; firmware (6): offloaded rules ``stale``. GID change
+  (11): the RNIC's ``gid`` differs from ``registered_gid``; host faults (12, 13, 18) show in
+  the host's ``config``; RNIC faults in its ``rnics`` entry.
 """
 
 from __future__ import annotations
@@ -174,8 +176,6 @@ class AgentView:
         active = self._active(t_s)
         on_rnic = {f.type: f for f in active if f.component == rkey}
         sw_conts = {f.component for f in active if f.type == _T.NOT_USING_RDMA}
-        # active, whether or not inside a flap's on-window (the install count runs on)
-        all_faults = [f for f in self._faults(t_s) if f.component == rkey]
         vtep = _vtep(host, rail)
         ovs: list[FlowEntry] = []
         rid = 0
@@ -220,13 +220,11 @@ class AgentView:
         ]
         if _T.OFFLOADING_FAILURE in on_rnic:
             off = [f for f in off if f.action == "upcall"]
-        rep_fault = next((f for f in all_faults if f.type == _T.REPETITIVE_FLOW_OFFLOADING), None)
-        if rep_fault is not None:
-            installs = 1 + int((t_s - rep_fault.start_s) // rep_fault.eff("flap_period_s"))
-            if _T.REPETITIVE_FLOW_OFFLOADING in on_rnic:  # invalidated right now
-                off = [f for f in off if f.action == "upcall"]
-            else:
-                off = [_with(f, installs=installs) if f.action != "upcall" else f for f in off]
+        if _T.REPETITIVE_FLOW_OFFLOADING in on_rnic:  # invalidated right now
+            off = [f for f in off if f.action == "upcall"]
+        else:
+            installs = 1 + self.offload_reinstalls(host, rail, t_s)
+            off = [_with(f, installs=installs) if f.action != "upcall" else f for f in off]
         if _T.SUBOPTIMAL_FLOW_OFFLOADING in on_rnic and len(off) > 1:
             # the catch-all upcall rule first: every flow misses the fast path
             off = off[-1:] + off[:-1]
@@ -238,6 +236,17 @@ class AgentView:
                 for f in off
             ]
         return ovs, off
+
+    def offload_reinstalls(self, host: str, rail: int, t_s: float) -> int:
+        """How often a repetitive offloading fault on the RNIC, active at ``t_s``, had its
+        flows evicted and re-installed so far: what the RNIC's offload counters show, whether or
+        not its flows are evicted right now (counters only grow)."""
+        rkey = f"{host}:rnic{rail}"
+        return sum(
+            self.engine.windows_ended(f, t_s)
+            for f in self._faults(t_s)
+            if f.component == rkey and f.type == _T.REPETITIVE_FLOW_OFFLOADING
+        )
 
     def overlay_state(self, host: str, t_s: float) -> dict[str, Any]:
         """A host's overlay dump: VFs/representors of its live endpoints, VTEPs, OVS rules (all

@@ -213,3 +213,27 @@ def test_second_fault_during_flapping_gets_its_own_alert(seed, second, monkeypat
     # and the second fault is localized in its own rounds
     got = el.e2e_localization(sim, run, detected, skip=[a.fault_id], noise=FIELD_ANSWERS)
     assert got["accuracy"] == 1.0 and got["type_accuracy"] == 1.0, got["misses"]
+
+
+def test_a_fault_first_detected_after_it_ended_is_counted_not_scored():
+    # detection matches events up to its window past a fault's end; a fault first seen then is
+    # gone before any round can look, so the e2e score leaves it out and says so (it used to
+    # score a round on a gone fault as a localization miss)
+    import dataclasses
+
+    from skh.eval.localization import e2e_localization
+    from skh.sim.answers import FIELD_ANSWERS
+
+    sim, (rec,), run, detected = _flapping_run(
+        3, [(FailureType.RNIC_PORT_DOWN, lambda sim: _rnic_port(sim, 3), 30.0)]
+    )
+    first_ns = min(e.detected_ns for e in detected[rec.fault_id])
+    got = e2e_localization(sim, run, detected, noise=FIELD_ANSWERS)
+    assert got["all_types"]["n"] == 1 and got["detected_after_end"] == 0
+    # the same detection, with the record saying the fault ended just before its first event
+    gone = dataclasses.replace(rec, end_s=rec.start_s, end_ns=first_ns - 1)
+    got = e2e_localization(sim, {**run, "records": [gone]}, detected, noise=FIELD_ANSWERS)
+    assert got["all_types"]["n"] == 0 and got["rounds"] == 0
+    assert got["detected_after_end"] == 1
+    case = got["detected_after_end_cases"][0]
+    assert case["component"] == rec.component and case["detected_after_end_s"] >= 0

@@ -212,7 +212,17 @@ def test_fault_state_as_modelled(small_sim, ftype):
     elif ftype == T.REPETITIVE_FLOW_OFFLOADING:
         assert [f.action for f in off] == ["upcall"]
         later = sim.flow_tables(e0.host, 0, 10.0 + 20 * 2 + 10)[1]  # off-window of the third cycle
-        assert len(later) == len(off_b) and max(f.installs for f in later) == 3
+        # installed once, evicted and re-installed after each of the three windows so far
+        assert len(later) == len(off_b) and max(f.installs for f in later) == 4
+        # the host's offload counters show the churn from the first re-install on, also while
+        # the flows are out again (they only grow; the flag used to read clear in every window)
+        from skh.sim.answers import QUIET, SimSource
+
+        def churn(t_s: float) -> bool:
+            rep = SimSource(sim, t_s=t_s, noise=QUIET).host_report(e0.host)
+            return 0 in rep.offload_churn
+
+        assert [churn(t) for t in (12.0, 20.0, 32.0, 45.0)] == [False, True, True, True]
         assert changed == {"tables"}
     elif ftype == T.SUBOPTIMAL_FLOW_OFFLOADING:
         assert off[0].action == "upcall" and sorted(off, key=lambda f: f.rule_id) == sorted(

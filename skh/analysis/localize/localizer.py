@@ -707,6 +707,21 @@ class Localizer:
         ftype = classify_underlay(kind, symptom, flapping=flapping, partial=c.partial)
         ckind = "link" if kind == "link" else "switch"
         cands = c.candidates if (c.ambiguous or c.partial) else ()
+        if rnic is not None and c.partial and not c.ambiguous and symptom == "loss":
+            # a link that loses some probes ties with its own RNIC by construction (every trace
+            # over the one crosses the other; noisy traces rarely show where loss sets in). The
+            # RNIC's report, probe pattern and tables said nothing above; when its port reads
+            # up right now and did not flap, what loses is the cable or the switch port: the
+            # link, as for a culprit no healthy flow crossed
+            rep = report(rnic[0])
+            age = self._failure_age_s(w, pairs) + _READING_GRACE_S
+            if (
+                not flapping
+                and rep is not None
+                and rep.known("rnic_state", max_age_s=age)
+                and rep.rnic_state.get(rnic[1], "up") == "up"
+            ):
+                cands = tuple(x for x in cands if x != f"{rnic[0]}:rnic{rnic[1]}")
         if rnic is not None and symptom == "latency" and not cands:
             # a cable does not add delay; a queue or the RNIC does. With the RNIC's report and
             # tables clean right now, it stays a candidate (an intermittent offload problem

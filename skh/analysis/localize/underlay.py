@@ -297,7 +297,8 @@ def vote(
     failing traces and at least ``min_partial_share`` of all traces through it failing.
     ``soft`` are the failing traces of pairs that only slow down or lose some probes: a partial
     element covering more of them than the best uncleared element is taken first (a slow switch
-    whose unflagged pairs clear it, rather than each host's access link).
+    whose unflagged pairs clear it, rather than each host's access link). The last partial pass
+    counts only pairs an element carries every failing flow of.
     """
     healthy = list(healthy)
     use_rtt = rtt_trusted(healthy, latency_jump_ns, failing)
@@ -352,6 +353,15 @@ def vote(
             if e in explains:
                 cleared[e] = cleared.get(e, 0) + 1
     votes = {e: len(s) for e, s in explains.items()}
+    # in the last partial pass an element explains a pair only where it lies on every failing
+    # flow of the pair: a pair that fails as well on flows avoiding it (one slow RNIC's flows
+    # over both spines) fails for a reason it does not carry. Not in the first pass's wide
+    # partial: there a ToR, which carries every flow of its pairs, would outrun the culprits
+    # that pass names (a mass round named a dozen ToRs when it did)
+    by_pair: dict[tuple[int, int], set[int]] = {}
+    for i, tr in enumerate(failing):
+        by_pair.setdefault(tr.pair, set()).add(i)
+    whole = {e: {i for i in s if by_pair[failing[i].pair] <= s} for e, s in explains.items()}
 
     remaining = set(range(len(failing)))
     culprits: list[UnderlayCulprit] = []
@@ -377,7 +387,7 @@ def vote(
     while remaining:
         part = {
             e: s & remaining
-            for e, s in explains.items()
+            for e, s in whole.items()
             if e in cleared and len(s & remaining) >= min_partial_votes
         }
         if not part:
