@@ -387,7 +387,10 @@ def test_a_hung_daemon_is_restarted_by_its_watchdog(started):
     print(f"SIGSTOP to READY=1 again: { {u: round(s, 1) for u, s in took.items()} }")
     for unit in ALL:
         assert "Watchdog timeout (limit 30s)!" in journal(unit), unit
-        assert min(took.values()) >= 30, took  # not before the watchdog period
+    # systemd counts WatchdogSec (30 s) from the last ping, and a daemon pings every half period
+    # (skh.orchestrator.sdnotify): the kill comes 15-30 s after SIGSTOP, never sooner
+    # (a run of stop 25's CI dry run: the controller was READY again 29.2 s after SIGSTOP)
+    assert min(took.values()) >= 30 / 2, took
 
 
 def test_units_pass_systemd_analyze_verify(installed):
