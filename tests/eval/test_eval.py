@@ -113,8 +113,8 @@ def test_quick_profile_against_the_gate(tmp_path):
     e2e = res["table"]["localization"]["end_to_end"]
     # the precise report the lead routes: which types fell short, which events were false
     why = {
-        "below": res["below_thresholds"],
         "seeds": res["seeds"],
+        "below": res["below_thresholds"],
         "missed": det["missed"],
         "false_events": det["false_events_sample"][:5],
         "detection_per_type": {
@@ -125,12 +125,12 @@ def test_quick_profile_against_the_gate(tmp_path):
         },
         "e2e_misses": e2e["misses"][:5],
     }
-    for key, floor in THRESHOLDS.items():
-        if key not in SHORT_OF_GATE:
-            assert res[key] >= floor, (key, why)
-    for key, cap in MAXIMA.items():
-        if key not in SHORT_OF_GATE:
-            assert res[key] <= cap, (key, why)
+    failed = [k for k, floor in THRESHOLDS.items() if k not in SHORT_OF_GATE and res[k] < floor]
+    failed += [k for k, cap in MAXIMA.items() if k not in SHORT_OF_GATE and res[k] > cap]
+    if failed:
+        # in full and seeds first: pytest cuts a long assertion's repr, and CI's log keeps only
+        # its tail, so the draw must be readable there to be replayed
+        pytest.fail(f"gate failed: {failed}\n{json.dumps(why, indent=1, default=str)}")
     # a gate not met is printed as such, and the result never claims to meet them all
     below = {f.split()[0] for f in res["below_thresholds"]}
     assert below <= SHORT_OF_GATE, why
