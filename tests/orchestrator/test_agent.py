@@ -9,7 +9,7 @@ import numpy as np
 
 from skh.orchestrator.agent_overlay import OverlayAgent, ResultBuffer
 from skh.orchestrator.analyzer import Analyzer
-from skh.orchestrator.config import EndpointSpec
+from skh.orchestrator.config import AgentConfig, EndpointSpec
 from skh.orchestrator.controller import Controller
 from skh.records import empty_probes
 from skh.wire import Envelope, MsgType
@@ -363,3 +363,46 @@ def test_skh_agent_loads_no_other_subcommand():
         [*run, "--help", "agent"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert all(f"skh.cli.{name}" in out for name in SUBCOMMANDS), out
+
+
+def test_the_overlay_agents_import_graph_stays_lean():
+    # every module the sidecar imports stays resident in every training container: scipy and
+    # scikit-learn (the analyzer's) would add tens of MB, the simulator, the evaluation, the
+    # testbed and the analyzer's detectors and localizer have no place there either
+    # (bench/agent_process.py reports what each import layer costs)
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, skh.cli.agent\n"
+        "from skh.orchestrator import agent_overlay, config, daemon, metrics\n"
+        "import skh.probe\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    mods = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert "skh.orchestrator.agent_overlay" in mods and "skh.probe" in mods
+    heavy = ("scipy", "sklearn", "pandas", "prometheus_client", "rich", "pyroute2")
+    assert not [m for m in mods if m.split(".")[0] in heavy]
+    skh_heavy = ("skh.sim", "skh.eval", "skh.testbed", "skh.demo", "skh.collect")
+    assert not [m for m in mods if m.startswith(skh_heavy)]
+    # of the analysis layer, only the OK sampling the agent applies before shipping
+    assert [m for m in mods if m.startswith("skh.analysis.")] == ["skh.analysis.sampling"]
+
+
+def test_an_engines_in_flight_table_covers_its_share_for_a_whole_timeout():
+    # an unanswered probe holds its slot for the timeout: an endpoint probing its share of the
+    # agent's top rate into an outage needs share x timeout slots, or its probes wait
+    from skh.orchestrator.agent_overlay import in_flight_slots
+    from skh.probe import _fastprobe
+
+    for rate, n_eps, timeout_s in ((1000.0, 8, 1.0), (640.0, 8, 1.0), (5000.0, 2, 2.0)):
+        eps = tuple(EndpointSpec(rail=r, ip="127.0.0.1") for r in range(n_eps))
+        cfg = AgentConfig(max_probe_rate=rate, endpoints=eps, probe_timeout_s=timeout_s)
+        slots = in_flight_slots(cfg)
+        assert slots >= 2 * rate / n_eps * timeout_s
+        assert slots <= _fastprobe.MAX_IN_FLIGHT
+    # a default sidecar of 8 endpoints (1,000 probes/s in all): a quarter of the engine's default
+    eps = tuple(EndpointSpec(rail=r, ip="127.0.0.1") for r in range(8))
+    assert in_flight_slots(AgentConfig(endpoints=eps)) <= _fastprobe.DEFAULT_IN_FLIGHT // 4
