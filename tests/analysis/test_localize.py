@@ -601,3 +601,48 @@ def test_a_reply_side_pair_alone_is_absorbed_by_the_black_hole_that_breaks_its_w
     # a way back that breaks where no verdict points may be a peer that never sends: unexplained
     v = only(loc.localize(reply, w, now_ns=4_000))
     assert (v.layer, v.pairs) == ("unexplained", ((c6, c1),))
+
+
+@pytest.mark.parametrize("bad_host,other", [("host0", "host1"), ("host1", "host0")])
+def test_a_crc_tie_between_two_rnics_is_broken_by_their_rx_error_counters(bad_host, other):
+    # one lossy pair between two RNICs under one ToR, neither RNIC on any other probed pair:
+    # every element of the path explains it (both access links, both RNICs). The RNIC that
+    # receives the corrupted frames counts them; two readings say which one it is
+    w = World()
+    eps = w.cluster.endpoints
+    a = next(e.ep_id for e in eps if e.host == "host0" and e.rail == 0)
+    b = next(e.ep_id for e in eps if e.host == "host1" and e.rail == 0)
+    tor = w.fabric.rnic(bad_host, 0).tor
+    assert tor == w.fabric.rnic(other, 0).tor
+    w.lossy.add(link_name(f"{bad_host}:rnic0", tor))
+    healthy = np.array([p for p in w.pairs if a not in p and b not in p], np.int64)
+    loc = Localizer(w.cluster)
+    s = Suspect(((a, b), (b, a)), "loss", 1_000_000_000)
+
+    def round_at(t_s, bad_n, other_n, *, missing=(), loc=loc):
+        w.reports = {
+            bad_host: HostReport(bad_host, rx_errors={0: bad_n, 1: 4}),
+            other: HostReport(
+                other,
+                rx_errors={} if other in missing else {0: other_n, 1: 9},
+                read=frozenset({"rnic_state", "peer_down"}) if other in missing else None,
+            ),
+        }
+        return only(loc.localize([s], w, healthy_pairs=healthy, now_ns=int(t_s * 1_000_000_000)))
+
+    # one reading: no growth known yet, the tie stands
+    v = round_at(5, 100, 7)
+    assert not v.certain and len(v.candidates) == 3
+    # ten seconds on: the bad end's count grew by thousands, the other's by one
+    v = round_at(15, 2100, 8)
+    assert named(v) == ("underlay", link_name(f"{bad_host}:rnic0", tor), F.CRC_ERROR)
+    assert v.certain and v.evidence["rx_errors_grew"] == {
+        f"{bad_host}:rnic0": 2000,
+        f"{other}:rnic0": 1,
+    }
+    # both ends growing, or one end's counters unknown: no reason to prefer either
+    for counts, missing in (((300, 300), ()), ((2100, 8), (other,))):
+        fresh = Localizer(w.cluster)
+        round_at(5, 100, 7, loc=fresh)
+        v = round_at(15, 100 + counts[0], 7 + counts[1], missing=missing, loc=fresh)
+        assert not v.certain and len(v.candidates) == 3

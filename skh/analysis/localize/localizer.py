@@ -127,6 +127,15 @@ _EXTRA_LABELS = 4
 #: it: the fault began before the probe that first saw it (up to a probe interval)
 _READING_GRACE_S = 2.0
 
+#: RX error counts (:attr:`HostReport.rx_errors`) of two readings at least this far apart tell
+#: whether an RNIC takes corrupted frames; it does when its count grew by at least
+#: ``_RX_ERRORS_GROWN`` (a CRC fault's 0.05-2 % of frames is tens to thousands a second), and it
+#: does not when by at most ``_RX_ERRORS_FLAT`` (a healthy port's count ticks a few times a
+#: day: a stray error between two readings must not clear the tie's other end wrongly)
+_RX_ERRORS_SPAN_S = 5.0
+_RX_ERRORS_GROWN = 10
+_RX_ERRORS_FLAT = 2
+
 
 class Localizer:
     """Localizes suspects on one cluster. Keeps only the RNIC-dump rate limit between rounds.
@@ -194,6 +203,8 @@ class Localizer:
         #: (host, rail) -> which end read its port down ("rnic": the RNIC's own port; "peer":
         #: no light from the switch), (time, which), oldest first
         self._port_downs: dict[tuple[str, int], list[tuple[float, str]]] = {}
+        #: (host, rail) -> RX error counts seen, (time, count), oldest first
+        self._rx_counts: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self._switch_paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._n_indexed = 0
         self._rnic_of: dict[tuple[str, int], tuple[int, int]] | None = None
@@ -700,6 +711,16 @@ class Localizer:
                 self._add_finding(w, pairs, found, now_ns, evidence)
                 return
         kind, comp = c.kind, c.component
+        rx_end = (
+            self._rx_errors_end(w, c, pairs, report, evidence)
+            if c.ambiguous and symptom == "loss" and not flapping
+            else None
+        )
+        if rx_end is not None:
+            # the RNIC that takes the corrupted frames names the link they come in on
+            c = replace(c, ambiguous=False, candidates=())
+            kind = "link"
+            comp = link_name(f"{rx_end[0]}:rnic{rx_end[1]}", self.cluster.fabric.rnic(*rx_end).tor)
         if rnic is not None and kind == "node":
             # an RNIC that loses or delays some probes: what its cable and port do (a dead RNIC
             # is unreachable), so the access link is named
@@ -739,6 +760,56 @@ class Localizer:
             candidates=tuple(x for x in cands if x != comp),
         )
         self._settle(w, pairs, ftype)
+
+    def _rx_errors_end(
+        self, w: _Work, c: UnderlayCulprit, pairs: Sequence[Pair], report, evidence: dict
+    ) -> tuple[str, int] | None:
+        """A lossy culprit the vote could not single out, tied with RNICs or their access links
+        (one failing pair between two RNICs that nothing else crosses: every element of its
+        path explains it): a link that corrupts frames makes the RNIC *receiving* them count
+        RX errors, and the switch drops what it receives corrupted, so the one tied RNIC whose
+        count grew during the failure while every other tied RNIC's stayed flat takes the
+        corrupted frames: the link into it. Any tied RNIC whose counts are unknown (a flag
+        missing, one reading only) leaves the tie as it is."""
+        ends = {
+            (host, int(rail))
+            for el in (c.component, *c.candidates)
+            for part in el.split("|")
+            for host, _, rail in [part.rpartition(":rnic")]
+            if host and rail.isdigit()
+        }
+        if len(ends) < 2:
+            return None
+        since_s = w.now_s - self._failure_age_s(w, pairs) - _READING_GRACE_S
+        # every end's reading is kept, also when another end's leaves this round undecided
+        grown = {(h, r): self._rx_growth(h, r, report(h), w.now_s, since_s) for h, r in ends}
+        if any(g is None for g in grown.values()):
+            return None
+        hot = [k for k, g in grown.items() if g >= _RX_ERRORS_GROWN]
+        if len(hot) != 1 or any(g > _RX_ERRORS_FLAT for k, g in grown.items() if k != hot[0]):
+            return None
+        evidence["rx_errors_grew"] = {f"{h}:rnic{r}": g for (h, r), g in sorted(grown.items())}
+        return hot[0]
+
+    def _rx_growth(
+        self, host: str, rail: int, rep: HostReport | None, now_s: float, since_s: float
+    ) -> int | None:
+        """How much the RNIC's RX error count grew between the first and the last reading taken
+        since ``since_s`` (readings are remembered across rounds); None without two readings
+        at least :data:`_RX_ERRORS_SPAN_S` apart, or when the count went back (a driver
+        reload resets it)."""
+        seen = self._rx_counts.setdefault((host, rail), [])
+        if rep is not None and rep.known("rx_errors") and rail in rep.rx_errors:
+            got = (now_s - float(rep.age_s.get("rx_errors", 0.0)), int(rep.rx_errors[rail]))
+            if got not in seen:
+                seen.append(got)
+                seen.sort()
+        seen[:] = [x for x in seen if x[0] >= now_s - self.flap_window_s]
+        during = [x for x in seen if since_s - 1e-6 <= x[0] <= now_s + 1e-6]
+        if len(during) < 2 or during[-1][0] - during[0][0] < _RX_ERRORS_SPAN_S:
+            return None
+        g = during[-1][1] - during[0][1]
+        return g if g >= 0 else None
 
     def _known_outage(self, w: _Work, elements: set[str], pairs: Sequence[Pair]) -> Verdict | None:
         """An open alert of an outage that stops forwarding at one of ``elements`` (a culprit,
