@@ -445,6 +445,59 @@ def test_rnic_dump_is_rate_limited():
     assert w.dumps == 2
 
 
+def test_a_clean_dump_is_taken_again_sooner_for_a_latency_culprit_and_no_more():
+    # a repetitive offload evicts the RNIC's flows only some of the time: the first dump came
+    # in an off-window (clean). With the 60 s limit for every dump the RNIC was not read again
+    # while the fault lasted; a clean dump is retaken after 10 s, a dirty one holds 60 s
+    enc, dec, drop = _rules()
+    w = World()
+    ep = w.cluster.endpoint("j/c4/1")
+    extra = [p for p in w.pairs if ep.ep_id in p][:3]
+    healthy = w.healthy(extra)
+    clean = FlowTables((enc, dec, drop), (enc, dec, drop))
+    evicted = FlowTables((enc, dec, drop), (enc, drop))
+    log: list[tuple[float, str, int]] = []
+    now = {"t": 0.0}
+
+    def flow_tables(host, rail):
+        log.append((now["t"], host, rail))
+        if (host, rail) != ("host4", 1):
+            return None
+        return evicted if now["t"] >= 13.0 else clean
+
+    w.flow_tables = flow_tables  # type: ignore[method-assign]
+    loc = Localizer(w.cluster, rnic_dump_interval_s=60)
+
+    def round_at(t_s, symptom="latency", loc=loc):
+        now["t"] = t_s
+        s = Suspect(tuple(extra), symptom, 0)
+        return loc.localize([s], w, healthy_pairs=healthy, now_ns=int(t_s * 1e9))
+
+    for t in (0.0, 4.0, 8.0, 12.0, 16.0, 20.0):
+        assert [v.layer for v in round_at(t)] == ["unexplained"]
+    v = only(round_at(24.0))
+    assert v.component == "host4:rnic1"
+    assert v.failure_type in (F.OFFLOADING_FAILURE, F.REPETITIVE_FLOW_OFFLOADING)
+    # cost: clean dumps 10 s apart (0, 12 s), the dirty one with its confirming dump (24 s)
+    assert [t for t, h, r in log if (h, r) == ("host4", 1)] == [0.0, 12.0, 24.0, 24.0]
+    # every RNIC at most once per 10 s while clean
+    for key in {(h, r) for _t, h, r in log}:
+        ts = [t for t, h, r in log if (h, r) == key and t < 24.0]
+        assert all(b - a >= 10.0 for a, b in zip(ts, ts[1:], strict=False)), (key, ts)
+    # a dirty dump holds for the full limit
+    n = len(log)
+    for t in (28.0, 36.0, 48.0):
+        round_at(t)
+    assert ("host4", 1) not in {(h, r) for _t, h, r in log[n:]}
+    # a loss culprit keeps the full limit for clean dumps too
+    log.clear()
+    loc2 = Localizer(w.cluster, rnic_dump_interval_s=60)
+    for t in (100.0, 112.0, 124.0, 136.0):
+        round_at(t, "loss", loc2)
+    per = {(h, r): {t for t, hh, rr in log if (hh, rr) == (h, r)} for _t, h, r in log}
+    assert per and all(len(ts) == 1 for ts in per.values()), per
+
+
 def test_nothing_found_is_unexplained_not_forced():
     w = World()
     extra = w.pairs[:2]

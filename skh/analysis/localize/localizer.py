@@ -138,7 +138,8 @@ _RX_ERRORS_FLAT = 2
 
 
 class Localizer:
-    """Localizes suspects on one cluster. Keeps only the RNIC-dump rate limit between rounds.
+    """Localizes suspects on one cluster. Keeps between rounds only the RNIC dumps (rate limit)
+    and the counter readings it compares over time.
 
     Parameters
     ----------
@@ -152,6 +153,10 @@ class Localizer:
     rnic_dump_interval_s:
         at most one RNIC flow-table dump per RNIC in this many seconds; a dump refused by the
         limit reuses the last diff.
+    clean_dump_interval_s:
+        an RNIC whose last dump was clean is dumped again after this long when it is the edge of
+        a latency culprit again (an intermittent offload fault evicts its flows only some of the
+        time); at most one dump per RNIC in this many seconds (two when it finds something).
     max_exoneration_traces:
         healthy pairs traced per round to clear links (nearest to the failing pairs first).
     exoneration_path_ids:
@@ -168,6 +173,7 @@ class Localizer:
         overlay_endpoint: Callable[[Endpoint], tuple[str, str]] = default_overlay_endpoint,
         overlay_component: Callable[[str], str | None] | None = None,
         rnic_dump_interval_s: float = 60.0,
+        clean_dump_interval_s: float = 10.0,
         max_exoneration_traces: int = 256,
         exoneration_path_ids: Sequence[int] = (0,),
         flap_window_s: float = 120.0,
@@ -176,6 +182,11 @@ class Localizer:
             raise ConfigError(
                 "The 'rnic_dump_interval_s' parameter of Localizer must be >= 0. "
                 f"Got {rnic_dump_interval_s!r} instead."
+            )
+        if clean_dump_interval_s < 0:
+            raise ConfigError(
+                "The 'clean_dump_interval_s' parameter of Localizer must be >= 0. "
+                f"Got {clean_dump_interval_s!r} instead."
             )
         if max_exoneration_traces < 0:
             raise ConfigError(
@@ -194,6 +205,7 @@ class Localizer:
         self.overlay_endpoint = overlay_endpoint
         self.overlay_component = overlay_component
         self.rnic_dump_interval_s = float(rnic_dump_interval_s)
+        self.clean_dump_interval_s = float(clean_dump_interval_s)
         self.max_exoneration_traces = int(max_exoneration_traces)
         self.exoneration_path_ids = tuple(int(p) for p in exoneration_path_ids)
         self.flap_window_s = float(flap_window_s)
@@ -1025,7 +1037,7 @@ class Localizer:
                     {"pattern": "fails only as a destination"},
                 )
         keys = {self.overlay_endpoint(self._ep(e))[1] for p in pairs for e in p}
-        diff = self._rnic_diff(host, rail, source, w.now_s, keys)
+        diff = self._rnic_diff(host, rail, source, w.now_s, keys, latency=symptom == "latency")
         churn = (
             rail in rep.offload_churn
             if rep is not None and rep.known("offload_churn", max_age_s=age)
@@ -1142,13 +1154,24 @@ class Localizer:
             )
 
     def _rnic_diff(
-        self, host: str, rail: int, source, now_s: float, keys: set[str]
+        self, host: str, rail: int, source, now_s: float, keys: set[str], *, latency: bool = False
     ) -> FlowDiff | None:
         """The RNIC's diff as it bears on the failing pairs (their destinations ``keys``): the
         rules that carry their traffic, as two dumps agree on them (one dump can race with the
-        revalidator). Dumps are rate-limited per RNIC; a refused one reuses the last."""
+        revalidator). Dumps are rate-limited per RNIC; a refused one reuses the last. For a
+        ``latency`` culprit a clean last dump is taken again after ``clean_dump_interval_s``: a
+        repetitive offload evicts its flows only some of the time, so one dump in an
+        off-window says nothing about the next, and a churn collector that polls on its own
+        period may not have read the RNIC while the fault was on."""
         last = self._dumps.get((host, rail))
-        if last is None or now_s - last[0] >= self.rnic_dump_interval_s:
+        interval = self.rnic_dump_interval_s
+        if (
+            latency
+            and last is not None
+            and not (last[1] is not None and relevant_diff(last[1], keys))
+        ):
+            interval = min(interval, self.clean_dump_interval_s)
+        if last is None or now_s - last[0] >= interval - 1e-6:
             tables = source.flow_tables(host, rail)
             first = tables.diff() if tables is not None else None
             second = None
