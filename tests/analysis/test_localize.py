@@ -498,6 +498,44 @@ def test_a_clean_dump_is_taken_again_sooner_for_a_latency_culprit_and_no_more():
     assert per and all(len(ts) == 1 for ts in per.values()), per
 
 
+def _two_hosts_slow_on_every_rail(w):
+    """Latency on both rails between host0 and host1, which probe only each other (a two-host
+    job in the inferred skeleton): every pair elsewhere is fine."""
+    eps = w.cluster.endpoints
+    mine = {e.ep_id for e in eps if e.host in ("host0", "host1")}
+    slow = [p for p in w.pairs if set(p) <= mine and w.ep(p[0]).host != w.ep(p[1]).host]
+    healthy = np.array([p for p in w.pairs if not set(p) & mine], np.int64)
+    assert {w.ep(p[0]).rail for p in slow} == {0, 1}
+    return Suspect(tuple(slow), "latency", 1_000_000_000), healthy
+
+
+def test_two_hosts_slow_only_with_each_other_are_one_host_board_verdict():
+    # the host board (GPUDirect, PCIe, hugepages) slows every RNIC of one host; when its only
+    # peer is one other host, either board explains every slow pair: one host verdict, the
+    # other host its candidate, not one congestion verdict per rail's links
+    w = World()
+    s, healthy = _two_hosts_slow_on_every_rail(w)
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert (v.layer, v.component_kind) == ("host", "host") and not v.certain
+    assert {v.component, *v.candidates} == {"host0", "host1"}
+    assert v.failure_type in (F.GPUDIRECT_RDMA_ERROR, F.PCIE_NIC_ERROR, F.HUGEPAGE_MISCONFIG)
+    # one host's board flags, read fresh during the failure, are all clear: the other's board
+    for cleared, slow_host in (("host1", "host0"), ("host0", "host1")):
+        w.reports = {cleared: HostReport(cleared)}
+        v = only(
+            Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000)
+        )
+        assert named(v)[:2] == ("host", slow_host) and v.certain, (v.component, v.candidates)
+    # a clear reading from before the failure began clears nothing
+    w.reports = {"host1": HostReport("host1", age_s={"gpudirect_broken": 60.0})}
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert not v.certain and {v.component, *v.candidates} == {"host0", "host1"}
+    # one host's report names its board: that host
+    w.reports = {"host1": HostReport("host1", pcie_errors=frozenset({0, 1}))}
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert named(v) == ("host", "host1", F.PCIE_NIC_ERROR) and v.certain
+
+
 def test_nothing_found_is_unexplained_not_forced():
     w = World()
     extra = w.pairs[:2]

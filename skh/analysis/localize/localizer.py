@@ -31,6 +31,7 @@ from skh.analysis.localize.endpoint import (
     dead_edge_finding,
     flow_finding,
     host_board_finding,
+    host_board_state,
     one_way_in,
     persisting,
     relevant_diff,
@@ -1052,9 +1053,8 @@ class Localizer:
             found = flow_finding(diff, host, rail, churn=churn, software=software)
             if found is not None:
                 return replace(found, evidence={**found.evidence, "diff": _diff_evidence(diff)})
-        if symptom == "latency" and self._host_slow(w, host):
-            # the host board slows every RNIC of the host; its tables are clean
-            return host_board_finding(rep, host, max_age_s=age)
+        if symptom == "latency":
+            return self._host_board(w, host, report, age)
         return None
 
     def _flaps(self, w: _Work, host: str, rail: int, pairs: Iterable[Pair]) -> bool:
@@ -1094,9 +1094,9 @@ class Localizer:
             e for p in pairs for e in p if self._ep(e).host == host and self._ep(e).rail == rail
         }
 
-    def _host_slow(self, w: _Work, host: str) -> bool:
-        """Pairs of this round that only slowed touch ``host`` on two or more rails, and reach
-        two or more other hosts: the host is what they share (not a slow peer of it)."""
+    def _slow_with(self, w: _Work, host: str) -> tuple[set[int], set[str]]:
+        """The rails of ``host`` on which pairs of this round only slowed, and the other hosts
+        those pairs reach."""
         rails: set[int] = set()
         peers: set[str] = set()
         for p, s in w.symptom.items():
@@ -1107,7 +1107,36 @@ class Localizer:
                 if me.host == host and other.host != host:
                     rails.add(me.rail)
                     peers.add(other.host)
-        return len(rails) >= 2 and len(peers) >= 2
+        return rails, peers
+
+    def _host_board(self, w: _Work, host: str, report, age: float) -> Finding | None:
+        """Delay on two or more rails of ``host`` (RNICs under different ToRs: no one link or
+        switch explains it) whose tables are clean: the host board slows every RNIC of its
+        host. With pairs to two or more other hosts, ``host`` is what they share. With one
+        peer host that slowed only with ``host`` (a two-host job: they probe only each other),
+        either board explains the pairs: the host whose report names its board, else the one
+        whose board flags, read during the failure, do not rule it out; when both or neither
+        do, ``host`` with the peer as candidate."""
+        rails, peers = self._slow_with(w, host)
+        if len(rails) < 2 or not peers:
+            return None
+        if len(peers) >= 2:
+            return host_board_finding(report(host), host, max_age_s=age)
+        (peer,) = peers
+        peer_rails, peer_peers = self._slow_with(w, peer)
+        if len(peer_rails) < 2 or peer_peers != {host}:
+            return None
+        state = {h: host_board_state(report(h), max_age_s=age) for h in (host, peer)}
+        for ruled_in in ("set", "open"):
+            named = [h for h in (host, peer) if state[h] == ruled_in]
+            if len(named) == 1:
+                if named[0] != host:
+                    return None  # the peer's own check names it
+                return host_board_finding(report(host), host, max_age_s=age)
+            if named:
+                break
+        found = host_board_finding(report(host), host, max_age_s=age)
+        return replace(found, candidates=(peer,), evidence={**found.evidence, "tie": peer})
 
     def _representors(self, w: _Work, ep_id: int) -> list[str]:
         """The overlay nodes that deliver to the endpoint's VF (its representor), as the host's
