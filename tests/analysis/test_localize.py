@@ -534,6 +534,11 @@ def test_two_hosts_slow_only_with_each_other_are_one_host_board_verdict():
     w.reports = {"host1": HostReport("host1", pcie_errors=frozenset({0, 1}))}
     v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
     assert named(v) == ("host", "host1", F.PCIE_NIC_ERROR) and v.certain
+    # the second host's own check comes before a tie is called: its container's traffic left
+    # RDMA (all its rails slow too), which its report says
+    w.reports = {"host1": HostReport("host1", rdma_fallback=frozenset({"c1"}))}
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert named(v) == ("overlay", "j/c1", F.NOT_USING_RDMA) and v.certain
 
 
 def test_nothing_found_is_unexplained_not_forced():

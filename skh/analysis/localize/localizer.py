@@ -90,6 +90,9 @@ class _Work:
     healthy: list[Trace] = field(default_factory=list)
     #: underlay culprits the vote could not single out; endpoints are checked before they are named
     deferred: list[tuple[UnderlayCulprit, list[Trace]]] = field(default_factory=list)
+    #: hosts whose endpoint check reached the host board this round (a tie between two hosts
+    #: is called only once both were checked)
+    board_checked: set[str] = field(default_factory=set)
 
 
 #: types whose only symptom is delay (Table 1's "high latency" rows)
@@ -1116,23 +1119,26 @@ class Localizer:
         peer host that slowed only with ``host`` (a two-host job: they probe only each other),
         either board explains the pairs: the host whose report names its board, else the one
         whose board flags, read during the failure, do not rule it out; when both or neither
-        do, ``host`` with the peer as candidate."""
+        do, ``host`` with the peer as candidate. Either host is called only once the other's
+        own check (report, tables) came to the board too: a container of the other host whose
+        traffic left RDMA slows its every rail just as well."""
         rails, peers = self._slow_with(w, host)
         if len(rails) < 2 or not peers:
             return None
+        w.board_checked.add(host)
         if len(peers) >= 2:
             return host_board_finding(report(host), host, max_age_s=age)
         (peer,) = peers
         peer_rails, peer_peers = self._slow_with(w, peer)
         if len(peer_rails) < 2 or peer_peers != {host}:
             return None
+        if peer not in w.board_checked:
+            return None  # the peer's own check first: its report or tables may explain the pairs
         state = {h: host_board_state(report(h), max_age_s=age) for h in (host, peer)}
         for ruled_in in ("set", "open"):
             named = [h for h in (host, peer) if state[h] == ruled_in]
             if len(named) == 1:
-                if named[0] != host:
-                    return None  # the peer's own check names it
-                return host_board_finding(report(host), host, max_age_s=age)
+                return host_board_finding(report(named[0]), named[0], max_age_s=age)
             if named:
                 break
         found = host_board_finding(report(host), host, max_age_s=age)
