@@ -10,7 +10,7 @@ host with the collectors of :mod:`skh.collect`:
 * ``traceroute``: a flow-pinned (Paris) traceroute between two RNICs;
 * ``dump_flows``: the OVS flow tables (the datapath cache stands in for the RNIC's offloaded one);
 * ``overlay_state``: routes, neighbours, bridge FDB, link kinds and oper-down links;
-* ``host_report``: the port state of this host's RNICs.
+* ``host_report``: the port state and RX error counters of this host's RNICs.
 
 Every command's arguments are checked before a handler sees them
 (:mod:`skh.orchestrator.commands`); a ``netns`` must moreover be one of this host's containers
@@ -43,7 +43,7 @@ from skh.collect.linux import read_linux_state
 from skh.collect.ovs import parse_dpctl_flows, parse_ofctl_flows
 from skh.collect.trace import paris_trace, vxlan_trace
 from skh.collect.vxlan import VXLAN_PORT, InnerFlow, OuterPortLearner
-from skh.errors import ProtocolError, RequestRefused, RequestTimeout
+from skh.errors import CapabilityError, ProtocolError, RequestRefused, RequestTimeout
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.counters import CounterSampler, make_source
@@ -186,23 +186,37 @@ def host_report(args: dict[str, Any]) -> Any:
     (``rnic_state = down``); a port that is up without carrier sees no light from its switch, so
     the switch end of the access link is down (``peer_down``); ``port_down_count`` is the
     driver's carrier-down count (``IFLA_CARRIER_DOWN_COUNT``): two readings tell a port that went
-    down once from one that flaps. ``read`` names the flags this reader provides: the localizer
-    treats every other flag as unknown, never as healthy."""
+    down once from one that flaps. ``rx_errors`` is the RNIC's count of frames it received
+    corrupted (:mod:`skh.collect.rxerrors`): two readings tell which end of a lossy pair takes
+    them; a rail without counters is left out and said why in ``unread``. ``read`` names the
+    flags this reader provides: the localizer treats every other flag as unknown, never as
+    healthy."""
     from pyroute2 import IPRoute
+
+    from skh.collect.rxerrors import rx_errors
 
     rails = {str(dev): int(rail) for rail, dev in dict(args.get("rnics", {})).items()}
     netns = str(args.get("netns", ""))
     state: dict[str, str] = {}
     peer_down: list[int] = []
     downs: dict[str, int] = {}
+    rx: dict[str, int] = {}
+    unread: dict[str, str] = {}
     with IPRoute(**({"netns": netns} if netns else {})) as ipr:
         for link in ipr.get_links():
-            rail = rails.get(link.get_attr("IFLA_IFNAME") or "")
+            dev = link.get_attr("IFLA_IFNAME") or ""
+            rail = rails.get(dev)
             if rail is None:
                 continue
             count = link.get_attr("IFLA_CARRIER_DOWN_COUNT")
             if count is not None:
                 downs[str(rail)] = int(count)
+            stats = link.get_attr("IFLA_STATS64")
+            crc = stats.get("rx_crc_errors") if stats is not None else None
+            try:
+                rx[str(rail)] = rx_errors(dev, None if crc is None else int(crc))
+            except CapabilityError as exc:
+                unread[str(rail)] = str(exc)
             if not link["flags"] & _IFF_UP:
                 state[str(rail)] = "down"
                 continue
@@ -213,7 +227,9 @@ def host_report(args: dict[str, Any]) -> Any:
         "rnic_state": state,
         "peer_down": sorted(peer_down),
         "port_down_count": downs,
-        "read": ["rnic_state", "peer_down", "port_down_count"],
+        "rx_errors": rx,
+        "read": ["rnic_state", "peer_down", "port_down_count", *(["rx_errors"] if rx else [])],
+        **({"unread": {"rx_errors": unread}} if unread else {}),
     }
 
 

@@ -106,8 +106,18 @@ def sim_flow_rule(f: Any) -> FlowRule:
 
 
 #: the flags a real host collector reads (skh/orchestrator/agent_underlay.py ``host_report``):
-#: port state (up/down only), no light from the switch, the driver's carrier-down count
-REAL_FLAGS: frozenset[str] = frozenset({"rnic_state", "peer_down", "port_down_count"})
+#: port state (up/down only), no light from the switch, the driver's carrier-down count, the
+#: RNIC's RX error counters
+REAL_FLAGS: frozenset[str] = frozenset({"rnic_state", "peer_down", "port_down_count", "rx_errors"})
+#: frames an RNIC receives a second (assumed: probes plus a training job's collectives between
+#: bursts, far below line rate); a CRC fault on its access link corrupts the fault's loss rate
+#: of them, and the RNIC counts each (a switch drops what it receives corrupted: the RNIC at the
+#: far end of the pair counts nothing)
+RX_FRAMES_PER_S = 10_000.0
+#: a healthy port's RX errors: a stray one in about one minute of a hundred (~14 a day; public
+#: mlx5 field reports show healthy ports at a few symbol errors a day)
+RX_BENIGN_BIN_S = 60.0
+RX_BENIGN_P = 0.01
 #: the flags the simulator's reports carry (agents' and containers' own health is detection's)
 _SIM_FLAGS = tuple(
     f for f in REPORT_FLAGS if f not in ("agents_dead", "agents_late", "containers_dead")
@@ -646,6 +656,7 @@ class SimSource:
             "rnic_state": state,
             "peer_down": frozenset(peer),
             "port_down_count": self._port_down_count(host, t_s),
+            "rx_errors": self._rx_errors(host, t_s),
             "gid_changed": frozenset(gid),
             "bond_degraded": frozenset(bond),
             "pcie_errors": rails if cfg.get("pcie") == "error" else frozenset(),
@@ -673,6 +684,35 @@ class SimSource:
                 on = sim.engine.on_now(f, ts)
                 n += int(on[0]) + int((on[1:] & ~on[:-1]).sum())
             out[rail] = base + n
+        return out
+
+    def _rx_errors(self, host: str, t_s: float) -> dict[int, int]:
+        """RX errors per rail up to ``t_s``: some since boot, a stray one now and then
+        (:data:`RX_BENIGN_P` per :data:`RX_BENIGN_BIN_S`), plus the frames a CRC fault on the
+        RNIC's access link corrupted while it was on (:data:`RX_FRAMES_PER_S` times its loss
+        rate and the share of flows it hits)."""
+        sim = self.sim
+        hid = sim.index.host_id[host]
+        bins = np.arange(int(max(t_s, 0.0) // RX_BENIGN_BIN_S) + 1, dtype=np.uint64)
+        out: dict[int, int] = {}
+        for rail in range(sim.index.rails):
+            key = f"{host}:rnic{rail}"
+            tag = np.uint64(hid * 256 + rail)
+            base = int(mix_hash(np.uint64(sim.seed), tag, np.uint64(0xE44)) % 64)
+            u = mix_hash(np.uint64(sim.seed), tag, bins).astype(np.float64) / 2**64
+            n = float(base + int((u < RX_BENIGN_P).sum()))
+            for f in sim.faults:
+                if f.type != FailureType.CRC_ERROR or f.start_s > t_s:
+                    continue
+                if key not in f.component.split("|"):
+                    continue
+                ts = np.arange(f.start_s, min(t_s, f.end_s), 0.5)
+                on_s = 0.5 * float(sim.engine.on_now(f, ts).sum()) if ts.size else 0.0
+                share = f.eff("flow_share") * (
+                    1.0 if f.paths is None else len(f.paths) / max(1, sim.n_path_ids)
+                )
+                n += f.eff("loss_rate") * share * RX_FRAMES_PER_S * on_s
+            out[rail] = int(n)
         return out
 
 

@@ -445,6 +445,102 @@ def test_rnic_dump_is_rate_limited():
     assert w.dumps == 2
 
 
+def test_a_clean_dump_is_taken_again_sooner_for_a_latency_culprit_and_no_more():
+    # a repetitive offload evicts the RNIC's flows only some of the time: the first dump came
+    # in an off-window (clean). With the 60 s limit for every dump the RNIC was not read again
+    # while the fault lasted; a clean dump is retaken after 10 s, a dirty one holds 60 s
+    enc, dec, drop = _rules()
+    w = World()
+    ep = w.cluster.endpoint("j/c4/1")
+    extra = [p for p in w.pairs if ep.ep_id in p][:3]
+    healthy = w.healthy(extra)
+    clean = FlowTables((enc, dec, drop), (enc, dec, drop))
+    evicted = FlowTables((enc, dec, drop), (enc, drop))
+    log: list[tuple[float, str, int]] = []
+    now = {"t": 0.0}
+
+    def flow_tables(host, rail):
+        log.append((now["t"], host, rail))
+        if (host, rail) != ("host4", 1):
+            return None
+        return evicted if now["t"] >= 13.0 else clean
+
+    w.flow_tables = flow_tables  # type: ignore[method-assign]
+    loc = Localizer(w.cluster, rnic_dump_interval_s=60)
+
+    def round_at(t_s, symptom="latency", loc=loc):
+        now["t"] = t_s
+        s = Suspect(tuple(extra), symptom, 0)
+        return loc.localize([s], w, healthy_pairs=healthy, now_ns=int(t_s * 1e9))
+
+    for t in (0.0, 4.0, 8.0, 12.0, 16.0, 20.0):
+        assert [v.layer for v in round_at(t)] == ["unexplained"]
+    v = only(round_at(24.0))
+    assert v.component == "host4:rnic1"
+    assert v.failure_type in (F.OFFLOADING_FAILURE, F.REPETITIVE_FLOW_OFFLOADING)
+    # cost: clean dumps 10 s apart (0, 12 s), the dirty one with its confirming dump (24 s)
+    assert [t for t, h, r in log if (h, r) == ("host4", 1)] == [0.0, 12.0, 24.0, 24.0]
+    # every RNIC at most once per 10 s while clean
+    for key in {(h, r) for _t, h, r in log}:
+        ts = [t for t, h, r in log if (h, r) == key and t < 24.0]
+        assert all(b - a >= 10.0 for a, b in zip(ts, ts[1:], strict=False)), (key, ts)
+    # a dirty dump holds for the full limit
+    n = len(log)
+    for t in (28.0, 36.0, 48.0):
+        round_at(t)
+    assert ("host4", 1) not in {(h, r) for _t, h, r in log[n:]}
+    # a loss culprit keeps the full limit for clean dumps too
+    log.clear()
+    loc2 = Localizer(w.cluster, rnic_dump_interval_s=60)
+    for t in (100.0, 112.0, 124.0, 136.0):
+        round_at(t, "loss", loc2)
+    per = {(h, r): {t for t, hh, rr in log if (hh, rr) == (h, r)} for _t, h, r in log}
+    assert per and all(len(ts) == 1 for ts in per.values()), per
+
+
+def _two_hosts_slow_on_every_rail(w):
+    """Latency on both rails between host0 and host1, which probe only each other (a two-host
+    job in the inferred skeleton): every pair elsewhere is fine."""
+    eps = w.cluster.endpoints
+    mine = {e.ep_id for e in eps if e.host in ("host0", "host1")}
+    slow = [p for p in w.pairs if set(p) <= mine and w.ep(p[0]).host != w.ep(p[1]).host]
+    healthy = np.array([p for p in w.pairs if not set(p) & mine], np.int64)
+    assert {w.ep(p[0]).rail for p in slow} == {0, 1}
+    return Suspect(tuple(slow), "latency", 1_000_000_000), healthy
+
+
+def test_two_hosts_slow_only_with_each_other_are_one_host_board_verdict():
+    # the host board (GPUDirect, PCIe, hugepages) slows every RNIC of one host; when its only
+    # peer is one other host, either board explains every slow pair: one host verdict, the
+    # other host its candidate, not one congestion verdict per rail's links
+    w = World()
+    s, healthy = _two_hosts_slow_on_every_rail(w)
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert (v.layer, v.component_kind) == ("host", "host") and not v.certain
+    assert {v.component, *v.candidates} == {"host0", "host1"}
+    assert v.failure_type in (F.GPUDIRECT_RDMA_ERROR, F.PCIE_NIC_ERROR, F.HUGEPAGE_MISCONFIG)
+    # one host's board flags, read fresh during the failure, are all clear: the other's board
+    for cleared, slow_host in (("host1", "host0"), ("host0", "host1")):
+        w.reports = {cleared: HostReport(cleared)}
+        v = only(
+            Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000)
+        )
+        assert named(v)[:2] == ("host", slow_host) and v.certain, (v.component, v.candidates)
+    # a clear reading from before the failure began clears nothing
+    w.reports = {"host1": HostReport("host1", age_s={"gpudirect_broken": 60.0})}
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert not v.certain and {v.component, *v.candidates} == {"host0", "host1"}
+    # one host's report names its board: that host
+    w.reports = {"host1": HostReport("host1", pcie_errors=frozenset({0, 1}))}
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert named(v) == ("host", "host1", F.PCIE_NIC_ERROR) and v.certain
+    # the second host's own check comes before a tie is called: its container's traffic left
+    # RDMA (all its rails slow too), which its report says
+    w.reports = {"host1": HostReport("host1", rdma_fallback=frozenset({"c1"}))}
+    v = only(Localizer(w.cluster).localize([s], w, healthy_pairs=healthy, now_ns=20_000_000_000))
+    assert named(v) == ("overlay", "j/c1", F.NOT_USING_RDMA) and v.certain
+
+
 def test_nothing_found_is_unexplained_not_forced():
     w = World()
     extra = w.pairs[:2]
@@ -601,3 +697,48 @@ def test_a_reply_side_pair_alone_is_absorbed_by_the_black_hole_that_breaks_its_w
     # a way back that breaks where no verdict points may be a peer that never sends: unexplained
     v = only(loc.localize(reply, w, now_ns=4_000))
     assert (v.layer, v.pairs) == ("unexplained", ((c6, c1),))
+
+
+@pytest.mark.parametrize("bad_host,other", [("host0", "host1"), ("host1", "host0")])
+def test_a_crc_tie_between_two_rnics_is_broken_by_their_rx_error_counters(bad_host, other):
+    # one lossy pair between two RNICs under one ToR, neither RNIC on any other probed pair:
+    # every element of the path explains it (both access links, both RNICs). The RNIC that
+    # receives the corrupted frames counts them; two readings say which one it is
+    w = World()
+    eps = w.cluster.endpoints
+    a = next(e.ep_id for e in eps if e.host == "host0" and e.rail == 0)
+    b = next(e.ep_id for e in eps if e.host == "host1" and e.rail == 0)
+    tor = w.fabric.rnic(bad_host, 0).tor
+    assert tor == w.fabric.rnic(other, 0).tor
+    w.lossy.add(link_name(f"{bad_host}:rnic0", tor))
+    healthy = np.array([p for p in w.pairs if a not in p and b not in p], np.int64)
+    loc = Localizer(w.cluster)
+    s = Suspect(((a, b), (b, a)), "loss", 1_000_000_000)
+
+    def round_at(t_s, bad_n, other_n, *, missing=(), loc=loc):
+        w.reports = {
+            bad_host: HostReport(bad_host, rx_errors={0: bad_n, 1: 4}),
+            other: HostReport(
+                other,
+                rx_errors={} if other in missing else {0: other_n, 1: 9},
+                read=frozenset({"rnic_state", "peer_down"}) if other in missing else None,
+            ),
+        }
+        return only(loc.localize([s], w, healthy_pairs=healthy, now_ns=int(t_s * 1_000_000_000)))
+
+    # one reading: no growth known yet, the tie stands
+    v = round_at(5, 100, 7)
+    assert not v.certain and len(v.candidates) == 3
+    # ten seconds on: the bad end's count grew by thousands, the other's by one
+    v = round_at(15, 2100, 8)
+    assert named(v) == ("underlay", link_name(f"{bad_host}:rnic0", tor), F.CRC_ERROR)
+    assert v.certain and v.evidence["rx_errors_grew"] == {
+        f"{bad_host}:rnic0": 2000,
+        f"{other}:rnic0": 1,
+    }
+    # both ends growing, or one end's counters unknown: no reason to prefer either
+    for counts, missing in (((300, 300), ()), ((2100, 8), (other,))):
+        fresh = Localizer(w.cluster)
+        round_at(5, 100, 7, loc=fresh)
+        v = round_at(15, 100 + counts[0], 7 + counts[1], missing=missing, loc=fresh)
+        assert not v.certain and len(v.candidates) == 3

@@ -426,12 +426,51 @@ def test_field_answers_carry_their_noise_and_say_so(sim):
     )
     real = dataclasses.replace(FIELD_ANSWERS, report_readers="real", report_flag_missing_p=0.0)
     r = SimSource(sim, t_s=5.0, noise=real).host_report(hosts[0])
-    assert r is None or r.read == frozenset({"rnic_state", "peer_down", "port_down_count"})
+    assert r is None or r.read == frozenset(
+        {"rnic_state", "peer_down", "port_down_count", "rx_errors"}
+    )
     with pytest.raises(ConfigError):
         AnswerNoise(trace_rate_limit_p=2.0)
     # the same seed, the same answers
     a = SimSource(sim, t_s=9.0, noise=FIELD_ANSWERS).traceroute(pairs[0], 1)
     assert a.nodes == a.nodes
+
+
+def test_a_crc_fault_grows_the_receiving_rnics_rx_errors_only():
+    from skh.model import Fabric
+    from skh.sim.answers import FIELD_ANSWERS, RX_FRAMES_PER_S, SimSource
+    from skh.sim.faults import Fault
+    from skh.sim.scenario import Simulation
+
+    fabric = Fabric.from_params(hosts=16, rnics_per_host=8, hosts_per_segment=8, spines=2, cores=1)
+    sim = Simulation.build(fabric, n_jobs=2, seed=5, start_s=(-300.0, -200.0))
+    link = next(c for c in sim.candidates(FailureType.CRC_ERROR) if ":rnic" in c)
+    rnic = next(x for x in link.split("|") if ":rnic" in x)
+    host, rail = rnic.rsplit(":rnic", 1)[0], int(rnic.rsplit(":rnic", 1)[1])
+    sim.inject(Fault(FailureType.CRC_ERROR, link, 100.0, 200.0, loss_rate=0.001))
+    hosts = sorted(fabric.hosts)
+
+    def counts(t_s):
+        return {h: SimSource(sim, t_s=t_s).host_report(h).rx_errors for h in hosts}
+
+    before, during, after = counts(95.0), counts(115.0), counts(400.0)
+    # the RNIC at the faulty link counts the fault's share of the frames it receives
+    assert during[host][rail] - before[host][rail] >= 0.001 * RX_FRAMES_PER_S * 15 - 1
+    assert after[host][rail] - during[host][rail] >= 0.001 * RX_FRAMES_PER_S * 85 - 1
+    # every other port only ticks now and then: at most a stray error in 20 s, a few in 5 min
+    for h in hosts:
+        for r in range(8):
+            if (h, r) != (host, rail):
+                assert 0 <= during[h][r] - before[h][r] <= 1
+                assert after[h][r] - during[h][r] <= 20
+    grew = sum(
+        after[h][r] > during[h][r] for h in hosts for r in range(8) if (h, r) != (host, rail)
+    )
+    assert grew >= 1  # benign errors exist, so "flat" is a threshold, not zero
+    # a field report reads the counters when asked, and may miss them like any flag
+    reps = [SimSource(sim, t_s=t, noise=FIELD_ANSWERS).host_report(host) for t in range(100, 400)]
+    known = [r for r in reps if r is not None and r.known("rx_errors", max_age_s=0)]
+    assert 0.8 * len(reps) < len(known) < len(reps)
 
 
 def test_a_lost_last_answer_is_not_a_dead_destination():

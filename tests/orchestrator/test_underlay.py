@@ -209,7 +209,9 @@ def test_host_report_reads_the_rnic_ports_the_analyzer_names(netns):
         "rnic_state": {"0": "up", "1": "down"},
         "peer_down": [],
     }
-    assert got["read"] == ["rnic_state", "peer_down", "port_down_count"]
+    # veths have no RDMA port, but their link statistics count bad frames: read, and zero
+    assert got["read"] == ["rnic_state", "peer_down", "port_down_count", "rx_errors"]
+    assert got["rx_errors"] == {"0": 0, "1": 0} and "unread" not in got
     before = got["port_down_count"]["0"]
     # the far end goes dark: va stays up but loses its carrier, and its driver counts it
     subprocess.run(["ip", "-n", netns + "b", "link", "set", "vb", "down"], check=True)
@@ -228,3 +230,22 @@ def test_the_vxlan_port_to_learn_outer_ports_on_is_checked():
     for bad in (70000, -1, "x"):
         with pytest.raises(ConfigError, match="learn_vxlan_port"):
             load_config(None, {"agent.learn_vxlan_port": bad})
+
+
+def test_the_analyzer_reads_a_host_reports_rx_errors_and_only_what_was_read():
+    from skh.orchestrator.pipeline.state_source import AgentStateSource
+
+    reply = {
+        "ok": True,
+        "result": {
+            "rnic_state": {"0": "up", "1": "up"},
+            "rx_errors": {"0": 12},
+            "read": ["rnic_state", "rx_errors"],
+            "unread": {"rx_errors": {"1": "no RX error counters for 'eth1'"}},
+        },
+    }
+    rep = AgentStateSource._report_from("h1", reply)
+    assert rep.known("rx_errors") and rep.rx_errors == {0: 12} and 1 not in rep.rx_errors
+    # an older agent that does not send them: unknown, never "no errors"
+    old = {"ok": True, "result": {"rnic_state": {"0": "up"}, "read": ["rnic_state"]}}
+    assert not AgentStateSource._report_from("h1", old).known("rx_errors")

@@ -166,6 +166,7 @@ REPORT_FLAGS: tuple[str, ...] = (
     "rnic_state",
     "peer_down",
     "port_down_count",
+    "rx_errors",
     "gid_changed",
     "bond_degraded",
     "pcie_errors",
@@ -199,6 +200,10 @@ class HostReport:
     #: ``IFLA_CARRIER_DOWN_COUNT``): two readings tell a port that went down once from one that
     #: flaps
     port_down_count: Mapping[int, int] = field(default_factory=dict)
+    #: rail → frames the RNIC received corrupted since boot (symbol errors, receive errors, bad
+    #: FCS as its driver counts them): a link that corrupts frames makes the *receiving* end's
+    #: count grow, so two readings tell which end of a lossy pair takes the corrupted frames
+    rx_errors: Mapping[int, int] = field(default_factory=dict)
     #: rails whose RoCE GID table changed since the endpoint registered
     gid_changed: frozenset[int] = frozenset()
     bond_degraded: frozenset[int] = frozenset()

@@ -34,6 +34,7 @@ __all__ = [
     "report_finding",
     "dead_edge_finding",
     "host_board_finding",
+    "host_board_state",
     "flow_finding",
     "relevant_diff",
     "persisting",
@@ -190,6 +191,20 @@ def dead_edge_finding(
     if on_link:
         return Finding("underlay", link, "link", first, evidence, types, cands)
     return Finding("rnic", rnic, "rnic", first, evidence, types, cands)
+
+
+def host_board_state(rep: HostReport | None, *, max_age_s: float) -> str:
+    """What a host's report says of its board: ``"set"`` (a board flag read set), ``"clear"``
+    (every board flag read within ``max_age_s`` and clear: the board is ruled out) or
+    ``"open"`` (some flag unknown or older)."""
+    if rep is None:
+        return "open"
+    if rep.known("hugepage_mismatch") and rep.hugepage_mismatch:
+        return "set"
+    if any(rep.known(f) and getattr(rep, f) for f in ("pcie_errors", "gpudirect_broken")):
+        return "set"
+    fresh = all(rep.known(f, max_age_s=max_age_s) for f in _HOST_BOARD.values())
+    return "clear" if fresh else "open"
 
 
 def host_board_finding(rep: HostReport | None, host: str, *, max_age_s: float) -> Finding:

@@ -31,6 +31,7 @@ from skh.analysis.localize.endpoint import (
     dead_edge_finding,
     flow_finding,
     host_board_finding,
+    host_board_state,
     one_way_in,
     persisting,
     relevant_diff,
@@ -89,6 +90,9 @@ class _Work:
     healthy: list[Trace] = field(default_factory=list)
     #: underlay culprits the vote could not single out; endpoints are checked before they are named
     deferred: list[tuple[UnderlayCulprit, list[Trace]]] = field(default_factory=list)
+    #: hosts whose endpoint check reached the host board this round (a tie between two hosts
+    #: is called only once both were checked)
+    board_checked: set[str] = field(default_factory=set)
 
 
 #: types whose only symptom is delay (Table 1's "high latency" rows)
@@ -127,9 +131,19 @@ _EXTRA_LABELS = 4
 #: it: the fault began before the probe that first saw it (up to a probe interval)
 _READING_GRACE_S = 2.0
 
+#: RX error counts (:attr:`HostReport.rx_errors`) of two readings at least this far apart tell
+#: whether an RNIC takes corrupted frames; it does when its count grew by at least
+#: ``_RX_ERRORS_GROWN`` (a CRC fault's 0.05-2 % of frames is tens to thousands a second), and it
+#: does not when by at most ``_RX_ERRORS_FLAT`` (a healthy port's count ticks a few times a
+#: day: a stray error between two readings must not clear the tie's other end wrongly)
+_RX_ERRORS_SPAN_S = 5.0
+_RX_ERRORS_GROWN = 10
+_RX_ERRORS_FLAT = 2
+
 
 class Localizer:
-    """Localizes suspects on one cluster. Keeps only the RNIC-dump rate limit between rounds.
+    """Localizes suspects on one cluster. Keeps between rounds only the RNIC dumps (rate limit)
+    and the counter readings it compares over time.
 
     Parameters
     ----------
@@ -143,6 +157,10 @@ class Localizer:
     rnic_dump_interval_s:
         at most one RNIC flow-table dump per RNIC in this many seconds; a dump refused by the
         limit reuses the last diff.
+    clean_dump_interval_s:
+        an RNIC whose last dump was clean is dumped again after this long when it is the edge of
+        a latency culprit again (an intermittent offload fault evicts its flows only some of the
+        time); at most one dump per RNIC in this many seconds (two when it finds something).
     max_exoneration_traces:
         healthy pairs traced per round to clear links (nearest to the failing pairs first).
     exoneration_path_ids:
@@ -159,6 +177,7 @@ class Localizer:
         overlay_endpoint: Callable[[Endpoint], tuple[str, str]] = default_overlay_endpoint,
         overlay_component: Callable[[str], str | None] | None = None,
         rnic_dump_interval_s: float = 60.0,
+        clean_dump_interval_s: float = 10.0,
         max_exoneration_traces: int = 256,
         exoneration_path_ids: Sequence[int] = (0,),
         flap_window_s: float = 120.0,
@@ -167,6 +186,11 @@ class Localizer:
             raise ConfigError(
                 "The 'rnic_dump_interval_s' parameter of Localizer must be >= 0. "
                 f"Got {rnic_dump_interval_s!r} instead."
+            )
+        if clean_dump_interval_s < 0:
+            raise ConfigError(
+                "The 'clean_dump_interval_s' parameter of Localizer must be >= 0. "
+                f"Got {clean_dump_interval_s!r} instead."
             )
         if max_exoneration_traces < 0:
             raise ConfigError(
@@ -185,6 +209,7 @@ class Localizer:
         self.overlay_endpoint = overlay_endpoint
         self.overlay_component = overlay_component
         self.rnic_dump_interval_s = float(rnic_dump_interval_s)
+        self.clean_dump_interval_s = float(clean_dump_interval_s)
         self.max_exoneration_traces = int(max_exoneration_traces)
         self.exoneration_path_ids = tuple(int(p) for p in exoneration_path_ids)
         self.flap_window_s = float(flap_window_s)
@@ -194,6 +219,8 @@ class Localizer:
         #: (host, rail) -> which end read its port down ("rnic": the RNIC's own port; "peer":
         #: no light from the switch), (time, which), oldest first
         self._port_downs: dict[tuple[str, int], list[tuple[float, str]]] = {}
+        #: (host, rail) -> RX error counts seen, (time, count), oldest first
+        self._rx_counts: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self._switch_paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._n_indexed = 0
         self._rnic_of: dict[tuple[str, int], tuple[int, int]] | None = None
@@ -700,6 +727,16 @@ class Localizer:
                 self._add_finding(w, pairs, found, now_ns, evidence)
                 return
         kind, comp = c.kind, c.component
+        rx_end = (
+            self._rx_errors_end(w, c, pairs, report, evidence)
+            if c.ambiguous and symptom == "loss" and not flapping
+            else None
+        )
+        if rx_end is not None:
+            # the RNIC that takes the corrupted frames names the link they come in on
+            c = replace(c, ambiguous=False, candidates=())
+            kind = "link"
+            comp = link_name(f"{rx_end[0]}:rnic{rx_end[1]}", self.cluster.fabric.rnic(*rx_end).tor)
         if rnic is not None and kind == "node":
             # an RNIC that loses or delays some probes: what its cable and port do (a dead RNIC
             # is unreachable), so the access link is named
@@ -739,6 +776,56 @@ class Localizer:
             candidates=tuple(x for x in cands if x != comp),
         )
         self._settle(w, pairs, ftype)
+
+    def _rx_errors_end(
+        self, w: _Work, c: UnderlayCulprit, pairs: Sequence[Pair], report, evidence: dict
+    ) -> tuple[str, int] | None:
+        """A lossy culprit the vote could not single out, tied with RNICs or their access links
+        (one failing pair between two RNICs that nothing else crosses: every element of its
+        path explains it): a link that corrupts frames makes the RNIC *receiving* them count
+        RX errors, and the switch drops what it receives corrupted, so the one tied RNIC whose
+        count grew during the failure while every other tied RNIC's stayed flat takes the
+        corrupted frames: the link into it. Any tied RNIC whose counts are unknown (a flag
+        missing, one reading only) leaves the tie as it is."""
+        ends = {
+            (host, int(rail))
+            for el in (c.component, *c.candidates)
+            for part in el.split("|")
+            for host, _, rail in [part.rpartition(":rnic")]
+            if host and rail.isdigit()
+        }
+        if len(ends) < 2:
+            return None
+        since_s = w.now_s - self._failure_age_s(w, pairs) - _READING_GRACE_S
+        # every end's reading is kept, also when another end's leaves this round undecided
+        grown = {(h, r): self._rx_growth(h, r, report(h), w.now_s, since_s) for h, r in ends}
+        if any(g is None for g in grown.values()):
+            return None
+        hot = [k for k, g in grown.items() if g >= _RX_ERRORS_GROWN]
+        if len(hot) != 1 or any(g > _RX_ERRORS_FLAT for k, g in grown.items() if k != hot[0]):
+            return None
+        evidence["rx_errors_grew"] = {f"{h}:rnic{r}": g for (h, r), g in sorted(grown.items())}
+        return hot[0]
+
+    def _rx_growth(
+        self, host: str, rail: int, rep: HostReport | None, now_s: float, since_s: float
+    ) -> int | None:
+        """How much the RNIC's RX error count grew between the first and the last reading taken
+        since ``since_s`` (readings are remembered across rounds); None without two readings
+        at least :data:`_RX_ERRORS_SPAN_S` apart, or when the count went back (a driver
+        reload resets it)."""
+        seen = self._rx_counts.setdefault((host, rail), [])
+        if rep is not None and rep.known("rx_errors") and rail in rep.rx_errors:
+            got = (now_s - float(rep.age_s.get("rx_errors", 0.0)), int(rep.rx_errors[rail]))
+            if got not in seen:
+                seen.append(got)
+                seen.sort()
+        seen[:] = [x for x in seen if x[0] >= now_s - self.flap_window_s]
+        during = [x for x in seen if since_s - 1e-6 <= x[0] <= now_s + 1e-6]
+        if len(during) < 2 or during[-1][0] - during[0][0] < _RX_ERRORS_SPAN_S:
+            return None
+        g = during[-1][1] - during[0][1]
+        return g if g >= 0 else None
 
     def _known_outage(self, w: _Work, elements: set[str], pairs: Sequence[Pair]) -> Verdict | None:
         """An open alert of an outage that stops forwarding at one of ``elements`` (a culprit,
@@ -954,7 +1041,7 @@ class Localizer:
                     {"pattern": "fails only as a destination"},
                 )
         keys = {self.overlay_endpoint(self._ep(e))[1] for p in pairs for e in p}
-        diff = self._rnic_diff(host, rail, source, w.now_s, keys)
+        diff = self._rnic_diff(host, rail, source, w.now_s, keys, latency=symptom == "latency")
         churn = (
             rail in rep.offload_churn
             if rep is not None and rep.known("offload_churn", max_age_s=age)
@@ -969,9 +1056,8 @@ class Localizer:
             found = flow_finding(diff, host, rail, churn=churn, software=software)
             if found is not None:
                 return replace(found, evidence={**found.evidence, "diff": _diff_evidence(diff)})
-        if symptom == "latency" and self._host_slow(w, host):
-            # the host board slows every RNIC of the host; its tables are clean
-            return host_board_finding(rep, host, max_age_s=age)
+        if symptom == "latency":
+            return self._host_board(w, host, report, age)
         return None
 
     def _flaps(self, w: _Work, host: str, rail: int, pairs: Iterable[Pair]) -> bool:
@@ -1011,9 +1097,9 @@ class Localizer:
             e for p in pairs for e in p if self._ep(e).host == host and self._ep(e).rail == rail
         }
 
-    def _host_slow(self, w: _Work, host: str) -> bool:
-        """Pairs of this round that only slowed touch ``host`` on two or more rails, and reach
-        two or more other hosts: the host is what they share (not a slow peer of it)."""
+    def _slow_with(self, w: _Work, host: str) -> tuple[set[int], set[str]]:
+        """The rails of ``host`` on which pairs of this round only slowed, and the other hosts
+        those pairs reach."""
         rails: set[int] = set()
         peers: set[str] = set()
         for p, s in w.symptom.items():
@@ -1024,7 +1110,39 @@ class Localizer:
                 if me.host == host and other.host != host:
                     rails.add(me.rail)
                     peers.add(other.host)
-        return len(rails) >= 2 and len(peers) >= 2
+        return rails, peers
+
+    def _host_board(self, w: _Work, host: str, report, age: float) -> Finding | None:
+        """Delay on two or more rails of ``host`` (RNICs under different ToRs: no one link or
+        switch explains it) whose tables are clean: the host board slows every RNIC of its
+        host. With pairs to two or more other hosts, ``host`` is what they share. With one
+        peer host that slowed only with ``host`` (a two-host job: they probe only each other),
+        either board explains the pairs: the host whose report names its board, else the one
+        whose board flags, read during the failure, do not rule it out; when both or neither
+        do, ``host`` with the peer as candidate. Either host is called only once the other's
+        own check (report, tables) came to the board too: a container of the other host whose
+        traffic left RDMA slows its every rail just as well."""
+        rails, peers = self._slow_with(w, host)
+        if len(rails) < 2 or not peers:
+            return None
+        w.board_checked.add(host)
+        if len(peers) >= 2:
+            return host_board_finding(report(host), host, max_age_s=age)
+        (peer,) = peers
+        peer_rails, peer_peers = self._slow_with(w, peer)
+        if len(peer_rails) < 2 or peer_peers != {host}:
+            return None
+        if peer not in w.board_checked:
+            return None  # the peer's own check first: its report or tables may explain the pairs
+        state = {h: host_board_state(report(h), max_age_s=age) for h in (host, peer)}
+        for ruled_in in ("set", "open"):
+            named = [h for h in (host, peer) if state[h] == ruled_in]
+            if len(named) == 1:
+                return host_board_finding(report(named[0]), named[0], max_age_s=age)
+            if named:
+                break
+        found = host_board_finding(report(host), host, max_age_s=age)
+        return replace(found, candidates=(peer,), evidence={**found.evidence, "tie": peer})
 
     def _representors(self, w: _Work, ep_id: int) -> list[str]:
         """The overlay nodes that deliver to the endpoint's VF (its representor), as the host's
@@ -1071,13 +1189,24 @@ class Localizer:
             )
 
     def _rnic_diff(
-        self, host: str, rail: int, source, now_s: float, keys: set[str]
+        self, host: str, rail: int, source, now_s: float, keys: set[str], *, latency: bool = False
     ) -> FlowDiff | None:
         """The RNIC's diff as it bears on the failing pairs (their destinations ``keys``): the
         rules that carry their traffic, as two dumps agree on them (one dump can race with the
-        revalidator). Dumps are rate-limited per RNIC; a refused one reuses the last."""
+        revalidator). Dumps are rate-limited per RNIC; a refused one reuses the last. For a
+        ``latency`` culprit a clean last dump is taken again after ``clean_dump_interval_s``: a
+        repetitive offload evicts its flows only some of the time, so one dump in an
+        off-window says nothing about the next, and a churn collector that polls on its own
+        period may not have read the RNIC while the fault was on."""
         last = self._dumps.get((host, rail))
-        if last is None or now_s - last[0] >= self.rnic_dump_interval_s:
+        interval = self.rnic_dump_interval_s
+        if (
+            latency
+            and last is not None
+            and not (last[1] is not None and relevant_diff(last[1], keys))
+        ):
+            interval = min(interval, self.clean_dump_interval_s)
+        if last is None or now_s - last[0] >= interval - 1e-6:
             tables = source.flow_tables(host, rail)
             first = tables.diff() if tables is not None else None
             second = None

@@ -235,13 +235,19 @@ def infer_skeleton(
     # pipeline partners: adjacent stages, and the last stage back to the first (an interleaved
     # schedule's wrap-around, which burst timing cannot tell from a plain one); every two
     # stages when the order is a guess (a stage as like a non-neighbour as a neighbour)
+    # groups that share burst instants may be replicas of one stage: linked whole, whatever
+    # their places in the order
     boundaries = []
     for blocks in split.blocks:
         k = blocks.shape[0]
         links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
         if not split.order_clear:
             links = [(i, j) for i in range(k) for j in range(i + 1, k)]
-        boundaries += [Boundary(blocks[i], blocks[j]) for i, j in links]
+        shared = split.shared if split.shared is not None else np.zeros((k, k), bool)
+        linked = {frozenset(pair) for pair in links}
+        more = np.argwhere(np.triu(shared)).tolist()
+        links += [(i, j) for i, j in more if frozenset((i, j)) not in linked]
+        boundaries += [Boundary(blocks[i], blocks[j], bool(shared[i, j])) for i, j in links]
     pp_chunks, ps = [], PairStats()
     if boundaries:
         fp, nw = fingerprints(x, group, hz, params)

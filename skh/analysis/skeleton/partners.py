@@ -110,6 +110,8 @@ class Boundary:
 
     a: np.ndarray
     b: np.ndarray
+    #: keep the whole other group for every row (the groups may be replicas of one stage)
+    whole: bool = False
 
 
 @dataclass(slots=True)
@@ -243,7 +245,10 @@ def pair_boundaries(
         g = ref.a.size
         pos = np.arange(g)  # the hint's partner: the same row (rank order) of the next stage
         sets = [np.zeros(0, np.int64)] * g
-        if g == 1:
+        if ref.whole:
+            ok_find = ok_hint = contra = np.zeros(g, bool)
+            col = pos
+        elif g == 1:
             ok_find = ok_hint = np.ones(1, bool)
             col = np.zeros(1, np.int64)
             contra = np.zeros(1, bool)

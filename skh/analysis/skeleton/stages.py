@@ -52,6 +52,12 @@ _LOCKSTEP_S = 0.03
 #: with its group's others' at least this much (0.90-1.0 for the simulator's DP groups and 0.93
 #: on the gloo testbed; 0.58-0.78 for pipeline stages that send in one 1F1B phase)
 _LOCKSTEP_COHERENCE = 0.85
+#: groups that start this share of their bursts in lockstep may be replicas of one stage
+#: (CP2 replicas split as stages: 30-50 % over 12 cases; pipeline stages: 0 % outside
+#: checkpoints, mostly 5-12 % with a checkpoint's writes, at most 24 % seen; ~2 % by chance
+#: for 7 bursts in 22 s at 10 Hz). Linking two stages whole only lengthens the list, missing a
+#: replica's pairs is a silent miss: the bar sits at half the replicas' lowest share.
+_SHARED_ONSETS = 0.15
 #: collective bursts take a few tenths of an iteration at most; more is a pipeline's traffic
 _MAX_BURST_DUTY = 0.4
 #: shorter spikes are not a gradient sync (an MoE layer's all-to-all, a CP ring step) when a
@@ -80,15 +86,26 @@ def _onsets(m: np.ndarray) -> np.ndarray:
     return i + 0.5 + parabolic(d[i - 1], d[i], d[i + 1])
 
 
+def _nearest(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance (samples) from each onset in ``a`` to the nearest one in ``b`` (non-empty)."""
+    j = np.searchsorted(b, a)
+    return np.minimum(
+        np.abs(a - b[np.clip(j - 1, 0, b.size - 1)]), np.abs(a - b[np.clip(j, 0, b.size - 1)])
+    )
+
+
 def _onset_gap(a: np.ndarray, b: np.ndarray) -> float:
     """Median distance (samples) from each onset in ``a`` to the nearest one in ``b``."""
     if a.size == 0 or b.size == 0:
         return float("inf")
-    j = np.searchsorted(b, a)
-    near = np.minimum(
-        np.abs(a - b[np.clip(j - 1, 0, b.size - 1)]), np.abs(a - b[np.clip(j, 0, b.size - 1)])
-    )
-    return float(np.median(near))
+    return float(np.median(_nearest(a, b)))
+
+
+def _shared_onsets(a: np.ndarray, b: np.ndarray, within: float) -> float:
+    """Share of the onsets in ``a`` with one in ``b`` at most ``within`` samples away."""
+    if a.size == 0 or b.size == 0:
+        return 0.0
+    return float(np.mean(_nearest(a, b) <= within))
 
 
 def _same_timing(
@@ -115,6 +132,28 @@ def _same_timing(
         return True  # the members themselves are not in lockstep: not one DP group
     need = max(params.min_gap_s * hz, params.gap_ratio * float(jitter))
     return any(_onset_gap(on[c], on[near[c]]) < need for c in range(k))
+
+
+def _shared_links(feat: np.ndarray, label: np.ndarray, order: np.ndarray, hz: float) -> np.ndarray:
+    """``(k, k)`` in stage order: whether two groups start a share of their bursts in lockstep.
+
+    Replicas of one stage (each replica's context-parallel pair, in lockstep) drift apart by
+    their speed, often by less than a sample and either way, so at 10 Hz their burst series
+    differ more than a CP pair's and can pass for pipeline stages; but the gradient syncs they
+    share, and the steps where neither drifted, start in the same instant. Pipeline stages share
+    none, bar what every RNIC of a job does at once (a checkpoint's writes): such groups are
+    linked whole, not refused as stages (refusing would merge a real pipeline's stages too)."""
+    k = order.size
+    sums = np.zeros((k, feat.shape[1]))
+    np.add.at(sums, label, feat)
+    on = [_onsets(m) for m in (sums / np.bincount(label, minlength=k)[:, None])[order]]
+    within = _LOCKSTEP_S * hz
+    out = np.zeros((k, k), bool)
+    for i in range(k):
+        for j in range(i + 1, k):
+            share = max(_shared_onsets(on[i], on[j], within), _shared_onsets(on[j], on[i], within))
+            out[i, j] = out[j, i] = share >= _SHARED_ONSETS
+    return out
 
 
 def _check(
@@ -256,6 +295,9 @@ class Split:
     how: str
     coherence: np.ndarray  # each split item's correlation with its group's other members
     order_clear: bool = True  # see _Clusters.order_clear
+    #: ``(k, k)`` in stage order: groups sharing burst instants (:func:`_shared_links`); None
+    #: where the split is per rail
+    shared: np.ndarray | None = None
 
 
 def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -394,6 +436,7 @@ def split_stages(
             f"coherence {coh.min():.2f} < {_LOCKSTEP_COHERENCE}): one group per rail"
         )
         return Split(blocks, 1.0, how, coherence(feat, one))
+    shared = _shared_links(feat, c.label, c.order, hz)
     # the rails must agree (one stage per container): a host holding several stages does not,
     # and then most of its RNICs sit nearer another group on their own rail; each RNIC's own
     # burst series tells (not needed above: most jobs are a few hosts of one stage)
@@ -405,7 +448,7 @@ def split_stages(
     share = float(np.mean(np.concatenate(fit)))
     if share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coh, c.order_clear)
+        return Split(blocks, c.score, how, coh, c.order_clear, shared)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
     if max(b.shape[0] for b in per_rail.blocks) == 1:
         # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
@@ -426,7 +469,7 @@ def split_stages(
                 f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
                 f"{near:.0%} nearest its host series)"
             )
-            return Split(blocks, c.score, how, coh, c.order_clear)
+            return Split(blocks, c.score, how, coh, c.order_clear, shared)
     return per_rail
 
 

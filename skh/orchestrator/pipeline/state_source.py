@@ -309,9 +309,10 @@ class AgentStateSource:
     def _report_from(host: str, reply: dict[str, Any]) -> HostReport | None:
         """The agent's answer as a :class:`HostReport`. Only the flags in the answer are read
         (``read`` when the agent says, else the keys it sent): a real host agent reads port
-        state, light from the switch and the carrier-down count; every flag only the simulator
-        models (RNIC hardware/firmware state, GID, bond, PCIe, GPUDirect, hugepages, RDMA
-        fallback, offload churn) stays unknown, so the localizer never reads it as healthy."""
+        state, light from the switch, the carrier-down count and the RX error counters; every
+        flag only the simulator models (RNIC hardware/firmware state, GID, bond, PCIe,
+        GPUDirect, hugepages, RDMA fallback, offload churn) stays unknown, so the localizer never
+        reads it as healthy."""
         if not reply.get("ok") or not isinstance(reply.get("result"), Mapping):
             return None
         r = reply["result"]
@@ -319,6 +320,7 @@ class AgentStateSource:
             "rnic_state",
             "peer_down",
             "port_down_count",
+            "rx_errors",
             "agents_dead",
             "containers_dead",
         } & set(r)
@@ -328,6 +330,7 @@ class AgentStateSource:
             rnic_state={int(k): str(v) for k, v in dict(r.get("rnic_state", {})).items()},
             peer_down=frozenset(int(x) for x in r.get("peer_down", ())),
             port_down_count={int(k): int(v) for k, v in dict(r.get("port_down_count", {})).items()},
+            rx_errors={int(k): int(v) for k, v in dict(r.get("rx_errors", {})).items()},
             agents_dead=frozenset(str(x) for x in r.get("agents_dead", ())),
             agents_late=frozenset(str(x) for x in r.get("agents_late", ())),
             containers_dead=frozenset(str(x) for x in r.get("containers_dead", ())),
