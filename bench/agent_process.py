@@ -7,11 +7,16 @@ endpoint per rail, report ready and heartbeat, all pointing at one C responder
 (``bench/probe_overhead.py``'s). The controller's probe policy hands the agent its plan:
 ``interval_s`` per pair chosen so that the endpoints probe ``rate`` per second in all, rotating
 over ``paths`` path ids (``probe_max_paths``). Its result batches go to a PULL socket here.
-After a warm-up the agent's CPU time is read over ``duration`` seconds, the probes it sent from
+Its endpoints are probed as they are in a job (pairs are probed both ways): one engine here
+probes each endpoint for its ``peers`` at the same interval and path rotation, so the agent's
+responder work and tables are measured too (``--no-inbound``: the agent only probes). After a
+warm-up the agent's CPU time is read over ``duration`` seconds, the probes it sent from
 its ``stats`` command (through the controller), and its memory from ``/proc``: VmRSS (what the
 paper's "RSS" is), RssAnon, and USS/PSS (smaps_rollup: its own pages, and its share of pages
 shared with other processes: numpy's and libzmq's code, which every sidecar on a host maps
-once).
+once). Where the VmRSS is: ``rss_by_mapping_mb`` (numpy's libraries, libpython, libzmq...,
+heap and anonymous memory) and ``rss_imports_mb``, what a fresh process holds after importing
+the agent's modules layer by layer (``rss_running_mb``: the rest, the running agent's own).
 
     python bench/agent_process.py --rate 400 --duration 20 --paths 19
 
@@ -58,6 +63,81 @@ def _proc_memory_kb(pid: int) -> dict[str, int]:
             if len(parts) == 2 and parts[1] == "kB":
                 out[key] = int(parts[0])
     return out
+
+
+#: what ``skh agent --role overlay`` imports (skh/cli/agent.py ``run`` and the engine factory),
+#: in layers: the interpreter and its logging, the messaging libraries, numpy, then skh's own
+IMPORT_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("stdlib", ("logging", "threading", "argparse")),
+    ("zmq_msgpack", ("zmq", "msgpack")),
+    ("numpy", ("numpy",)),
+    (
+        "skh_modules",
+        ("skh.cli.agent", "skh.orchestrator.agent_overlay", "skh.orchestrator.daemon")
+        + ("skh.orchestrator.metrics", "skh.probe"),
+    ),
+)
+
+
+def import_rss_mb(env: dict[str, str]) -> dict[str, Any]:
+    """VmRSS of a fresh interpreter and what each import layer of the agent adds to it (MB), in
+    a process of its own: the part of the agent's RSS that is there before it probes at all."""
+    code = (
+        "import importlib, json, sys\n"
+        "def rss():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmRSS:'):\n"
+        "            return int(line.split()[1]) / 1024\n"
+        "out = {'interpreter': rss()}\n"
+        "for name, mods in json.loads(sys.argv[1]):\n"
+        "    before = rss()\n"
+        "    for m in mods:\n"
+        "        importlib.import_module(m)\n"
+        "    out[name] = rss() - before\n"
+        "out['modules'] = len(sys.modules)\n"
+        "print(json.dumps(out))\n"
+    )
+    raw = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(IMPORT_LAYERS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    got = json.loads(raw)
+    layers = {k: round(v, 1) for k, v in got.items() if k != "modules"}
+    return layers | {"total": round(sum(layers.values()), 1), "modules": got["modules"]}
+
+
+def _mapping_group(path: str) -> str:
+    if "/numpy" in path:
+        return "numpy_libs"
+    if "libpython" in path or "/lib-dynload/" in path:
+        return "python_libs"
+    if "zmq" in path or "libsodium" in path or "msgpack" in path or "libstdc++" in path:
+        return "zmq_msgpack_libs"  # libzmq is C++: libstdc++ comes with it
+    if "_fastprobe" in path:
+        return "engine_so"
+    if path in ("[heap]", ""):
+        return "heap_anon"
+    return "other_libs" if path.startswith("/") else "heap_anon"
+
+
+def smaps_rss_mb(pid: int) -> dict[str, float]:
+    """The process's resident MB by what is mapped: numpy's libraries, libpython and its
+    extension modules, libzmq/libsodium/msgpack (and libstdc++), the engine's extension, other
+    libraries, and the heap and anonymous memory (Python objects, the engines' tables, thread
+    stacks)."""
+    out: dict[str, float] = {}
+    group = "heap_anon"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            group = _mapping_group(head[5] if len(head) == 6 else "")
+        elif head[0] == "Rss:":
+            out[group] = out.get(group, 0.0) + int(head[1]) / 1024
+    return {k: round(v, 1) for k, v in sorted(out.items())}
 
 
 def _cpu_s(pid: int) -> float:
@@ -131,6 +211,35 @@ def _command(admin: zmq.Socket, codec: Codec, agent: str, name: str, n: int) -> 
     return None
 
 
+def _agent_ports(admin: zmq.Socket, codec: Codec, endpoints: int) -> list[int]:
+    """The agent's endpoints' bound ports, once it has registered them."""
+    deadline = time.monotonic() + 20
+    n = 100
+    while time.monotonic() < deadline:
+        n += 1
+        got = (_command(admin, codec, "measured", "pinglist", n) or {}).get("port", {})
+        ports = [int(p) for p in got.values()]
+        if len(ports) == endpoints and all(ports):
+            return ports
+        time.sleep(0.2)
+    raise RuntimeError("the agent did not register its endpoints")
+
+
+def _inbound(ports: list[int], peers: int, interval_s: float, paths: int) -> Any:
+    """The peers' probes of the agent: each of its endpoints answers ``peers`` probers at the
+    pair interval, rotating over ``paths`` source ports, as its skeleton partners probe it (the
+    pairs are probed both ways). One engine here stands for all of them; each target is a
+    probe stream of its own, as each peer's is."""
+    from skh.probe import Engine
+
+    eng = Engine(bind="127.0.0.1", ring_records=256)
+    eng.start()
+    for i, port in enumerate(ports):
+        for k in range(peers):
+            eng.add_target(i * peers + k, "127.0.0.1", port, interval_s=interval_s, paths=paths)
+    return eng
+
+
 def measure(
     rate: float,
     duration_s: float,
@@ -138,8 +247,11 @@ def measure(
     paths: int = 1,
     endpoints: int = 8,
     warmup_s: float = 4.0,
+    inbound: bool = True,
 ) -> dict[str, Any]:
-    """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair."""
+    """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair;
+    with ``inbound`` its endpoints also answer the peers' probes at that rate (its responder's
+    tables are part of what it costs)."""
     per_ep = rate / endpoints
     per_pair = max(2.0, paths / 8.0)  # above the coverage floor (paths / probe_coverage_s)
     peers = max(1, round(per_ep / per_pair))
@@ -157,6 +269,7 @@ def measure(
     po = _overhead()
     ctx = zmq.Context()
     procs: list[subprocess.Popen] = []
+    probers = None
     with (
         tempfile.TemporaryDirectory(prefix="skh-agentproc-") as tmp,
         po.responder(None, "127.0.0.1") as port,
@@ -206,6 +319,8 @@ def measure(
             admin.setsockopt(zmq.ROUTING_ID, b"admin")
             admin.connect(addrs["router"])
             codec = Codec()
+            if inbound:
+                probers = _inbound(_agent_ports(admin, codec, endpoints), peers, interval_s, paths)
             time.sleep(warmup_s)
 
             def sent() -> int:
@@ -219,6 +334,7 @@ def measure(
             time.sleep(duration_s)
             s1, c1, t1 = sent(), _cpu_s(agent.pid), time.monotonic()
             mem = _proc_memory_kb(agent.pid)
+            mapped = smaps_rss_mb(agent.pid)
             if os.environ.get("SKH_AGENT_SMAPS"):  # where the memory is, for a diagnosis
                 Path(os.environ["SKH_AGENT_SMAPS"]).write_text(
                     Path(f"/proc/{agent.pid}/smaps").read_text()
@@ -226,6 +342,8 @@ def measure(
             emu.stop.set()
             logs = Path(tmp, "agent.log").read_text()[-800:]
         finally:
+            if probers is not None:
+                probers.close()
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
@@ -236,6 +354,8 @@ def measure(
                         p.wait()
             ctx.destroy(0)
     wall = t1 - t0
+    imports = import_rss_mb(env)
+    rss_mb = round(mem["VmRSS"] / 1024, 1)
     lists = plan.get("plan", {})
     targets = sum(len(v) for v in lists.values())
     return {
@@ -245,9 +365,15 @@ def measure(
         "targets": targets,
         "paths": paths,
         "planned_probes_per_s": round(rate, 1),
+        "inbound_probes_per_s": round(rate, 1) if inbound else 0.0,
         "probes_per_s": round((s1 - s0) / wall, 1),
         "cpu_pct_one_core": round(100.0 * (c1 - c0) / wall, 2),
-        "rss_mb": round(mem["VmRSS"] / 1024, 1),
+        "rss_mb": rss_mb,
+        # where the VmRSS is: by mapping in the running agent, and what a process that only
+        # imports the agent's modules already holds (``after_imports``: the rest is running)
+        "rss_by_mapping_mb": mapped,
+        "rss_imports_mb": imports,
+        "rss_running_mb": round(rss_mb - imports["total"], 1),
         "rss_anon_mb": round(mem["RssAnon"] / 1024, 1),
         "uss_mb": round((mem["Private_Clean"] + mem["Private_Dirty"]) / 1024, 1),
         "pss_mb": round(mem["Pss"] / 1024, 1),
@@ -263,8 +389,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--paths", type=int, default=1)
     ap.add_argument("--endpoints", type=int, default=8)
+    ap.add_argument(
+        "--no-inbound", action="store_true", help="nobody probes the agent (it only probes)"
+    )
     a = ap.parse_args()
-    print(json.dumps(measure(a.rate, a.duration, paths=a.paths, endpoints=a.endpoints)))
+    r = measure(a.rate, a.duration, paths=a.paths, endpoints=a.endpoints, inbound=not a.no_inbound)
+    print(json.dumps(r))
     return 0
 
 

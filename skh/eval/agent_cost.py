@@ -34,10 +34,11 @@ def agent_cost(
     rate_per_s: float, duration_s: float, *, paths: int = 1, endpoints: int = 8
 ) -> dict[str, Any]:
     """The agent with ``endpoints`` endpoints probing ``rate_per_s`` in all for ``duration_s``,
-    each pair rotating over ``paths`` path ids: its CPU % of one core, VmRSS (``rss_mb``), own
-    memory (``uss_mb``: what one more sidecar on a host costs; shared library pages count once
-    per host) and the probe rate it reached. ``{"error": ...}`` when the engine or the harness
-    is not available here."""
+    each pair rotating over ``paths`` path ids, and answering as many probes from its peers:
+    its CPU % of one core, VmRSS (``rss_mb``, and where it is: ``rss_by_mapping_mb``,
+    ``rss_imports_mb``), own memory (``uss_mb``: what one more sidecar on a host costs; shared
+    library pages count once per host) and the probe rate it reached. ``{"error": ...}`` when
+    the engine or the harness is not available here."""
     mod = _harness()
     if mod is None:
         return {"error": f"agent-process harness not found at {_HARNESS}"}
@@ -52,10 +53,13 @@ def agent_cost(
         "paths": paths,
         "endpoints": endpoints,
         "probes_per_s": r["probes_per_s"],
+        "inbound_probes_per_s": r["inbound_probes_per_s"],
         "cpu_pct_one_core": r["cpu_pct_one_core"],
         "rss_mb": r["rss_mb"],
         "rss_anon_mb": r["rss_anon_mb"],
         "uss_mb": r["uss_mb"],
         "pss_mb": r["pss_mb"],
+        "rss_by_mapping_mb": r["rss_by_mapping_mb"],
+        "rss_imports_mb": r["rss_imports_mb"],
         "path": "real overlay agent process, loopback UDP",
     }

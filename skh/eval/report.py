@@ -642,7 +642,8 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
                 "Agent cost",
                 f"{_num(ag['cpu_pct_one_core'])} % of one core and {_num(ag['rss_mb'], 1)} MB RSS "
                 f"({_num(ag.get('uss_mb'), 1)} MB of its own, USS) "
-                f"at {ag['rate_per_s']:g} probes/s (the busiest container's skeleton rate) against "
+                f"at {ag['rate_per_s']:g} probes/s (the busiest container's skeleton rate; it "
+                "answers as many from its peers) against "
                 "the paper's ~1 % and ~35 MB. Ours is the real overlay agent process (the C "
                 "engine under Python, one engine per endpoint, its ping list and plan from a real "
                 "controller) on loopback UDP; its RSS is mostly the interpreter, numpy and "

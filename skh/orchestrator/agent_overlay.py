@@ -26,6 +26,7 @@ stay in this accountable buffer instead of an invisible ZeroMQ queue.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -96,6 +97,18 @@ def ring_records(cfg: AgentConfig) -> int:
     return max(256, int(max(4.0, 4 * cfg.batch_interval_s) * share))
 
 
+def in_flight_slots(cfg: AgentConfig) -> int:
+    """In-flight table size of one endpoint's engine: an unanswered probe holds its slot for
+    ``probe_timeout_s``, so the endpoint's share of the agent's top rate needs share x timeout
+    slots; four times that, not the engine's default 2,048 (120 B each, all resident once the
+    wire sequence has wrapped: 8 x 240 KiB for 8 endpoints after ~25 s at 80 probes/s each).
+    Beyond it due probes wait, which the engine's ``inflight_full`` counter says."""
+    from skh._fastprobe import MAX_IN_FLIGHT  # the C engine: loaded only where engines are made
+
+    share = cfg.max_probe_rate / max(1, len(cfg.endpoints))
+    return max(256, min(MAX_IN_FLIGHT, math.ceil(4 * share * cfg.probe_timeout_s)))
+
+
 def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
     from skh.probe import Engine  # the C engine; imported here so the controller never loads it
 
@@ -104,6 +117,7 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         port=spec.port,
         transport=cfg.transport,
         ring_records=ring_records(cfg),
+        max_in_flight=in_flight_slots(cfg),
         timeout_s=cfg.probe_timeout_s,
         device=spec.device or None,
         gid_index=None if spec.gid_index < 0 else spec.gid_index,

@@ -225,7 +225,9 @@ class AgentConfig:
     #: while a trace waits for its flow
     learn_vxlan_port: int = 4789
     buffer_s: float = 300.0  # results kept while the analyzer is unreachable
-    max_probe_rate: float = 1000.0  # sizes the buffer: buffer_s x rate records
+    #: probes/s the agent sends at most: sizes the buffer (buffer_s x rate records) and each
+    #: engine's result ring and in-flight table (its endpoint's share; agent_overlay)
+    max_probe_rate: float = 1000.0
     ready_file: str = ""  # report ready only once this file exists ("" = at once)
     request_timeout_s: float = 2.0
     hwm: int = 1_000

@@ -3,13 +3,15 @@ dropped and counted), and a skeleton swap adds new targets before it removes old
 
 import dataclasses
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
 
 from skh.orchestrator.agent_overlay import OverlayAgent, ResultBuffer
 from skh.orchestrator.analyzer import Analyzer
-from skh.orchestrator.config import EndpointSpec
+from skh.orchestrator.config import AgentConfig, EndpointSpec
 from skh.orchestrator.controller import Controller
 from skh.records import empty_probes
 from skh.wire import Envelope, MsgType
@@ -314,12 +316,15 @@ def test_the_agent_probes_as_the_controller_plans_and_says_where_it_disagrees(cf
     agent.close()
 
 
+def _python(code: str, *args: str) -> str:
+    """What a fresh interpreter running ``code`` prints: a new process's imports."""
+    run = [sys.executable, "-c", code, *args]
+    return subprocess.run(run, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
 def test_an_agent_without_a_metrics_endpoint_never_loads_prometheus_client():
     # ~9 MB of the sidecar's memory (prometheus_client and the http.server under it): loaded
     # for a registry or a scrape only (bench/agent_process.py measures the agent process)
-    import subprocess
-    import sys
-
     code = (
         "import sys, skh.cli.agent\n"
         "from skh.orchestrator import agent_overlay, agent_underlay, metrics\n"
@@ -328,9 +333,7 @@ def test_an_agent_without_a_metrics_endpoint_never_loads_prometheus_client():
         "metrics.CollectorRegistry\n"
         "print('prometheus_client' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.split("\n")
+    out = _python(code).split("\n")
     assert out[:2] == ["[]", "True"], out
 
 
@@ -338,9 +341,6 @@ def test_skh_agent_loads_no_other_subcommand():
     # `skh agent` builds only its own parser: the testbed, the demo's rich tables and the other
     # subcommands' modules stayed resident in every sidecar (~3.5 MB of its VmRSS); `skh --help`
     # still lists every subcommand
-    import subprocess
-    import sys
-
     from skh.cli import SUBCOMMANDS
 
     code = (
@@ -350,16 +350,45 @@ def test_skh_agent_loads_no_other_subcommand():
         "print(sorted(m for m in sys.modules if m.startswith(('skh.cli.', 'skh.testbed', 'rich'))"
         " and not m.startswith('skh.cli._')))\n"
     )
-    run = [sys.executable, "-c", code]
-    out = subprocess.run(
-        [*run, "-v", "agent", "--role", "overlay"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = _python(code, "-v", "agent", "--role", "overlay")
     assert out.strip() == "['skh.cli.agent']", out
-    out = subprocess.run(
-        [*run, "--help", "agent"], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
+    out = _python(code, "--help", "agent")
     assert all(f"skh.cli.{name}" in out for name in SUBCOMMANDS), out
+
+
+def test_the_overlay_agents_import_graph_stays_lean():
+    # every module the sidecar imports stays resident in every training container: scipy and
+    # scikit-learn (the analyzer's) would add tens of MB, the simulator, the evaluation, the
+    # testbed and the analyzer's detectors and localizer have no place there either
+    # (bench/agent_process.py reports what each import layer costs)
+    code = (
+        "import sys, skh.cli.agent\n"
+        "from skh.orchestrator import agent_overlay, config, daemon, metrics\n"
+        "import skh.probe\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    mods = _python(code).split()
+    assert "skh.orchestrator.agent_overlay" in mods and "skh.probe" in mods
+    heavy = ("scipy", "sklearn", "pandas", "prometheus_client", "rich", "pyroute2")
+    assert not [m for m in mods if m.split(".")[0] in heavy]
+    skh_heavy = ("skh.sim", "skh.eval", "skh.testbed", "skh.demo", "skh.collect")
+    assert not [m for m in mods if m.startswith(skh_heavy)]
+    # of the analysis layer, only the OK sampling the agent applies before shipping
+    assert [m for m in mods if m.startswith("skh.analysis.")] == ["skh.analysis.sampling"]
+
+
+def test_an_engines_in_flight_table_covers_its_share_for_a_whole_timeout():
+    # an unanswered probe holds its slot for the timeout: an endpoint probing its share of the
+    # agent's top rate into an outage needs share x timeout slots, or its probes wait
+    from skh.orchestrator.agent_overlay import in_flight_slots
+    from skh.probe import _fastprobe
+
+    for rate, n_eps, timeout_s in ((1000.0, 8, 1.0), (640.0, 8, 1.0), (5000.0, 2, 2.0)):
+        eps = tuple(EndpointSpec(rail=r, ip="127.0.0.1") for r in range(n_eps))
+        cfg = AgentConfig(max_probe_rate=rate, endpoints=eps, probe_timeout_s=timeout_s)
+        slots = in_flight_slots(cfg)
+        assert slots >= 2 * rate / n_eps * timeout_s
+        assert slots <= _fastprobe.MAX_IN_FLIGHT
+    # a default sidecar of 8 endpoints (1,000 probes/s in all): a quarter of the engine's default
+    eps = tuple(EndpointSpec(rail=r, ip="127.0.0.1") for r in range(8))
+    assert in_flight_slots(AgentConfig(endpoints=eps)) <= _fastprobe.DEFAULT_IN_FLIGHT // 4
