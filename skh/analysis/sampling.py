@@ -194,13 +194,13 @@ class ResultThinner:
         self._last_failed = np.zeros(0, bool)
         self._flow_failed = np.zeros((0, FLOW_SLOTS), bool)
         self._flow_any = np.zeros(0, bool)  # per pair: any of its flows' last result failed
+        self._index = _KeyIndex(self._keys, self._key_id)
 
     def _pair_ids(self, keys: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(self._keys, keys)
-        found = pos < self._keys.size
-        found[found] = self._keys[pos[found]] == keys[found]
-        if not found.all():
-            new = np.unique(keys[~found])
+        pid = self._index.find(keys)
+        missing = pid < 0
+        if missing.any():
+            new = np.unique(keys[missing])
             n0 = self._sample.size
             allk = np.concatenate([self._keys, new])
             order = np.argsort(allk, kind="stable")
@@ -212,8 +212,9 @@ class ResultThinner:
             self._last_failed = np.r_[self._last_failed, np.zeros(new.size, bool)]
             self._flow_failed = np.r_[self._flow_failed, np.zeros((new.size, FLOW_SLOTS), bool)]
             self._flow_any = np.r_[self._flow_any, np.zeros(new.size, bool)]
-            pos = np.searchsorted(self._keys, keys)
-        return self._key_id[pos]
+            self._index = _KeyIndex(self._keys, self._key_id)
+            pid = self._index.find(keys)
+        return pid
 
     def thin(self, batch: np.ndarray) -> np.ndarray:
         if batch.size == 0:
@@ -290,3 +291,54 @@ class ResultThinner:
         self._flow_failed[p[fo][fends], slot[fo][fends]] = ff[fends]
         touched = p[np.r_[True, p[1:] != p[:-1]]]
         self._flow_any[touched] = self._flow_failed[touched].any(axis=1)
+
+
+class _KeyIndex:
+    """Dense ids of known ``uint64`` keys, looked up by hashing (multiplicative hash, linear
+    probing, at most a quarter full): a batch's tens of thousands of rows find their pair in
+    about a third of a binary search's time. Built whole; ``find`` gives -1 for unknown keys."""
+
+    _MUL = np.uint64(0x9E3779B97F4A7C15)
+
+    def __init__(self, keys: np.ndarray, ids: np.ndarray) -> None:
+        self._bits = max(4, int(keys.size * 4 - 1).bit_length())
+        size = 1 << self._bits
+        self._keys = np.zeros(size, np.uint64)
+        self._ids = np.full(size, -1, np.int64)
+        home = self._home(keys)
+        pending = np.arange(keys.size)
+        step = 0
+        # round k places each key still pending at home + k if that slot is free (the first
+        # key of a tie wins): a key sits past its home only where every slot between is taken
+        while pending.size:
+            slot = (home[pending] + step) & (size - 1)
+            free = self._ids[slot] < 0
+            _, first = np.unique(slot[free], return_index=True)
+            won = np.flatnonzero(free)[first]
+            self._keys[slot[won]] = keys[pending[won]]
+            self._ids[slot[won]] = ids[pending[won]]
+            placed = np.zeros(pending.size, bool)
+            placed[won] = True
+            pending = pending[~placed]
+            step += 1
+        self._probes = step
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return ((keys * self._MUL) >> np.uint64(64 - self._bits)).astype(np.int64)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        out = np.full(keys.size, -1, np.int64)
+        home = self._home(keys)
+        todo = np.arange(keys.size)
+        mask = (1 << self._bits) - 1
+        for step in range(self._probes):
+            slot = (home[todo] + step) & mask
+            sid = self._ids[slot]
+            hit = (sid >= 0) & (self._keys[slot] == keys[todo])
+            out[todo[hit]] = sid[hit]
+            # an empty slot ends the search: the key is unknown
+            todo = todo[~hit & (sid >= 0)]
+            if todo.size == 0:
+                break
+        return out
