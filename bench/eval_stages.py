@@ -22,6 +22,11 @@ temporary folder, in a child process with this very script), side by side: each 
 before and after, their ratio, and whether the deterministic outputs are identical (a digest of
 every figure the seed returns but its CPU and localization seconds, of every simulator step's
 batches and of every thinned batch).
+
+Measured (``--seed 925737379 --duration 1200 --against 242e479``, commit 43461c1, a 2-core machine
+shared with three other engineers' jobs, load 7-10): total 135.8 -> 91.3 CPU s (0.67); thin 52.6
+-> 18.2 (0.35), end-to-end localization 20.6 -> 10.9 (0.53), simulator steps 28.1 -> 28.1,
+detector 26.4 -> 25.4, build 2.6 -> 3.1, rest 5.5 -> 5.5; identical outputs.
 """
 
 from __future__ import annotations
