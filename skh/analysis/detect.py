@@ -393,18 +393,19 @@ class Detector:
                 | self.health.is_retired(b["dst_ep"].astype(np.int64))
             )
             self.stats.retired_rows += int((~keep).sum())
-            b = b[keep]
+            b = np.compress(keep, b)
         if self._scored_until_ns is not None:
             late = b["t_wall_ns"] < self._scored_until_ns
             if late.any():
                 self.stats.late += int(late.sum())
-                b = b[~late]
+                b = np.compress(~late, b)
         if b.size == 0:
             return
         pid = self._pair_ids(b["src_ep"], b["dst_ep"])
         # one sort by (pair, send time); every per-pair step below works on its runs
         order = np.lexsort((b["t_wall_ns"], pid))
-        b, pid = b[order], pid[order]
+        # np.take, not fancy indexing: numpy gathers structured records a field at a time
+        b, pid = np.take(b, order), pid[order]
         b, pid, advanced = self._dedupe(b, pid)
         if b.size == 0:
             return

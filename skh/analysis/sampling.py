@@ -100,32 +100,38 @@ def period_samples(
     if pid.size == 0:
         return np.zeros(0, np.int64)
     st = state
+    # pair by pair: each pair's rows are one run (pid sorted), so per-pair values are read
+    # once per run and repeated over its rows (gathers from the structured state cost more)
     start = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
     last = np.r_[start[1:] - 1, pid.size - 1]
+    count = last - start + 1
     first_pid = pid[start]
     new = st["lat_phase"][first_pid] == NO_PHASE
     if new.any():
         st["lat_phase"][first_pid[new]] = t_ns[start[new]] - period_ns // 2
     ids = path_id.astype(np.int64)
-    np.maximum.at(st["lat_rotation"], pid, ids + 1)
+    st["lat_rotation"][first_pid] = np.maximum(
+        st["lat_rotation"][first_pid], np.maximum.reduceat(ids, start) + 1
+    )
     # the interval: send-time span over seq span, from the pair's newest OK seen before (seqs
     # are u32 serial numbers; a restarted prober's new numbering is skipped)
-    seq = seq.astype(np.int64)
+    seq_first = seq[start].astype(np.int64)
+    seq_last = seq[last].astype(np.int64)
     had = st["lat_seq"][first_pid] >= 0
     t0 = np.where(had, st["lat_t_ns"][first_pid], t_ns[start])
-    s0 = np.where(had, st["lat_seq"][first_pid], seq[start])
-    dseq = (seq[last] - s0) % 2**32
+    s0 = np.where(had, st["lat_seq"][first_pid], seq_first)
+    dseq = (seq_last - s0) % 2**32
     dt = t_ns[last] - t0
     good = (dseq > 0) & (dseq < 2**31) & (dt > 0)
     st["lat_iv_ns"][first_pid[good]] = dt[good] // dseq[good]
     st["lat_t_ns"][first_pid] = t_ns[last]
-    st["lat_seq"][first_pid] = seq[last]
+    st["lat_seq"][first_pid] = seq_last
 
-    phase = st["lat_phase"][pid]
+    phase = np.repeat(st["lat_phase"][first_pid], count)
     since = t_ns - phase
     slot = since // period_ns
     late = since - slot * period_ns >= period_ns // 4
-    cand = np.flatnonzero(slot > st["lat_slot"][pid])
+    cand = np.flatnonzero(slot > np.repeat(st["lat_slot"][first_pid], count))
     if cand.size == 0:
         return cand
     # a period's choice moves the wanted id for the pair's next period: the periods of a batch
@@ -134,19 +140,28 @@ def period_samples(
     pair_start = np.r_[True, pc[1:] != pc[:-1]]
     group = np.cumsum(np.r_[True, (pc[1:] != pc[:-1]) | (sc[1:] != sc[:-1])]) - 1
     rank = group - group[pair_start][np.cumsum(pair_start) - 1]
-    by_rank = cand[np.argsort(rank, kind="stable")]
-    bounds = np.searchsorted(np.sort(rank), np.arange(int(rank.max()) + 2))
+    # ranks are small: a stable sort of them as bytes is a radix sort
+    by_rank = cand[np.argsort(rank.astype(np.uint8) if rank.max() < 256 else rank, kind="stable")]
+    bounds = np.r_[0, np.cumsum(np.bincount(rank))]
     keep = []
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        if hi == lo:
+            continue
         rows = by_rank[lo:hi]
         p = pid[rows]
-        n = st["lat_rotation"][p]
-        want = st["lat_want"][p] % n
+        # rows of one rank: one period of each pair, in pair order; its values per run
+        rs = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        rc = np.diff(np.r_[rs, p.size])
+        pr = p[rs]
+        n_r = st["lat_rotation"][pr]
+        want_r = st["lat_want"][pr] % n_r
+        iv_r = st["lat_iv_ns"][pr]
+        p_start_r = phase[rows[rs]] + slot[rows[rs]] * period_ns
+        n, want, iv = np.repeat(n_r, rc), np.repeat(want_r, rc), np.repeat(iv_r, rc)
+        p_start = np.repeat(p_start_r, rc)
         x = ids[rows]
         turn = x == want
-        iv = st["lat_iv_ns"][p]
         t = t_ns[rows]
-        p_start = phase[rows] + slot[rows] * period_ns
         due = t + ((want - x) % n) * iv  # the wanted id's next probe
         was_due = t - ((x - want) % n) * iv  # ... and its last one
         missed = (iv > 0) & ~turn & (was_due >= p_start + iv // 2)
@@ -178,13 +193,14 @@ class ResultThinner:
         self._sample = np.zeros(0, SAMPLE_STATE)
         self._last_failed = np.zeros(0, bool)
         self._flow_failed = np.zeros((0, FLOW_SLOTS), bool)
+        self._flow_any = np.zeros(0, bool)  # per pair: any of its flows' last result failed
+        self._index = _KeyIndex(self._keys, self._key_id)
 
     def _pair_ids(self, keys: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(self._keys, keys)
-        found = pos < self._keys.size
-        found[found] = self._keys[pos[found]] == keys[found]
-        if not found.all():
-            new = np.unique(keys[~found])
+        pid = self._index.find(keys)
+        missing = pid < 0
+        if missing.any():
+            new = np.unique(keys[missing])
             n0 = self._sample.size
             allk = np.concatenate([self._keys, new])
             order = np.argsort(allk, kind="stable")
@@ -195,19 +211,28 @@ class ResultThinner:
             self._sample = np.r_[self._sample, grown]
             self._last_failed = np.r_[self._last_failed, np.zeros(new.size, bool)]
             self._flow_failed = np.r_[self._flow_failed, np.zeros((new.size, FLOW_SLOTS), bool)]
-            pos = np.searchsorted(self._keys, keys)
-        return self._key_id[pos]
+            self._flow_any = np.r_[self._flow_any, np.zeros(new.size, bool)]
+            self._index = _KeyIndex(self._keys, self._key_id)
+            pid = self._index.find(keys)
+        return pid
 
     def thin(self, batch: np.ndarray) -> np.ndarray:
         if batch.size == 0:
             return batch
         keys = pair_keys(batch["src_ep"], batch["dst_ep"])
-        pid = self._pair_ids(keys)
-        order = np.lexsort((batch["t_wall_ns"], pid))
+        pid0 = self._pair_ids(keys)
+        t_all = batch["t_wall_ns"]
+        # rows by (pair, send time): a batch comes in send-time order, and a pair's rows are
+        # then in order already, so a stable sort by pair alone gives that order (a radix sort
+        # while the ids fit 16 bits); only a batch out of order takes the two-key sort
+        narrow = pid0.astype(np.uint16) if self._keys.size <= 1 << 16 else pid0
+        order = np.argsort(narrow, kind="stable")
+        t_ns, pid = t_all[order], pid0[order]
+        if (t_ns[1:] < t_ns[:-1])[pid[1:] == pid[:-1]].any():
+            order = np.lexsort((t_all, pid0))
+            t_ns, pid = t_all[order], pid0[order]
         # the columns it reads, in pair order; whole records only of the rows kept (gathering
         # every record was a third of the cost at ten probes per pair and second)
-        pid = pid[order]
-        t_ns = batch["t_wall_ns"][order]
         path_id = batch["path_id"][order]
         seq = batch["seq"][order]
         src = batch["src_ep"][order]
@@ -215,16 +240,7 @@ class ResultThinner:
         first = np.r_[True, pid[1:] != pid[:-1]]
         prev_failed = np.where(first, self._last_failed[pid], np.r_[False, failed[:-1]])
         keep = failed | prev_failed
-        # the same per flow: the OK after a flow's failures
-        slot = path_id.astype(np.int64) % FLOW_SLOTS
-        fkey = pid * FLOW_SLOTS + slot
-        fo = np.lexsort((t_ns, fkey))
-        fk, ff = fkey[fo], failed[fo]
-        ffirst = np.r_[True, fk[1:] != fk[:-1]]
-        fprev = np.where(ffirst, self._flow_failed[pid[fo], slot[fo]], np.r_[False, ff[:-1]])
-        keep[fo[fprev & ~ff]] = True
-        fends = np.r_[np.flatnonzero(ffirst[1:]), fk.size - 1]
-        self._flow_failed[pid[fo][fends], slot[fo][fends]] = ff[fends]
+        self._flow_ends(pid, t_ns, path_id, failed, keep)
         ok = np.flatnonzero(~failed)
         sampled = period_samples(
             pid[ok],
@@ -235,10 +251,94 @@ class ResultThinner:
             period_ns=self.period_ns,
         )
         keep[ok[sampled]] = True
-        # each prober's newest result: the analyzer scores a window only once the prober has
-        # reported past its end, and a sampled OK can be most of a second old
-        newest = np.lexsort((t_ns, src))
-        keep[newest[np.r_[src[newest][1:] != src[newest][:-1], True]]] = True
         ends = np.r_[np.flatnonzero(first[1:]), pid.size - 1]
+        # each prober's newest result: the analyzer scores a window only once the prober has
+        # reported past its end, and a sampled OK can be most of a second old. A prober's
+        # newest row ends one of its pairs' runs: sort those only
+        newest = ends[np.lexsort((t_ns[ends], src[ends]))]
+        keep[newest[np.r_[src[newest][1:] != src[newest][:-1], True]]] = True
         self._last_failed[pid[ends]] = failed[ends]
-        return batch[order[keep]]
+        # np.take, not fancy indexing: numpy gathers structured records one field at a time
+        # there (ten times slower)
+        return np.take(batch, order[keep])
+
+    def _flow_ends(
+        self,
+        pid: np.ndarray,
+        t_ns: np.ndarray,
+        path_id: np.ndarray,
+        failed: np.ndarray,
+        keep: np.ndarray,
+    ) -> None:
+        """Mark in ``keep`` the OK after a flow's failures (rows in (pair, send time) order)
+        and carry each flow's last result over. Only pairs with a failure in the batch or a
+        flow whose last result failed can have one: the others' flows stay as they were."""
+        hot = self._flow_any.copy()
+        hot[pid[failed]] = True
+        rows = np.flatnonzero(hot[pid])
+        if rows.size == 0:
+            return
+        p = pid[rows]
+        slot = path_id[rows].astype(np.int64) % FLOW_SLOTS
+        fkey = p * FLOW_SLOTS + slot
+        # rows are in (pair, time) order, so a stable sort by flow is (flow, time) order
+        fo = np.argsort(fkey, kind="stable")
+        fk, ff = fkey[fo], failed[rows[fo]]
+        ffirst = np.r_[True, fk[1:] != fk[:-1]]
+        fprev = np.where(ffirst, self._flow_failed[p[fo], slot[fo]], np.r_[False, ff[:-1]])
+        keep[rows[fo[fprev & ~ff]]] = True
+        fends = np.r_[np.flatnonzero(ffirst[1:]), fk.size - 1]
+        self._flow_failed[p[fo][fends], slot[fo][fends]] = ff[fends]
+        touched = p[np.r_[True, p[1:] != p[:-1]]]
+        self._flow_any[touched] = self._flow_failed[touched].any(axis=1)
+
+
+class _KeyIndex:
+    """Dense ids of known ``uint64`` keys, looked up by hashing (multiplicative hash, linear
+    probing, at most a quarter full): a batch's tens of thousands of rows find their pair in
+    about a third of a binary search's time. Built whole; ``find`` gives -1 for unknown keys."""
+
+    _MUL = np.uint64(0x9E3779B97F4A7C15)
+
+    def __init__(self, keys: np.ndarray, ids: np.ndarray) -> None:
+        self._bits = max(4, int(keys.size * 4 - 1).bit_length())
+        size = 1 << self._bits
+        self._keys = np.zeros(size, np.uint64)
+        self._ids = np.full(size, -1, np.int64)
+        home = self._home(keys)
+        pending = np.arange(keys.size)
+        step = 0
+        # round k places each key still pending at home + k if that slot is free (the first
+        # key of a tie wins): a key sits past its home only where every slot between is taken
+        while pending.size:
+            slot = (home[pending] + step) & (size - 1)
+            free = self._ids[slot] < 0
+            _, first = np.unique(slot[free], return_index=True)
+            won = np.flatnonzero(free)[first]
+            self._keys[slot[won]] = keys[pending[won]]
+            self._ids[slot[won]] = ids[pending[won]]
+            placed = np.zeros(pending.size, bool)
+            placed[won] = True
+            pending = pending[~placed]
+            step += 1
+        self._probes = step
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return ((keys * self._MUL) >> np.uint64(64 - self._bits)).astype(np.int64)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        out = np.full(keys.size, -1, np.int64)
+        home = self._home(keys)
+        todo = np.arange(keys.size)
+        mask = (1 << self._bits) - 1
+        for step in range(self._probes):
+            slot = (home[todo] + step) & mask
+            sid = self._ids[slot]
+            hit = (sid >= 0) & (self._keys[slot] == keys[todo])
+            out[todo[hit]] = sid[hit]
+            # an empty slot ends the search: the key is unknown
+            todo = todo[~hit & (sid >= 0)]
+            if todo.size == 0:
+                break
+        return out

@@ -304,8 +304,18 @@ class _State:
     silent: frozenset[str]
     buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     host_clock: dict[str, float] = field(default_factory=dict)
+    #: (hop, asker's RNIC, path ids) -> the path id its ICMP answer hashes onto
+    back_pid: dict[tuple[str, int, int], int] = field(default_factory=dict)
     draws: int = 0
     ledger: _Ledger = field(default_factory=_Ledger)
+
+
+def _median(v: list[float]) -> float:
+    """``np.median`` of a few floats (the same value: the middle one, or the two middle ones'
+    sum halved), without its array machinery: a trace asks it once per hop."""
+    s = sorted(v)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -436,14 +446,15 @@ class SimSource:
                 loss.append(1.0)
                 rtt.append(-1)
                 continue
-            back_pid = int(
-                mix_hash(
-                    np.uint64(zlib.crc32(h.node.encode())),
-                    np.uint64(self.sim.eps.rnic[src]),
-                    np.uint64(7),
+            bkey = (h.node, int(self.sim.eps.rnic[src]), n_pid)
+            back_pid = st.back_pid.get(bkey)
+            if back_pid is None:
+                back_pid = st.back_pid[bkey] = int(
+                    mix_hash(
+                        np.uint64(zlib.crc32(h.node.encode())), np.uint64(bkey[1]), np.uint64(7)
+                    )
+                    % np.uint64(n_pid)
                 )
-                % np.uint64(n_pid)
-            )
             back_ok, back_loss = True, 0.0
             if back_pid != path_id:
                 alt = self.sim.index.path_names(
@@ -490,7 +501,7 @@ class SimSource:
                 L.hop_cpu_us.extend(cpu_us[:2].tolist())
             nodes.append(h.node)
             loss.append(1.0 - n_ok / q if nz.trace_queries else float(h.loss))
-            rtt.append(int(h.rtt_ns + float(np.median(cpu_us)) * 1e3))
+            rtt.append(int(h.rtt_ns + _median(cpu_us.tolist()) * 1e3))
         return nodes, loss, rtt
 
     # -- overlay ------------------------------------------------------------------------------

@@ -166,7 +166,8 @@ class ProbeModel:
         out["responder_delay_ns"] = np.where(ok, resp, -1).astype(np.int64)
         out["prober_delay_ns"] = np.where(ok, prob, -1).astype(np.int64)
         if effects is not None and not effects.emit.all():
-            out = out[effects.emit]
+            # np.compress, not a mask: numpy masks structured records one field at a time
+            out = np.compress(effects.emit, out)
         return out
 
 

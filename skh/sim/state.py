@@ -40,6 +40,8 @@ from skh.sim.topology import EndpointTable, FabricIndex
 __all__ = ["TraceHop", "FlowEntry", "OverlayWalk", "AgentView", "walk_overlay"]
 
 _T = FailureType
+#: entries of :class:`AgentView`'s per-time memos before they are cleared whole
+_MEMO_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +104,24 @@ class AgentView:
         self._faults = faults  # active faults at a time
         self._peers = peers  # ping peers (dst ep ids) of an endpoint
         self._alive = alive  # which endpoint ids have a live container at a time
+        # per (time, faults active then): those in their on-window, and what they do to the
+        # underlay. A localization round asks at one time thousands of times (traceroutes of
+        # every suspect flow, and of the answers' legs); both are pure functions of the key
+        self._on_memo: dict[tuple, tuple[list[Fault], list[Fault]]] = {}
+        self._under_memo: dict[tuple, tuple] = {}
 
     def _active(self, t_s: float, types: Iterable[FailureType] | None = None) -> list[Fault]:
-        fs = [f for f in self._faults(t_s) if bool(self.engine.on_now(f, np.array([t_s]))[0])]
+        fs = self._faults(t_s)
+        # ``fs`` rides along in the value: the ids in the key stay those of live faults
+        key = (t_s, tuple(map(id, fs)))
+        got = self._on_memo.get(key)
+        if got is None:
+            if len(self._on_memo) >= _MEMO_MAX:
+                self._on_memo.clear()
+            tt = np.array([t_s])
+            on = [f for f in fs if bool(self.engine.on_now(f, tt)[0])]
+            got = self._on_memo[key] = (fs, on)
+        fs = list(got[1])
         if types is not None:
             ts = set(types)
             fs = [f for f in fs if f.type in ts]
@@ -118,6 +135,36 @@ class AgentView:
         self._check_ep(dst_ep)
         sr, dr = int(self.eps.rnic[src_ep]), int(self.eps.rnic[dst_ep])
         nodes = self.index.path_names(sr, dr, path_id)
+        down_links, lossy, down_nodes, slow = self._underlay(t_s)
+        hops: list[TraceHop] = []
+        broken = nodes[0] in down_nodes
+        loss = 0.0
+        extra = 0.0
+        for i in range(1, len(nodes)):
+            a, b = nodes[i - 1], nodes[i]
+            lo, hi = (a, b) if a <= b else (b, a)
+            link = f"{lo}|{hi}"
+            broken = broken or link in down_links or b in down_nodes
+            loss = 1.0 - (1.0 - loss) * (1.0 - lossy.get(link, 0.0))
+            extra += slow.get(b, 0.0)
+            if broken:
+                hops.append(TraceHop(i, None, -1, 1.0))
+            else:
+                hops.append(TraceHop(i, b, int(4_000 + 1_000 * i + extra), loss))
+        return hops
+
+    def _underlay(
+        self, t_s: float
+    ) -> tuple[set[str], dict[str, float], set[str], dict[str, float]]:
+        """What the faults on at ``t_s`` do to traceroutes: links and nodes down, links' loss,
+        switches' added latency (memoised per time and active faults: read-only to callers)."""
+        fs = self._faults(t_s)
+        key = (t_s, tuple(map(id, fs)))
+        got = self._under_memo.get(key)
+        if got is not None:
+            return got[1]
+        if len(self._under_memo) >= _MEMO_MAX:
+            self._under_memo.clear()
         down_links: set[str] = set()
         lossy: dict[str, float] = {}
         down_nodes: set[str] = set()
@@ -136,22 +183,9 @@ class AgentView:
                 slow[f.component] = f.eff("extra_ns") * float(
                     self.engine.scale(f, np.array([t_s]))[0]
                 )
-        hops: list[TraceHop] = []
-        broken = nodes[0] in down_nodes
-        loss = 0.0
-        extra = 0.0
-        for i in range(1, len(nodes)):
-            a, b = nodes[i - 1], nodes[i]
-            lo, hi = (a, b) if a <= b else (b, a)
-            link = f"{lo}|{hi}"
-            broken = broken or link in down_links or b in down_nodes
-            loss = 1.0 - (1.0 - loss) * (1.0 - lossy.get(link, 0.0))
-            extra += slow.get(b, 0.0)
-            if broken:
-                hops.append(TraceHop(i, None, -1, 1.0))
-            else:
-                hops.append(TraceHop(i, b, int(4_000 + 1_000 * i + extra), loss))
-        return hops
+        out = (down_links, lossy, down_nodes, slow)
+        self._under_memo[key] = (fs, out)
+        return out
 
     # -- overlay -----------------------------------------------------------------------------------
     def _host_eps(self, host: str, t_s: float) -> np.ndarray:

@@ -76,6 +76,21 @@ def test_failures_the_ok_after_them_one_ok_per_pair_and_second_and_progress_are_
     assert sent == PER_S * pairs_s
 
 
+def test_a_batch_out_of_send_time_order_is_thinned_as_one_in_order():
+    """The thinner sorts a batch by pair alone when each pair's rows come in send-time order (as
+    agents drain them) and by pair and send time otherwise: both keep the same records."""
+    rng_a, rng_b, mix = (np.random.default_rng(s) for s in (3, 3, 4))
+    in_order, shuffled = ResultThinner(), ResultThinner()
+    lost = 0
+    for sec in range(20):
+        a = second(sec, 4, rng_a, lost=lambda s, d: d == 1, paths=5)
+        b = second(sec, 4, rng_b, lost=lambda s, d: d == 1, paths=5)
+        out = in_order.thin(a)
+        assert out.tobytes() == shuffled.thin(b[mix.permutation(b.size)]).tobytes()
+        lost += int((out["status"] != 0).sum())
+    assert lost > 0
+
+
 @pytest.mark.parametrize("paths", [4, 19])
 def test_the_detector_decides_the_same_on_thinned_results(paths):
     rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
