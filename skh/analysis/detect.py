@@ -883,8 +883,8 @@ class Detector:
     def _sustained(
         self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray, span_s: float
     ) -> np.ndarray:
-        """Per row: the newest samples of its query window lie above ``thr`` for at least
-        ``span_s``, allowing ``sustained_gaps`` samples below it (a heavy-tailed
+        """Per row: the newest samples of its query window lie above ``thr`` over at least
+        ``span_s`` (first to last), allowing ``sustained_gaps`` samples below it (a heavy-tailed
         healthy sample can be high, a faulty one low; a short congestion episode is not a
         fault) — or the newest samples of one of its flows do (a slow ECMP path: the samples
         visit the flows in turn, so only every ``latency_paths``-th one is slow)."""
@@ -900,8 +900,11 @@ class Detector:
         # walking back from the newest sample: misses so far (inclusive)
         misses_from_end = np.cumsum(miss[:, ::-1], axis=1)[:, ::-1]
         in_span = v & (misses_from_end <= cfg.sustained_gaps)
-        need = int(np.ceil(span_s / cfg.latency_sample_s))
-        ok = (up & in_span).sum(axis=1) >= need
+        # samples come one per latency_sample_s: ``steps`` of them apart span ``span_s``, so
+        # the run needs one more than that (twenty samples span 19 s: a chain of three benign
+        # congestion episodes on one path, 19.1 s, passed for 20 s on field seed 338585251)
+        steps = int(np.ceil(span_s / cfg.latency_sample_s))
+        ok = (up & in_span).sum(axis=1) >= steps + 1
         if cfg.latency_paths > 1 and not ok.all():
             path = np.take_along_axis(p["ring_path"][rows], order, axis=1)
             # per flow: samples visit the flows in turn, so one more than a turn's share spans
@@ -909,7 +912,7 @@ class Detector:
             # sampling period can beat), so the run must also span it in sample positions
             # (one sample per latency_sample_s): a flow sampled every other time shows a 10 s
             # congestion episode in six samples
-            need_p = int(np.ceil(span_s / cfg.latency_sample_s / cfg.latency_paths))
+            need_p = int(np.ceil(steps / cfg.latency_paths))
             pos = np.arange(M)[None, :]
             for j in range(cfg.latency_paths):
                 vj = v & (path == j)
@@ -917,7 +920,7 @@ class Detector:
                 run = up & vj & (mj == 0)
                 first = np.where(run, pos, M).min(axis=1)
                 last = np.where(vj, pos, -1).max(axis=1)
-                ok |= (run.sum(axis=1) >= need_p + 1) & (last - first + 1 >= need)
+                ok |= (run.sum(axis=1) >= need_p + 1) & (last - first >= steps)
         return ok
 
     def _recurring(

@@ -589,3 +589,31 @@ def test_recurring_short_bursts_of_a_large_shift_are_caught():
                 zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
             )
             assert min(e.detected_ns for e in ev) - (T0 + 400 * S) <= 60 * S
+
+
+def test_chained_congestion_episodes_shorter_than_the_sustained_span_are_not_a_fault():
+    """Field seed 338585251 (quick profile, main 242e479): benign congestion on the one path of
+    a same-rail pair, spine P10 +5.5 us for 5.9 s, then its ToR +7.1 us for 9.4 s, then P10 again
+    +7.4 us for 4.9 s, lifted the pair's RTT for 19.1 s: twenty 1 s latency samples in a row,
+    which the sustained test counted as the 20 s a shift must hold (a fence post: twenty samples
+    span 19 s). A false latency-short on seven pairs through P10 and the ToR. A shift that holds
+    on is still caught, at the first hop its samples span 20 s."""
+    for start, end, want in ((420.5, 439.6, set()), (420.5, 450.6, {"latency-short"})):
+        syn, det = fresh_fast()
+        into4 = syn.dst == 4
+        events = []
+        for sec in range(400, 470):
+
+            def bump(j, sec=sec, into4=into4, start=start, end=end):
+                t = sec + j / 10
+                lift = 5.5 if t < 426.4 else 7.1 if t < 430.2 else 7.4
+                return np.where(into4 & (start <= t < end), lift, 0.0)
+
+            b = _fast(syn, sec, 10, extra_us=bump)
+            b["path_id"] = 0
+            det.ingest(b)
+            det.heartbeat(np.unique(syn.src), T0 + sec * S)
+            events += det.tick(T0 + (sec + 1) * S)
+        assert {e.kind for e in events} == want, [e.explanation for e in events]
+        if want:
+            assert min(e.detected_ns for e in events) - T0 - 420 * S <= 30 * S

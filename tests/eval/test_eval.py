@@ -65,6 +65,19 @@ MUST_SHOW = (
 #: that chance small. Recall held on one of the two (misses: a port down masked by its ToR's
 #: earlier outage on the same pairs, a +20 us fault on a job started 10 s before it, a PCIe
 #: error not diagnosed yet; on 1022693922+1304705560 a CRC error).
+#: Stop 25 (CI, 242e479): one false pair loss event, 1.32 per 1k. Session 8, detection only on
+#: 242e479, fresh seeds 264628927, 338585251, 1536046805: 1 false event in 1,138 healthy host-h,
+#: a latency-short on 338585251 (three benign congestion episodes chained on one path for 19.1 s,
+#: twenty 1 s samples, taken for the 20 s a shift must hold: fixed in e0921a8, the run must span
+#: 20 s). Whole run on e0921a8, draw 1768507488+1566380108: precision 0.993 (149 of 150, CI low
+#: 0.963), recall 0.945 (104 of 110, CI low 0.886; 3 of 6 GPUDIRECT_RDMA_ERROR, 2 repetitive and
+#: 1 suboptimal flow offloading missed), 1 false pair loss event at 2956 s in 758.7 healthy
+#: host-h (1.32 per 1k: over the gate again), e2e component 0.933, type 0.933. That event,
+#: replayed (seed 1566380108, pair 3584->3576 at 2956 s): a CRC error on endpoint 3568's access
+#: link (fault 63, 2931-2979 s) lifted the 30 s test of its peer endpoint 3584 (21 failures vs
+#: 3.3 expected, 18 of them on 3568<->3584), which corroborated 3584->3576, a pair on a bad link
+#: (own baseline 2.1e-3) with 3 benign losses. Endpoints are one scope level, so a lossy
+#: endpoint's pairs are not set aside from its peers' tests: not fixed yet. The gate stays on.
 #: The test asserts every other gate on the point estimate, and that a gate below is
 #: said so in the printed result; take a name out when it holds (so that CI then fails below
 #: it), never put one in to make a run pass.
