@@ -82,6 +82,11 @@ class RowThinner:
     def _pair(self, st: list[int], recs: list[tuple], idx: list[int], keep: list[bool]) -> None:
         """One pair's rows of a batch (in send-time order): failures and the OKs after them,
         per pair and per flow, then the latency sample."""
+        if not st[_FAILED] and not st[_FLOWS] and all(r[_STATUS] == 0 for r in recs):
+            # the usual pair: all well before and now, so only its latency sample is kept
+            for k in self._samples(st, recs):
+                keep[idx[k]] = True
+            return
         failed = [r[_STATUS] != 0 for r in recs]
         prev = st[_FAILED]
         for k, f in enumerate(failed):
