@@ -26,8 +26,8 @@ come out side by side (``before``, ``after`` and the headline figures of each).
 
 Measured (``--rate 800 --paths 19 --duration 20 --against ae0b790``: the busiest container's
 100 probes/s on each of 8 endpoints, answering as many; a 2-core machine shared with other
-sessions, load ~5): VmRSS 47.1 -> 28.1 MB, CPU 2.70 -> 2.65 % of a core (docs/probing.md,
-"What it costs and covers", session 9).
+sessions, load ~5; 5 runs): VmRSS 46.5-47.1 -> 28.1 MB, CPU 2.58 -> 2.76 % of a core on average
+(2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9).
 """
 
 from __future__ import annotations
