@@ -18,9 +18,16 @@ once). Where the VmRSS is: ``rss_by_mapping_mb`` (numpy's libraries, libpython, 
 heap and anonymous memory) and ``rss_imports_mb``, what a fresh process holds after importing
 the agent's modules layer by layer (``rss_running_mb``: the rest, the running agent's own).
 
-    python bench/agent_process.py --rate 400 --duration 20 --paths 19
+    python bench/agent_process.py --rate 400 --duration 20 --paths 19 [--against REV]
 
-Prints one JSON object.
+Prints one JSON object. With ``--against REV`` the agent of git revision ``REV`` (exported to a
+temporary folder, its extension built there: ~30 s) is measured first, the same way, and both
+come out side by side (``before``, ``after`` and the headline figures of each).
+
+Measured (``--rate 800 --paths 19 --duration 20 --against ae0b790``: the busiest container's
+100 probes/s on each of 8 endpoints, answering as many; a 2-core machine shared with other
+sessions, load ~5; 5 runs): VmRSS 46.5-47.1 -> 28.1 MB, CPU 2.58 -> 2.76 % of a core on average
+(2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,11 +74,11 @@ def _proc_memory_kb(pid: int) -> dict[str, int]:
 
 
 #: what ``skh agent --role overlay`` imports (skh/cli/agent.py ``run`` and the engine factory),
-#: in layers: the interpreter and its logging, the messaging libraries, numpy, then skh's own
+#: in layers: the interpreter and its logging, the messaging libraries, then skh's own (numpy
+#: no more: tests/orchestrator/test_agent.py keeps it out)
 IMPORT_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stdlib", ("logging", "threading", "argparse")),
     ("zmq_msgpack", ("zmq", "msgpack")),
-    ("numpy", ("numpy",)),
     (
         "skh_modules",
         ("skh.cli.agent", "skh.orchestrator.agent_overlay", "skh.orchestrator.daemon")
@@ -143,6 +151,21 @@ def smaps_rss_mb(pid: int) -> dict[str, float]:
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds by thread name (threads of one name summed: the engines' threads, ZeroMQ's,
+    the interpreter's main thread and its command workers)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[name] = out.get(name, 0.0) + cpu
+    return out
 
 
 class Peers:
@@ -331,8 +354,10 @@ def measure(
 
             plan = _command(admin, codec, "measured", "pinglist", 1) or {}
             s0, c0, t0 = sent(), _cpu_s(agent.pid), time.monotonic()
+            threads0 = _thread_cpu_s(agent.pid)
             time.sleep(duration_s)
             s1, c1, t1 = sent(), _cpu_s(agent.pid), time.monotonic()
+            threads1 = _thread_cpu_s(agent.pid)
             mem = _proc_memory_kb(agent.pid)
             mapped = smaps_rss_mb(agent.pid)
             if os.environ.get("SKH_AGENT_SMAPS"):  # where the memory is, for a diagnosis
@@ -368,6 +393,11 @@ def measure(
         "inbound_probes_per_s": round(rate, 1) if inbound else 0.0,
         "probes_per_s": round((s1 - s0) / wall, 1),
         "cpu_pct_one_core": round(100.0 * (c1 - c0) / wall, 2),
+        # by thread: the engines' C threads, ZeroMQ's I/O threads, the Python main thread
+        "cpu_pct_by_thread": {
+            k: round(100.0 * (v - threads0.get(k, 0.0)) / wall, 2)
+            for k, v in sorted(threads1.items())
+        },
         "rss_mb": rss_mb,
         # where the VmRSS is: by mapping in the running agent, and what a process that only
         # imports the agent's modules already holds (``after_imports``: the rest is running)
@@ -383,6 +413,36 @@ def measure(
     }
 
 
+def _at_revision(rev: str, args: list[str]) -> dict[str, Any]:
+    """This bench as git revision ``rev`` has it, run on that revision's agent and engine."""
+    with tempfile.TemporaryDirectory(prefix="skh-agentproc-rev-") as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", rev], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        build = subprocess.run(
+            [sys.executable, "setup.py", "build_ext", "--inplace"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+        )
+        if build.returncode:
+            raise SystemExit(f"{rev}: the extension did not build\n{build.stderr[-3000:]}")
+        shutil.rmtree(tree / "build", ignore_errors=True)
+        out = subprocess.run(
+            [sys.executable, str(tree / "bench" / "agent_process.py"), *args],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
+        if out.returncode:
+            raise SystemExit(f"{rev}: the bench failed\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=400.0, help="probes/s of the whole agent")
@@ -392,8 +452,20 @@ def main() -> int:
     ap.add_argument(
         "--no-inbound", action="store_true", help="nobody probes the agent (it only probes)"
     )
+    ap.add_argument("--against", metavar="REV", help="also measure git revision REV, first")
     a = ap.parse_args()
+    before = None
+    if a.against:
+        args = ["--rate", str(a.rate), "--duration", str(a.duration), "--paths", str(a.paths)]
+        args += ["--endpoints", str(a.endpoints)] + (["--no-inbound"] if a.no_inbound else [])
+        before = _at_revision(a.against, args) | {"revision": a.against}
     r = measure(a.rate, a.duration, paths=a.paths, endpoints=a.endpoints, inbound=not a.no_inbound)
+    if before is not None:
+        keys = ("rss_mb", "rss_anon_mb", "uss_mb", "cpu_pct_one_core", "probes_per_s")
+        r = {k: {"before": before[k], "after": r[k]} for k in keys} | {
+            "before": before,
+            "after": r,
+        }
     print(json.dumps(r))
     return 0
 

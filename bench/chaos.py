@@ -151,11 +151,11 @@ class SynthEngine:
     def stats(self) -> dict[str, Any]:
         return {}
 
-    def drain(self, max_records: int | None = None) -> np.ndarray:
+    def drain_packed(self, max_records: int | None = None) -> bytearray:
         now = time.time_ns()
         k = int((now - self.last_ns) // 1_000_000_000)
         if k <= 0 or not self.targets:
-            return empty_probes()
+            return bytearray()
         t0 = self.last_ns
         self.last_ns += k * 1_000_000_000
         dst = np.repeat(np.asarray(self.targets, np.uint32), k)
@@ -169,7 +169,7 @@ class SynthEngine:
         recs["rtt_ns"] = np.where(down, -1, rtt)
         recs["responder_delay_ns"] = np.where(down, -1, 2_000)
         recs["prober_delay_ns"] = np.where(down, -1, 3_000)
-        return recs
+        return bytearray(recs.tobytes())
 
 
 def _faults(path: Path, cur: set[int], mtime: list[float]) -> None:

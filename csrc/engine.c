@@ -26,7 +26,6 @@ const char *const skh_stat_names[SKH_STAT__COUNT] = {
 #define BATCH 64
 #define SEND_ROUNDS 4 /* probe batches per loop turn, so a long due list cannot starve receiving */
 #define RECV_ROUNDS 8
-#define RESP_CAP 1024 /* ACK1s waiting for their send stamp (power of two) */
 #define TXMAP_CAP 4096 /* tx_id -> owner of a send stamp still to come (power of two) */
 #define PARK_CAP 4096 /* lost probes waiting to learn their direction (power of two) */
 #define DEFER_CAP 1024 /* datagrams waiting to be sent again after a transient local error */
@@ -137,7 +136,7 @@ struct target {
 
 struct outq { /* datagrams queued for one send() batch */
     struct skh_txpkt pkt[BATCH];
-    uint8_t buf[BATCH][SKH_PROBE_MAX_LEN];
+    uint8_t *buf; /* BATCH x probe_len: a datagram is a probe or a reply, never longer */
     uint32_t ref[BATCH]; /* wire seq (probes) or responder index (ACK1) */
     uint8_t kind[BATCH];
     int64_t deadline[BATCH]; /* for a retried datagram: when to give up */
@@ -186,7 +185,7 @@ struct skh_engine {
     int park_dirty; /* something happened that may decide a parked probe */
     /* responder */
     struct resp_entry *resp;
-    uint32_t resp_head, resp_tail;
+    uint32_t resp_head, resp_tail, resp_mask;
     struct txmap_entry *txmap;
     struct skh_rcpt_table *rcpt;
     /* datagrams to retry, oldest first */
@@ -494,9 +493,10 @@ static void queue(struct skh_engine *e, uint8_t kind, uint32_t ref, const skh_ad
                   const struct skh_msg *msg, uint8_t want_stamp)
 {
     unsigned i = out_slot(e);
-    int len = skh_proto_encode(msg, e->cfg.probe_len, e->out.buf[i], sizeof(e->out.buf[i]));
+    uint8_t *buf = e->out.buf + (size_t)i * e->cfg.probe_len;
+    int len = skh_proto_encode(msg, e->cfg.probe_len, buf, e->cfg.probe_len);
     e->out.dst[i] = *dst;
-    e->out.pkt[i].buf = e->out.buf[i];
+    e->out.pkt[i].buf = buf;
     e->out.pkt[i].len = (uint32_t)len;
     e->out.pkt[i].dst = &e->out.dst[i];
     e->out.pkt[i].want_stamp = want_stamp && (e->caps & SKH_TCAP_TX_STAMPS);
@@ -556,7 +556,7 @@ static void sent_one(struct skh_engine *e, unsigned i, int64_t t_before)
         inc(e, SKH_STAT_sent, 1);
     } else {
         if (e->out.kind[i] == TX_ACK1) {
-            struct resp_entry *r = &e->resp[ref & (RESP_CAP - 1)];
+            struct resp_entry *r = &e->resp[ref & e->resp_mask];
             /* user-clock T4 is read before the send (and T3 after receiving the probe): the pair
              * under-estimates the responder's delay, never over-estimates it */
             r->sent = 1;
@@ -576,7 +576,7 @@ static void ack_failed(struct skh_engine *e, uint8_t kind, uint32_t ref)
 {
     inc(e, SKH_STAT_reply_errors, 1);
     if (kind == TX_ACK1) /* no ACK1 on the wire: no ACK2 either */
-        e->resp[ref & (RESP_CAP - 1)].state = RESP_DONE;
+        e->resp[ref & e->resp_mask].state = RESP_DONE;
 }
 
 static void send_failed(struct skh_engine *e, unsigned i, int err)
@@ -626,7 +626,7 @@ static void defer_one(struct skh_engine *e, unsigned i, int64_t now)
     d->len = e->out.pkt[i].len;
     d->deadline = deadline;
     d->dst = e->out.dst[i];
-    memcpy(buf, e->out.buf[i], d->len);
+    memcpy(buf, e->out.pkt[i].buf, d->len);
     if (s && !s->deferred) {
         s->deferred = 1;
         e->deferred_probes++;
@@ -684,7 +684,7 @@ static void retry_deferred(struct skh_engine *e, int64_t now)
         struct deferred *d = &e->defer[e->defer_tail++ % DEFER_CAP];
         if (d->kind == TX_PROBE && !live_probe(e, d->ref))
             continue; /* decided meanwhile (its timeout) */
-        const struct resp_entry *r = &e->resp[d->ref & (RESP_CAP - 1)];
+        const struct resp_entry *r = &e->resp[d->ref & e->resp_mask];
         if (d->kind == TX_ACK1 && (r->state != RESP_WAITING || r->idx != d->ref))
             continue;
         if (now >= d->deadline) {
@@ -697,9 +697,10 @@ static void retry_deferred(struct skh_engine *e, int64_t now)
             continue;
         }
         unsigned i = out_slot(e);
-        memcpy(e->out.buf[i], buf, d->len);
+        uint8_t *out = e->out.buf + (size_t)i * e->cfg.probe_len;
+        memcpy(out, buf, d->len);
         e->out.dst[i] = d->dst;
-        e->out.pkt[i].buf = e->out.buf[i];
+        e->out.pkt[i].buf = out;
         e->out.pkt[i].len = d->len;
         e->out.pkt[i].dst = &e->out.dst[i];
         e->out.pkt[i].want_stamp = d->want_stamp;
@@ -836,7 +837,7 @@ static void send_ack2(struct skh_engine *e, struct resp_entry *r, int use_stamp,
 static void resp_sweep(struct skh_engine *e, int64_t now, int64_t *next)
 {
     while (e->resp_tail != e->resp_head) {
-        struct resp_entry *r = &e->resp[e->resp_tail & (RESP_CAP - 1)];
+        struct resp_entry *r = &e->resp[e->resp_tail & e->resp_mask];
         if (r->state == RESP_WAITING) {
             if (now < r->deadline || !r->sent) {
                 /* an ACK1 still waiting to be sent ends in the retry queue, by its own deadline */
@@ -855,16 +856,16 @@ static void on_probe(struct skh_engine *e, const struct skh_msg *m, const struct
                      struct rt_off off)
 {
     inc(e, SKH_STAT_probes_received, 1);
-    if (e->resp_head - e->resp_tail >= RESP_CAP) {
+    if (e->resp_head - e->resp_tail > e->resp_mask) {
         /* the oldest waiter gives up on its stamp so this probe still gets both answers */
-        struct resp_entry *old = &e->resp[e->resp_tail & (RESP_CAP - 1)];
+        struct resp_entry *old = &e->resp[e->resp_tail & e->resp_mask];
         if (old->state == RESP_WAITING)
             send_ack2(e, old, 0, 0, SKH_TS_NONE);
         old->state = RESP_FREE;
         e->resp_tail++;
     }
     uint32_t idx = e->resp_head++;
-    struct resp_entry *r = &e->resp[idx & (RESP_CAP - 1)];
+    struct resp_entry *r = &e->resp[idx & e->resp_mask];
     r->idx = idx;
     r->state = RESP_WAITING;
     r->sent = 0;
@@ -893,7 +894,7 @@ static void after_ack1s(struct skh_engine *e, uint32_t from)
 {
     int no_stamps = !(e->caps & SKH_TCAP_TX_STAMPS);
     for (uint32_t i = from; i != e->resp_head; i++) {
-        struct resp_entry *r = &e->resp[i & (RESP_CAP - 1)];
+        struct resp_entry *r = &e->resp[i & e->resp_mask];
         if (r->state == RESP_WAITING && r->sent && (r->t3_src == SKH_TS_NONE || no_stamps))
             send_ack2(e, r, 0, 0, SKH_TS_NONE);
     }
@@ -1067,7 +1068,7 @@ static int on_stamps(struct skh_engine *e)
             inc(e, SKH_STAT_tx_stamps, 1);
             maybe_complete(e, s);
         } else {
-            struct resp_entry *r = &e->resp[m->ref & (RESP_CAP - 1)];
+            struct resp_entry *r = &e->resp[m->ref & e->resp_mask];
             if (r->state != RESP_WAITING) {
                 if (!ts->err)
                     inc(e, SKH_STAT_tx_stamps_unmatched, 1);
@@ -1212,7 +1213,8 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (cfg->timeout_ns <= 0 || cfg->batch_window_ns < 0 || cfg->batch_window_ns >= cfg->timeout_ns ||
         cfg->direction_wait_ns < 0 ||
         cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
-        cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT)
+        cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT ||
+        cfg->answer_slots > SKH_MAX_ANSWER_SLOTS)
         return -EINVAL;
 
     struct skh_engine *e = calloc(1, sizeof(*e));
@@ -1234,11 +1236,13 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     /* calloc'd tables are touched page by page as they fill, so an idle engine stays small */
     e->ring = calloc(ring_n, sizeof(*e->ring));
     e->slots = calloc((size_t)e->slot_mask + 1, sizeof(*e->slots));
-    e->resp = calloc(RESP_CAP, sizeof(*e->resp));
+    e->resp_mask = pow2_at_least(cfg->answer_slots ? cfg->answer_slots : SKH_MAX_ANSWER_SLOTS) - 1;
+    e->resp = calloc((size_t)e->resp_mask + 1, sizeof(*e->resp));
     e->txmap = calloc(TXMAP_CAP, sizeof(*e->txmap));
+    e->out.buf = calloc(BATCH, cfg->probe_len);
     /* the park and the retry queue are allocated when first needed */
     int rc = -ENOMEM;
-    if (!e->ring || !e->slots || !e->resp || !e->txmap)
+    if (!e->ring || !e->slots || !e->resp || !e->txmap || !e->out.buf)
         goto fail;
     if (getrandom(&e->session, sizeof(e->session), 0) != sizeof(e->session))
         e->session = (uint32_t)now_ns(CLOCK_REALTIME) ^ (uint32_t)getpid();
@@ -1280,6 +1284,7 @@ int skh_engine_start(struct skh_engine *e)
         atomic_store(&e->running, 0);
         return -rc;
     }
+    pthread_setname_np(e->thread, "skh-engine"); /* /proc tells its CPU time from its owner's */
     e->thread_started = 1;
     return 0;
 }
@@ -1315,6 +1320,7 @@ void skh_engine_destroy(struct skh_engine *e)
     free(e->slots);
     free(e->resp);
     free(e->txmap);
+    free(e->out.buf);
     free(e->park);
     free(e->defer);
     free(e->defer_buf);

@@ -79,6 +79,9 @@ struct skh_engine_cfg {
     uint32_t ring_records; /* ring capacity (rounded up to a power of two) */
     uint32_t probe_len; /* PROBE datagram size, SKH_PROBE_MIN_LEN..SKH_PROBE_MAX_LEN */
     uint32_t max_in_flight; /* probes awaiting a decision before due probes wait; 0 = the default */
+    /* Answered probes whose second reply waits for the first's send stamp (at most 10 ms each);
+     * when all are taken the oldest gives up its stamp. 0 = SKH_MAX_ANSWER_SLOTS, the most. */
+    uint32_t answer_slots;
     /* Batching: a target's probes fall on multiples of its interval (after the first, sent at once),
      * so targets sharing an interval fall due together however far apart they were added; and a
      * target whose next probe is due within this much of a send batch joins it (one probe early, its
@@ -102,6 +105,7 @@ struct skh_engine_cfg {
  * memory (about 128 B a slot) for the engine's life. */
 #define SKH_DEFAULT_IN_FLIGHT 2048u
 #define SKH_MAX_IN_FLIGHT 65536u
+#define SKH_MAX_ANSWER_SLOTS 1024u
 
 struct skh_engine;
 

@@ -85,6 +85,7 @@ cdef extern from "engine.h" nogil:
         SKH_STAT__COUNT
         SKH_MAX_IN_FLIGHT
         SKH_DEFAULT_IN_FLIGHT
+        SKH_MAX_ANSWER_SLOTS
     int64_t SKH_DEFAULT_DIRECTION_WAIT_NS
 
     const char *const skh_stat_names[]
@@ -97,6 +98,7 @@ cdef extern from "engine.h" nogil:
         uint32_t ring_records
         uint32_t probe_len
         uint32_t max_in_flight
+        uint32_t answer_slots
         int64_t batch_window_ns
         int64_t direction_wait_ns
 

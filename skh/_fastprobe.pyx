@@ -5,10 +5,7 @@ from libc.string cimport memset
 
 import os
 
-import numpy as np
-
 from skh.errors import EngineError
-from skh.records import PROBE_DTYPE
 
 PROBE_MIN_LEN = SKH_PROBE_MIN_LEN
 PROBE_MAX_LEN = SKH_PROBE_MAX_LEN
@@ -18,12 +15,12 @@ CAP_TX_STAMPS = SKH_TCAP_TX_STAMPS
 CAP_RX_STAMPS = SKH_TCAP_RX_STAMPS
 MAX_IN_FLIGHT = SKH_MAX_IN_FLIGHT
 DEFAULT_IN_FLIGHT = SKH_DEFAULT_IN_FLIGHT
+MAX_ANSWER_SLOTS = SKH_MAX_ANSWER_SLOTS
 ADDRESS_HANDLES_DEFAULT = SKH_ADDRESS_HANDLES_DEFAULT
 ADDRESS_HANDLES_MAX = SKH_ADDRESS_HANDLES_MAX
 DEFAULT_DIRECTION_WAIT_NS = SKH_DEFAULT_DIRECTION_WAIT_NS
-
-if PROBE_DTYPE.itemsize != 48:  # skh_record is static-asserted to 48 bytes in engine.c
-    raise ImportError("skh.records.PROBE_DTYPE no longer matches the engine's skh_record")
+#: bytes of one record (skh_record, static-asserted to 48 in engine.c; skh.layout.PROBE_STRUCT)
+RECORD_SIZE = sizeof(skh_record)
 
 
 cdef raise_errno(int rc, str what):
@@ -118,7 +115,7 @@ cdef class FastEngine:
                   int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0,
                   int64_t batch_window_ns=0, uint8_t traffic_class=0, uint8_t priority=0,
                   int64_t direction_wait_ns=SKH_DEFAULT_DIRECTION_WAIT_NS,
-                  uint32_t address_handles=0):
+                  uint32_t address_handles=0, uint32_t answer_slots=0):
         cdef skh_engine_cfg cfg
         cdef bytes b_transport = transport.encode()
         cdef bytes b_bind = bind.encode()
@@ -143,6 +140,7 @@ cdef class FastEngine:
         cfg.ring_records = ring_records
         cfg.probe_len = probe_len
         cfg.max_in_flight = max_in_flight
+        cfg.answer_slots = answer_slots
         cfg.batch_window_ns = batch_window_ns
         cfg.direction_wait_ns = direction_wait_ns
         rc = skh_engine_create(&cfg, &self._e)
@@ -217,17 +215,21 @@ cdef class FastEngine:
         return skh_engine_pending_records(self._live())
 
     def drain(self, size_t max_records):
-        """Moves up to max_records records out of the ring into a new PROBE_DTYPE array."""
+        """Moves up to max_records records out of the ring into a new bytearray of packed
+        records (RECORD_SIZE bytes each, the layout of skh.layout.PROBE_STRUCT): no numpy here,
+        so that the overlay agent never loads it."""
         cdef skh_engine *e = self._live()
         cdef size_t n = skh_engine_pending_records(e)
         if n > max_records:
             n = max_records
-        out = np.empty(n, dtype=PROBE_DTYPE)
+        out = bytearray(n * sizeof(skh_record))
         if n == 0:
             return out
-        cdef uint8_t[::1] raw = out.view(np.uint8)
-        got = skh_engine_drain(e, <skh_record *>&raw[0], n)
-        return out[:got]
+        cdef char *raw = out  # no buffer export: the bytearray may shrink below
+        got = skh_engine_drain(e, <skh_record *>raw, n)
+        if got < n:
+            del out[got * sizeof(skh_record):]
+        return out
 
     def stats(self):
         cdef uint64_t vals[SKH_STAT__COUNT]

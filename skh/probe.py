@@ -3,8 +3,10 @@
 The engine is a C thread (csrc/engine.c) that probes its targets on a schedule, answers probes from
 other engines, and writes one fixed-size record per probe into a bounded ring; :meth:`Engine.drain`
 moves the records into a numpy array of :data:`skh.records.PROBE_DTYPE` without per-probe Python
-objects. RTTs use the two-reply scheme, network RTT = (T5 - T2) - (T4 - T3), each difference on one
-clock; ``ts_source`` of each record names the weaker of the two clocks used.
+objects; :meth:`Engine.drain_packed` hands them over as packed bytes
+(:data:`skh.layout.PROBE_STRUCT`) without loading numpy, as the overlay agent does. RTTs use the
+two-reply scheme, network RTT = (T5 - T2) - (T4 - T3), each difference on one clock;
+``ts_source`` of each record names the weaker of the two clocks used.
 
 Example::
 
@@ -19,15 +21,17 @@ from __future__ import annotations
 import errno
 import ipaddress
 import math
+import numbers
 import socket
 from dataclasses import asdict, dataclass, fields
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from skh import _fastprobe
 from skh.errors import CapabilityError, EngineError, InvalidProbeSpec
-from skh.records import PROBE_DTYPE
+from skh.layout import PROBE_RECORD_SIZE
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW_S",
@@ -144,6 +148,8 @@ if tuple(f.name for f in fields(EngineStats)) != _fastprobe.stat_names():  # pra
     raise ImportError(
         "skh.probe.EngineStats is out of step with the engine's counters (csrc/engine.h)"
     )
+if _fastprobe.RECORD_SIZE != PROBE_RECORD_SIZE:  # pragma: no cover
+    raise ImportError("skh.layout.PROBE_FIELDS no longer matches the engine's skh_record")
 
 
 def _bad(param: str, owner: str, must: str, got: Any) -> InvalidProbeSpec:
@@ -153,7 +159,7 @@ def _bad(param: str, owner: str, must: str, got: Any) -> InvalidProbeSpec:
 
 
 def _check_int(value: Any, param: str, owner: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not lo <= value <= hi:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
         raise _bad(param, owner, f"an int in the range [{lo}, {hi}]", value)
     return int(value)
 
@@ -180,6 +186,9 @@ class Engine:
     USER), ``probe_bytes`` sizes the PROBE datagrams (replies stay 48 B each), and ``max_in_flight``
     bounds the probes awaiting a decision (due probes wait for replies or timeouts beyond it); it
     should cover probes/s x timeout_s, and costs about 128 B of memory per unit.
+    ``answer_slots`` bounds the answered probes whose second reply waits for the first's send
+    stamp (each at most 10 ms; 0: ``MAX_ANSWER_SLOTS``, 1,024, about 200 B each): beyond it the
+    oldest waiter's second reply leaves without that stamp.
 
     ``address_handles`` (verbs) bounds the address handles kept, one per peer and flow label in
     use (0: ``ADDRESS_HANDLES_DEFAULT``, 4,096); beyond it the least recently used idle one is
@@ -226,6 +235,7 @@ class Engine:
         priority: int = 0,
         direction_wait_s: float = DEFAULT_DIRECTION_WAIT_S,
         address_handles: int = 0,
+        answer_slots: int = 0,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -256,6 +266,9 @@ class Engine:
         direction_wait_s = _check_seconds(direction_wait_s, "direction_wait_s", owner, 0.0)
         address_handles = _check_int(
             address_handles, "address_handles", owner, 0, _fastprobe.ADDRESS_HANDLES_MAX
+        )
+        answer_slots = _check_int(
+            answer_slots, "answer_slots", owner, 0, _fastprobe.MAX_ANSWER_SLOTS
         )
         if batch_window_s >= timeout_s:
             raise _bad(
@@ -300,6 +313,7 @@ class Engine:
                 priority=priority,
                 direction_wait_ns=int(direction_wait_s * 1e9),
                 address_handles=address_handles,
+                answer_slots=answer_slots,
             )
         except EngineError as exc:
             # the machine lacks what was asked: an RDMA device/GID (any verbs open failure), NIC
@@ -437,13 +451,20 @@ class Engine:
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Moves up to ``max_records`` (default: all) records out of the ring, oldest first, as a
         ``PROBE_DTYPE`` array (``src_ep``: this engine's endpoint id, ``dst_ep``: the target's)."""
+        # numpy is loaded here, not with the module: the overlay agent drains packed records
+        import numpy as np
+
+        from skh.records import PROBE_DTYPE
+
+        return np.frombuffer(self.drain_packed(max_records), PROBE_DTYPE)
+
+    def drain_packed(self, max_records: int | None = None) -> bytearray:
+        """:meth:`drain`'s records as packed bytes, :data:`skh.layout.PROBE_STRUCT` each."""
         if max_records is None:
             max_records = 1 << 62
         else:
             max_records = _check_int(max_records, "max_records", "Engine.drain", 0, 1 << 62)
-        out = self._fe.drain(max_records)
-        assert out.dtype == PROBE_DTYPE
-        return out
+        return self._fe.drain(max_records)
 
     def pending_records(self) -> int:
         """Records waiting in the ring."""

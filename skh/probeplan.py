@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from skh.errors import ConfigError, ProtocolError, TopologyError
 from skh.model import Fabric
+from skh.policy import MS_MAX as _MS_MAX
+from skh.policy import ProbePolicy
 
 __all__ = [
     "ProbePolicy",
@@ -52,110 +54,6 @@ __all__ = [
     "paths_needed",
     "plan_probes",
 ]
-
-#: a pair's interval on the wire: whole milliseconds, uint16
-_MS_MAX = 65_535
-#: ``[controller]`` setting of each policy field whose name is not ``probe_<field>``
-_CONFIG_KEYS = {"ok_sample_s": "ok_sample_s"}
-
-
-@dataclass(frozen=True, slots=True)
-class ProbePolicy:
-    """The probing settings every prober and the analyzer share; the controller hands them out
-    with each job's ping list (``[controller]`` settings of the same names, see
-    :meth:`from_config`)."""
-
-    #: a pair's interval when nothing asks for another: 10 probes/s, so a 2 % loss shows in a
-    #: second (R-Pingmesh also asks >= 10 probes/s on every link)
-    interval_s: float = 0.1
-    #: the fastest a floor may probe a pair
-    min_interval_s: float = 0.02
-    #: probes/s one endpoint (a VF's engine) sends at most
-    budget_per_s: float = 100.0
-    #: probes/s every link of the job's skeleton should see
-    link_min_per_s: float = 10.0
-    #: probes/s every access link (RNIC to ToR) of the skeleton should see: the loss test's
-    #: time to detect a lossy link falls with the probes crossing it (a CRC-style 2 % loss shows
-    #: in ~5 failures), and on a sparse skeleton an access link carries one pair both ways,
-    #: 2 x 10/s; 4x that is paid only by endpoints with few peers (docs/probing.md)
-    access_link_min_per_s: float = 80.0
-    #: the chance a given ECMP path of a pair is among its path ids
-    path_coverage: float = 0.995
-    #: every path id of a pair is probed within this long
-    coverage_s: float = 10.0
-    #: path ids a pair rotates over at most (the UDP engine keeps 64 source ports)
-    max_paths: int = 64
-    #: ECMP paths assumed between two RNICs when no fabric says
-    default_ecmp_paths: int = 4
-    #: agents forward one OK per pair and this period: the analyzer's latency sample period
-    #: (``detector.latency_sample_s``); 0 forwards every OK
-    ok_sample_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        def bad(name: str, must: str) -> ConfigError:
-            return ConfigError(
-                f"The '{name}' setting of the probe policy must be {must}. "
-                f"Got {getattr(self, name)!r} instead."
-            )
-
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise bad(f.name, "a finite number")
-        for name in ("interval_s", "min_interval_s", "budget_per_s", "coverage_s"):
-            if getattr(self, name) <= 0:
-                raise bad(name, "> 0")
-        for name in ("link_min_per_s", "access_link_min_per_s", "ok_sample_s"):
-            if getattr(self, name) < 0:
-                raise bad(name, ">= 0")
-        if self.min_interval_s > self.interval_s:
-            raise bad("min_interval_s", f"<= interval_s ({self.interval_s:g})")
-        if self.interval_s * 1000 > _MS_MAX:
-            raise bad("interval_s", f"<= {_MS_MAX / 1000:g} s")
-        if not 0 < self.path_coverage < 1:
-            raise bad("path_coverage", "in (0, 1)")
-        if not isinstance(self.max_paths, int) or not 1 <= self.max_paths <= 64:
-            raise bad("max_paths", "an int in [1, 64]")
-        if not isinstance(self.default_ecmp_paths, int) or self.default_ecmp_paths < 1:
-            raise bad("default_ecmp_paths", "an int >= 1")
-
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_wire(cls, d: Any) -> ProbePolicy:
-        """The policy a controller handed out; ProtocolError when it is malformed."""
-        if not isinstance(d, Mapping):
-            raise ProtocolError(f"a probe policy is a map, got {type(d).__name__}")
-        names = {f.name for f in fields(cls)}
-        try:
-            return cls(**{k: v for k, v in d.items() if k in names})
-        except (ConfigError, TypeError) as exc:
-            raise ProtocolError(f"bad probe policy: {exc}"[:300]) from None
-
-    @classmethod
-    def from_config(cls, section: Any) -> ProbePolicy:
-        """From the ``[controller]`` settings (``probe_*`` and ``ok_sample_s``); ConfigError
-        names the setting."""
-        keys = {f.name: _CONFIG_KEYS.get(f.name, f"probe_{f.name}") for f in fields(cls)}
-        try:
-            return cls(**{name: getattr(section, key) for name, key in keys.items()})
-        except ConfigError as exc:
-            msg = str(exc)
-            for name, key in keys.items():
-                msg = msg.replace(
-                    f"'{name}' setting of the probe policy", f"'controller.{key}' setting"
-                )
-            raise ConfigError(msg) from None
-
-    def differences(self, **local: float) -> list[str]:
-        """``name: local != handed-out`` for each given local setting that differs."""
-        out = []
-        for name, v in local.items():
-            theirs = getattr(self, name)
-            if not math.isclose(float(v), float(theirs), rel_tol=1e-9, abs_tol=1e-12):
-                out.append(f"{name}: {v:g} here, {theirs:g} from the controller")
-        return out
 
 
 def paths_needed(ecmp_paths: np.ndarray | int, coverage: float, max_paths: int) -> np.ndarray:

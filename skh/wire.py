@@ -8,7 +8,10 @@ and decodes envelopes, checks the body of each known type against a small schema
 Bulk data is columnar: a probe or counter batch carries one raw little-endian byte string per
 field of :data:`~skh.records.PROBE_DTYPE` / :data:`~skh.records.COUNTER_DTYPE` plus the row count,
 so neither side builds one Python object per probe (a snapshot page's endpoint records likewise:
-:func:`encode_records`)::
+:func:`encode_records`). numpy is loaded by the functions that build or read arrays, not with
+this module: the overlay agent speaks the protocol without it (~13 MB of each sidecar's memory),
+encoding its batches from packed records (:func:`probe_batch_body_packed`) and reading snapshot
+pages with :func:`decode_record_columns`::
 
     codec = Codec()
     frame = codec.encode(MsgType.PROBE_BATCH, "agent-1", 7, probe_batch_body("agent-1", records))
@@ -19,16 +22,20 @@ so neither side builds one Python object per probe (a snapshot page's endpoint r
 from __future__ import annotations
 
 import enum
+import functools
+import struct
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
-import numpy as np
 
 from skh.errors import ProtocolError
-from skh.records import COUNTER_DTYPE, PROBE_DTYPE
+from skh.layout import PROBE_FIELDS, PROBE_STRUCT
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "WIRE_VERSION",
@@ -38,15 +45,17 @@ __all__ = [
     "encode_columns",
     "decode_columns",
     "probe_batch_body",
+    "probe_batch_body_packed",
     "counter_batch_body",
     "decode_probes",
     "decode_counters",
     "pack_pairs",
     "unpack_pairs",
-    "ENDPOINT_DTYPE",
+    "ENDPOINT_DTYPE",  # noqa: F822 - made by the module's __getattr__
     "ENDPOINT_TEXT",
     "encode_records",
     "decode_records",
+    "decode_record_columns",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_ELEMENTS",
     "NAME_MAX",
@@ -464,6 +473,8 @@ def encode_columns(records: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
 
 def decode_columns(body: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
     """The inverse of :func:`encode_columns`; checks every column's length against ``n``."""
+    import numpy as np
+
     n, cols = body.get("n"), body.get("cols")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(cols, dict):
         raise ProtocolError("batch: 'n' must be a non-negative int and 'cols' a map")
@@ -479,9 +490,14 @@ def decode_columns(body: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
     return out
 
 
-#: an endpoint record's fixed-width fields, one column each in a snapshot page
-ENDPOINT_DTYPE = np.dtype(
-    [("ep", "<u4"), ("rail", "u1"), ("port", "<u2"), ("qpn", "<u4"), ("ready", "u1")]
+#: an endpoint record's fixed-width fields, one column each in a snapshot page: (field,
+#: :mod:`struct` code, numpy type); :data:`ENDPOINT_DTYPE` is their numpy form
+_ENDPOINT_FIELDS = (
+    ("ep", "I", "<u4"),
+    ("rail", "B", "u1"),
+    ("port", "H", "<u2"),
+    ("qpn", "I", "<u4"),
+    ("ready", "B", "u1"),
 )
 #: its text fields and their caps (characters): each column is the page's distinct values and
 #: one little-endian u16 index into them per record (a page has at most PAGE_MAX records)
@@ -493,35 +509,57 @@ ENDPOINT_TEXT: dict[str, int] = {
     "gid": 64,
     "netdev": 64,
 }
-_INDEX = np.dtype("<u2")
+
+
+@functools.cache
+def _endpoint_dtype() -> np.dtype:
+    import numpy as np
+
+    return np.dtype([(f, t) for f, _, t in _ENDPOINT_FIELDS])
+
+
+def __getattr__(name: str) -> Any:
+    # ENDPOINT_DTYPE is a numpy dtype: built when first asked for, so importing this module
+    # does not load numpy
+    if name == "ENDPOINT_DTYPE":
+        return _endpoint_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def encode_records(fixed: np.ndarray, text: Mapping[str, tuple[list[str], np.ndarray]]) -> dict:
     """A page of endpoint records: ``fixed`` (:data:`ENDPOINT_DTYPE` rows) and, per field of
     :data:`ENDPOINT_TEXT`, ``(values, index)``: the distinct strings and each row's index into
     them. 20-40 bytes a record where a map per record took ~100 (field names in every one)."""
+    import numpy as np
+
     if fixed.size > PAGE_MAX:
         raise ProtocolError(f"a page holds at most {PAGE_MAX} records, not {fixed.size}")
-    out = encode_columns(fixed, ENDPOINT_DTYPE)
+    out = encode_columns(fixed, _endpoint_dtype())
     out["text"] = {
-        f: [list(text[f][0]), np.asarray(text[f][1]).astype(_INDEX).tobytes()]
-        for f in ENDPOINT_TEXT
+        f: [list(text[f][0]), np.asarray(text[f][1]).astype("<u2").tobytes()] for f in ENDPOINT_TEXT
     }
     return out
 
 
-def decode_records(body: Any) -> tuple[np.ndarray, dict[str, list[str]]]:
-    """The inverse of :func:`encode_records`, checked whole before anything is built: ``n`` at
-    most :data:`PAGE_MAX`, every column ``n`` entries, every index within its values, every
-    value a string within its field's cap. Returns the fixed columns and each text field's
-    value per record."""
+def decode_record_columns(body: Any) -> tuple[dict[str, tuple[int, ...]], dict[str, list[str]]]:
+    """A page of :func:`encode_records`, checked whole before anything is built: ``n`` at most
+    :data:`PAGE_MAX`, every column ``n`` entries, every index within its values, every value a
+    string within its field's cap. Returns each fixed field's and each text field's value per
+    record (plain Python: an agent reads its snapshot without numpy)."""
     if not isinstance(body, dict) or not isinstance(body.get("text"), dict):
         raise ProtocolError("records: a map with 'n', 'cols' and 'text' expected")
-    n = body.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and n > PAGE_MAX:
+    n, cols = body.get("n"), body.get("cols")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(cols, dict):
+        raise ProtocolError("batch: 'n' must be a non-negative int and 'cols' a map")
+    if n > PAGE_MAX:
         raise ProtocolError(f"records: {n} in one page (at most {PAGE_MAX})")
-    fixed = decode_columns(body, ENDPOINT_DTYPE)
-    n = fixed.size
+    fixed: dict[str, tuple[int, ...]] = {}
+    for name, code, _ in _ENDPOINT_FIELDS:
+        col = cols.get(name)
+        size = struct.calcsize(code)
+        if not isinstance(col, bytes) or len(col) != n * size:
+            raise ProtocolError(f"batch: column {name!r} missing or not {n} x {size} bytes")
+        fixed[name] = struct.unpack(f"<{n}{code}", col)
     text: dict[str, list[str]] = {}
     for f, cap in ENDPOINT_TEXT.items():
         col = body["text"].get(f)
@@ -530,40 +568,82 @@ def decode_records(body: Any) -> tuple[np.ndarray, dict[str, list[str]]]:
         values, index = col
         if not isinstance(values, list) or not isinstance(index, bytes) or len(values) > n:
             raise ProtocolError(f"records: text column {f!r} malformed")
-        if len(index) != n * _INDEX.itemsize:
+        if len(index) != n * 2:
             raise ProtocolError(f"records: text column {f!r} index is not {n} x 2 bytes")
         if not all(isinstance(v, str) and len(v) <= cap for v in values):
             raise ProtocolError(f"records: a {f!r} value is not a string of <= {cap} characters")
-        ix = np.frombuffer(index, _INDEX)
-        if n and int(ix.max()) >= len(values):
+        ix = struct.unpack(f"<{n}H", index)
+        if n and max(ix) >= len(values):
             raise ProtocolError(f"records: a {f!r} index is past its {len(values)} values")
-        text[f] = [values[i] for i in ix.tolist()]
+        text[f] = [values[i] for i in ix]
+    return fixed, text
+
+
+def decode_records(body: Any) -> tuple[np.ndarray, dict[str, list[str]]]:
+    """:func:`decode_record_columns` with the fixed columns as :data:`ENDPOINT_DTYPE` rows."""
+    import numpy as np
+
+    cols, text = decode_record_columns(body)
+    fixed = np.zeros(len(cols["ep"]), _endpoint_dtype())
+    for name, values in cols.items():
+        fixed[name] = values
     return fixed, text
 
 
 def probe_batch_body(
     agent: str, records: np.ndarray, eps: list[int] | None = None
 ) -> dict[str, Any]:
+    from skh.records import PROBE_DTYPE
+
     body = {"agent": agent, **encode_columns(records, PROBE_DTYPE)}
     if eps is not None:
         body["eps"] = list(eps)
     return body
 
 
+def probe_batch_body_packed(
+    agent: str, packed: bytes, eps: list[int] | None = None
+) -> dict[str, Any]:
+    """:func:`probe_batch_body` of records packed as :data:`skh.layout.PROBE_STRUCT` rows (the
+    engine's layout): the same columns, built without numpy."""
+    if len(packed) % PROBE_STRUCT.size:
+        raise ProtocolError(f"{len(packed)} bytes are not whole {PROBE_STRUCT.size}-byte records")
+    n = len(packed) // PROBE_STRUCT.size
+    columns = (
+        zip(*PROBE_STRUCT.iter_unpack(packed), strict=True) if n else ((),) * len(PROBE_FIELDS)
+    )
+    cols = {
+        name: struct.pack(f"<{n}{code}", *col)
+        for (name, code, _), col in zip(PROBE_FIELDS, columns, strict=True)
+    }
+    body: dict[str, Any] = {"agent": agent, "n": n, "cols": cols}
+    if eps is not None:
+        body["eps"] = list(eps)
+    return body
+
+
 def counter_batch_body(agent: str, records: np.ndarray) -> dict[str, Any]:
+    from skh.records import COUNTER_DTYPE
+
     return {"agent": agent, **encode_columns(records, COUNTER_DTYPE)}
 
 
 def decode_probes(body: Mapping[str, Any]) -> np.ndarray:
+    from skh.records import PROBE_DTYPE
+
     return decode_columns(body, PROBE_DTYPE)
 
 
 def decode_counters(body: Mapping[str, Any]) -> np.ndarray:
+    from skh.records import COUNTER_DTYPE
+
     return decode_columns(body, COUNTER_DTYPE)
 
 
 def pack_pairs(pairs: np.ndarray) -> bytes:
     """An ``(n, 2)`` array of (src, dst) endpoint ids as raw little-endian uint32 bytes."""
+    import numpy as np
+
     arr = np.asarray(pairs)
     if arr.ndim != 2 or arr.shape[1] != 2:
         raise ProtocolError(f"pairs must have shape (n, 2), got {arr.shape}")
@@ -571,6 +651,8 @@ def pack_pairs(pairs: np.ndarray) -> bytes:
 
 
 def unpack_pairs(raw: bytes) -> np.ndarray:
+    import numpy as np
+
     if len(raw) % 8:
         raise ProtocolError(f"pairs: {len(raw)} bytes is not a multiple of 8")
     return np.frombuffer(raw, dtype="<u4").reshape(-1, 2).astype(np.uint32)

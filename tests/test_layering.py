@@ -64,7 +64,15 @@ def test_csrc_is_plain_c():
 
 
 def test_shared_modules_stay_neutral():
-    for name in ("model.py", "records.py", "errors.py", "failures.py", "probeplan.py"):
+    for name in (
+        "model.py",
+        "records.py",
+        "layout.py",
+        "errors.py",
+        "failures.py",
+        "probeplan.py",
+        "policy.py",
+    ):
         bad = [
             n
             for n in _imports(ROOT / "skh" / name)

@@ -245,3 +245,43 @@ def test_the_longest_rotation_fits_the_detectors_flow_slots():
     assert ProbePolicy(max_paths=FLOW_SLOTS).max_paths == FLOW_SLOTS
     with pytest.raises(ConfigError, match="max_paths"):
         ProbePolicy(max_paths=FLOW_SLOTS + 1)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ProbePolicy(),
+        ProbePolicy(interval_s=0.05, budget_per_s=37.0, ok_sample_s=0.0),
+        ProbePolicy(interval_s=0.25, min_interval_s=0.01, budget_per_s=400.0, max_paths=7),
+        ProbePolicy(coverage_s=1.0, default_ecmp_paths=9, budget_per_s=13.0),
+        ProbePolicy(interval_s=3.0, min_interval_s=1.0, budget_per_s=1.0, ok_sample_s=5.0),
+    ],
+)
+def test_an_agents_own_plan_of_one_source_is_the_planners(policy):
+    """An overlay agent plans its preload list without numpy (skh.policy.source_plan): each
+    of one source's k pairs gets what plan_probes gives it, budget edges included."""
+    from skh.policy import source_plan
+
+    for k in [*range(1, 40), 63, 64, 99, 100, 101, 333, 1000, 4095]:
+        plan = plan_probes(np.column_stack([np.full(k, 5), np.arange(10, 10 + k)]), policy)
+        assert set(plan.interval_ms.tolist()) == {round(source_plan(k, policy)[0] * 1000)}
+        assert set(plan.paths.tolist()) == {source_plan(k, policy)[1]}
+
+
+def test_an_agent_reads_its_rows_of_the_skeletons_plan():
+    from array import array
+
+    from skh.errors import ProtocolError
+    from skh.policy import plan_rows
+
+    rng = np.random.default_rng(5)
+    pairs = np.unique(rng.integers(0, 30, (200, 2)), axis=0)
+    plan = plan_probes(pairs, ProbePolicy(budget_per_s=40.0))
+    src, dst = array("I", pairs[:, 0].tolist()), array("I", pairs[:, 1].tolist())
+    for ep in range(31):
+        assert plan_rows(plan.to_wire(), src, dst, ep) == plan.lookup(ep)
+    with pytest.raises(ProtocolError):
+        plan_rows(plan.to_wire(), src[:-1], dst[:-1], 3)
+    bad = plan.to_wire() | {"paths": bytes(2 * len(src))}
+    with pytest.raises(ProtocolError):
+        plan_rows(bad, src, dst, 3)

@@ -3,9 +3,10 @@
 Skeleton pairs are probed ten times a second so that a 2 % loss shows within about a second,
 but the latency windows, their thresholds and the detector's memory are sized for one sample a
 second. The detector keeps this sample and drops the other OKs; the agent forwards it with
-every failure and drops the rest before they cross the network (``AgentConfig.ok_sample_s``),
-so the analyzer ingests about one record per pair and second, not ten. Both use this rule, so
-what the agent forwards always holds what the detector would have picked.
+every failure and drops the rest before they cross the network (``AgentConfig.ok_sample_s``;
+record by record, without numpy: :class:`skh.analysis.rowthin.RowThinner`), so the analyzer
+ingests about one record per pair and second, not ten. Both use this rule, so what the agent
+forwards always holds what the detector would have picked.
 
 Periods are phased half a period before the pair's first OK, so a schedule of one probe per
 period, jitter and all, lands one probe mid-period. Which OK: the first on the path id the pair
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from skh.analysis.rowthin import FLOW_SLOTS, NO_PHASE
 from skh.records import ProbeStatus, pair_keys
 
 __all__ = [
@@ -46,18 +48,6 @@ LATENCY_SAMPLE_S = 1.0
 #: flow slots per pair the detector tells apart in its latency ring (``path_id % LATENCY_PATHS``;
 #: a slow ECMP path shows in the slots its ids fall in); sampling does not depend on it
 LATENCY_PATHS = 4
-#: flow slots per pair the loss side tells apart (``path_id % FLOW_SLOTS``): the fast path's
-#: per-flow failure runs, and the OKs the agents forward to end them. One per path id of the
-#: longest rotation a probe plan hands out (:class:`skh.probeplan.ProbePolicy` ``max_paths``):
-#: folding a rotation's ids into fewer slots mixes an ECMP path that a dead switch breaks with
-#: paths that work, so its outage never runs and reads as random loss (a spine offline broke
-#: one or two of 14-45 ids of thousands of pairs; their failures lifted their ToRs' loss tests,
-#: and pairs that merely lost a probe were called lossy with them)
-FLOW_SLOTS = 64
-#: ``phase_ns`` of a pair that has had no OK yet
-NO_PHASE = np.iinfo(np.int64).min
-
-
 #: per-pair state of the latency sample, as fields of a structured array (the detector keeps
 #: them among its pair fields); :func:`blank_sample_state` gives their starting values
 SAMPLE_STATE = [

@@ -7,9 +7,15 @@ and skeletons itself — and ships result batches every ``batch_interval_s`` to 
 every failure and one OK per pair and second (:class:`skh.analysis.sampling.ResultThinner`;
 ``ok_sample_s``).
 
+The agent never loads numpy (~13 MB of the sidecar's ~44 MB resident, docs/probing.md;
+tests/orchestrator/test_agent.py): its engines hand their records over packed
+(:meth:`skh.probe.Engine.drain_packed`), it thins them record by record
+(:class:`skh.analysis.rowthin.RowThinner`, the numpy thinner's rule) and ships them in the wire's
+columns (:func:`skh.wire.probe_batch_body_packed`); the analyzer reads them as before.
+
 How each pair is probed (interval, and the ECMP path ids its probes rotate over) is the
 controller's: the skeleton comes with its probe plan, and the preload list is planned here from
-the probe policy the controller hands out with the ping list (:mod:`skh.probeplan`,
+the probe policy the controller hands out with the ping list (:mod:`skh.policy`,
 docs/probing.md). The policy wins over this agent's own ``probe_interval_s`` and
 ``ok_sample_s``; where they differ, the agent says so when it first hears the policy.
 
@@ -34,20 +40,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import zmq
 
-from skh.analysis.sampling import ResultThinner
+from skh.analysis.rowthin import RowThinner
 from skh.errors import ConfigError, ProtocolError
+from skh.layout import PROBE_STRUCT, ProbeStatus
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig, EndpointSpec
 from skh.orchestrator.daemon import RetryRefused, make_socket
+from skh.orchestrator.jobcopy import EndpointInfo, JobCopy, merge_snapshot_pages
 from skh.orchestrator.metrics import RTT_BUCKETS, CallbackCollector, Histograms
-from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, merge_snapshot_pages
 from skh.orchestrator.security import SecurityConfig, ensure_keypair
-from skh.probeplan import ProbePlan, ProbePolicy, plan_probes
-from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
-from skh.wire import DEFAULT_MAX_FRAME_BYTES, Envelope, MsgType, job_topic, probe_batch_body
+from skh.policy import ProbePolicy, plan_rows, source_plan
+from skh.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Envelope,
+    MsgType,
+    job_topic,
+    probe_batch_body_packed,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -58,6 +69,7 @@ log = logging.getLogger(__name__)
 
 _MAX_BATCH_RECORDS = 65536  # one frame stays ~3.5 MiB, well under the codec limit
 _DEFAULT_POLICY = ProbePolicy()
+_RECORD = PROBE_STRUCT.size
 
 
 class EngineLike(Protocol):
@@ -79,7 +91,7 @@ class EngineLike(Protocol):
     def remove_target(self, dst_ep: int) -> None: ...
     def start(self) -> None: ...
     def close(self) -> None: ...
-    def drain(self, max_records: int | None = None) -> np.ndarray: ...
+    def drain_packed(self, max_records: int | None = None) -> bytearray: ...
     def stats(self) -> Any: ...
 
 
@@ -109,6 +121,18 @@ def in_flight_slots(cfg: AgentConfig) -> int:
     return max(256, min(MAX_IN_FLIGHT, math.ceil(4 * share * cfg.probe_timeout_s)))
 
 
+def answer_slots(cfg: AgentConfig) -> int:
+    """Answered probes of one endpoint's engine waiting for their first reply's send stamp (each
+    for at most 10 ms): its share of the agent's top rate, a second of it, in case its peers'
+    probes come in bursts; not the engine's most, 1,024 (~200 B each, all resident once the ring
+    has wrapped: 8 x 210 KB for 8 endpoints). Beyond it the oldest waiter's second reply leaves
+    without that stamp."""
+    from skh._fastprobe import MAX_ANSWER_SLOTS
+
+    share = cfg.max_probe_rate / max(1, len(cfg.endpoints))
+    return max(64, min(MAX_ANSWER_SLOTS, math.ceil(share)))
+
+
 def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
     from skh.probe import Engine  # the C engine; imported here so the controller never loads it
 
@@ -118,6 +142,7 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         transport=cfg.transport,
         ring_records=ring_records(cfg),
         max_in_flight=in_flight_slots(cfg),
+        answer_slots=answer_slots(cfg),
         timeout_s=cfg.probe_timeout_s,
         device=spec.device or None,
         gid_index=None if spec.gid_index < 0 else spec.gid_index,
@@ -127,41 +152,43 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
 
 
 class ResultBuffer:
-    """FIFO of probe batches bounded by a record count; overflow drops the oldest records."""
+    """FIFO of probe batches, records packed as :data:`skh.layout.PROBE_STRUCT` (48 bytes each,
+    as the engine writes them), bounded by a record count; overflow drops the oldest records."""
 
     def __init__(self, max_records: int) -> None:
         self.max_records = max_records
-        self._q: deque[np.ndarray] = deque()
+        self._q: deque[bytes] = deque()
         self.records = 0
         self.dropped = 0
 
-    def push(self, batch: np.ndarray) -> None:
-        if batch.size == 0:
+    def push(self, batch: bytes) -> None:
+        n = len(batch) // _RECORD
+        if n == 0:
             return
-        for i in range(0, batch.size, _MAX_BATCH_RECORDS):
-            part = batch[i : i + _MAX_BATCH_RECORDS]
+        for i in range(0, n, _MAX_BATCH_RECORDS):
+            part = batch[i * _RECORD : (i + _MAX_BATCH_RECORDS) * _RECORD]
             self._q.append(part)
-            self.records += part.size
+            self.records += len(part) // _RECORD
         while self.records > self.max_records:
             excess = self.records - self.max_records
-            head = self._q[0]
-            if head.size <= excess:
+            head = len(self._q[0]) // _RECORD
+            if head <= excess:
                 self._q.popleft()
-                self.records -= head.size
-                self.dropped += head.size
+                self.records -= head
+                self.dropped += head
             else:
-                self._q[0] = head[excess:]
+                self._q[0] = self._q[0][excess * _RECORD :]
                 self.records -= excess
                 self.dropped += excess
 
     def push_heartbeat(self) -> None:
-        self._q.append(empty_probes())
+        self._q.append(b"")
 
-    def peek(self) -> np.ndarray | None:
+    def peek(self) -> bytes | None:
         return self._q[0] if self._q else None
 
     def pop(self) -> None:
-        self.records -= self._q.popleft().size
+        self.records -= len(self._q.popleft()) // _RECORD
 
 
 class OverlayAgent(AgentBase):
@@ -198,7 +225,7 @@ class OverlayAgent(AgentBase):
             eng.start()  # the responder answers from now on, before anyone may probe us
             self.engines.append((spec, eng))
         self.ep_ids: list[int] = []  # controller ids, parallel to self.engines
-        self.job: JobPingLists | None = None
+        self.job: JobCopy | None = None
         self._pages: list[dict[str, Any]] = []  # a paged snapshot being received
         #: per engine: dst -> (address, interval_s, paths) it probes now
         self.targets: list[dict[int, tuple[tuple[str, int, str, int], float, int]]] = [
@@ -211,12 +238,14 @@ class OverlayAgent(AgentBase):
             ok_sample_s=cfg.ok_sample_s,
         )
         self._heard_policy: dict[str, Any] | None = None
-        self._plan: tuple[Any, ProbePlan] | None = None  # the skeleton's, by the wire dict
+        #: the skeleton's plan as last read (its wire dict) and each endpoint's rows of it
+        #: (None: the plan does not fit the skeleton)
+        self._plan: tuple[Any, dict[int, dict[int, tuple[float, int]]] | None] | None = None
         self.ready_reported = False
         self._ready_seq = -1
         self._next_ready = 0.0
         self.buffer = ResultBuffer(int(cfg.buffer_s * cfg.max_probe_rate))
-        self.thinner = ResultThinner(cfg.ok_sample_s) if cfg.ok_sample_s > 0 else None
+        self.thinner = RowThinner(cfg.ok_sample_s) if cfg.ok_sample_s > 0 else None
         self._next_flush = time.monotonic() + cfg.batch_interval_s
         self.handlers["pinglist"] = lambda _args: self.ping_lists()
         self.latency = Histograms(
@@ -260,7 +289,7 @@ class OverlayAgent(AgentBase):
                 f"register_ack names {len(eps)} endpoint ids for {len(self.engines)} endpoints"
             )
         snaps = [
-            JobPingLists.from_snapshot(s)
+            JobCopy.from_snapshot(s)
             for s in env.body["snapshots"]
             if isinstance(s, dict) and s.get("job") == self.cfg.job
         ]
@@ -305,7 +334,7 @@ class OverlayAgent(AgentBase):
                 return
             # a SYNC answer may trail announcements already applied from the topic
             if self.job is None or body["version"] >= self.job.version:
-                self._install(JobPingLists.from_snapshot(body))
+                self._install(JobCopy.from_snapshot(body))
 
     def _sync(self, why: str, *, resync: bool = True) -> None:
         """Ask for the job's snapshot; ``resync``: this copy fell behind (counted)."""
@@ -356,7 +385,7 @@ class OverlayAgent(AgentBase):
                 self.counters["bad_topic_messages"] += 1
                 log.debug("%s: bad topic message: %r", self.name, exc)
 
-    def _install(self, job: JobPingLists) -> None:
+    def _install(self, job: JobCopy) -> None:
         self.job = job
         self._apply_targets()
 
@@ -385,7 +414,7 @@ class OverlayAgent(AgentBase):
                 "; ".join(differ),
             )
         if policy.ok_sample_s != self.policy.ok_sample_s:
-            self.thinner = ResultThinner(policy.ok_sample_s) if policy.ok_sample_s > 0 else None
+            self.thinner = RowThinner(policy.ok_sample_s) if policy.ok_sample_s > 0 else None
         self.policy = policy
 
     def _pair_plan(self, ep: int, dsts: list[int]) -> dict[int, tuple[float, int]]:
@@ -395,21 +424,24 @@ class OverlayAgent(AgentBase):
         assert self.job is not None
         got: dict[int, tuple[float, int]] = {}
         wire = self.job.plan
-        if wire is not None and self.job.skeleton is not None:
+        pairs = self.job.skeleton_pairs
+        if wire is not None and pairs is not None:
             if self._plan is None or self._plan[0] is not wire:
+                self._plan = (wire, {})
+            rows = self._plan[1]
+            if rows is not None and ep not in rows:
                 try:
-                    plan = ProbePlan.from_wire(wire, self.job.skeleton, self.policy)
+                    rows[ep] = plan_rows(wire, *pairs, ep)
                 except ProtocolError as exc:
                     self.counters["bad_plans"] += 1
                     log.warning("%s: ignoring the skeleton's probe plan: %s", self.name, exc)
-                    plan = None
-                self._plan = (wire, plan) if plan is not None else None
-            if self._plan is not None:
-                got = self._plan[1].lookup(ep)
+                    self._plan = (wire, rows := None)
+            if rows is not None:
+                got = dict(rows[ep])
         missing = [d for d in dsts if d not in got]
         if missing:
-            pairs = np.column_stack([np.full(len(missing), ep), np.array(missing)])
-            got |= plan_probes(pairs, self.policy).lookup(ep)
+            planned = source_plan(len(missing), self.policy)
+            got |= dict.fromkeys(missing, planned)
         return got
 
     def _apply_targets(self) -> None:
@@ -420,7 +452,7 @@ class OverlayAgent(AgentBase):
             return
         self._adopt_policy()
         for i, ((_spec, eng), ep) in enumerate(zip(self.engines, self.ep_ids, strict=True)):
-            dsts = self.job.ping_list(ep).tolist()
+            dsts = self.job.destinations(ep)
             plan = self._pair_plan(ep, dsts)
             want = {}
             for dst in dsts:
@@ -469,26 +501,23 @@ class OverlayAgent(AgentBase):
     # -- results -------------------------------------------------------------------------------
     def flush(self) -> None:
         """Drain the engines into the buffer, then ship what the analyzer will take."""
-        parts = []
+        rows: list[tuple] = []
         for (_spec, eng), ep in zip(
             self.engines, self.ep_ids or [None] * len(self.engines), strict=True
         ):
-            recs = eng.drain()
-            if recs.size and ep is not None:
-                recs = np.array(recs, dtype=PROBE_DTYPE, copy=True)
-                recs["src_ep"] = ep
-                parts.append(recs)
-        if parts:
-            batch = np.concatenate(parts)
-            self.counters["records"] += batch.size
-            ok = batch["status"] == ProbeStatus.OK
-            rtt_s = batch["rtt_ns"][ok] / 1e9
+            raw = eng.drain_packed()
+            if raw and ep is not None:  # the engine's records name the controller's ids
+                rows += [(ep, *r[1:]) for r in PROBE_STRUCT.iter_unpack(raw)]
+        if rows:
+            self.counters["records"] += len(rows)
+            ok = ProbeStatus.OK
+            rtt_s = [r[7] / 1e9 for r in rows if r[4] == ok]
             self.latency.observe("skh_agent_probe_rtt_seconds", (self.cfg.transport,), rtt_s)
             if self.thinner is not None:
-                kept = self.thinner.thin(batch)
-                self.counters["records_thinned"] += batch.size - kept.size
-                batch = kept
-            self.buffer.push(batch)
+                kept = self.thinner.thin(rows)
+                self.counters["records_thinned"] += len(rows) - len(kept)
+                rows = kept
+            self.buffer.push(b"".join(PROBE_STRUCT.pack(*r) for r in rows))
         if self.buffer.peek() is None and self.ep_ids:
             self.buffer.push_heartbeat()  # nothing to ship: an empty batch still says "alive"
         while (head := self.buffer.peek()) is not None:
@@ -497,7 +526,7 @@ class OverlayAgent(AgentBase):
                 MsgType.PROBE_BATCH,
                 self.name,
                 self._seq,
-                probe_batch_body(self.name, head, self.ep_ids),
+                probe_batch_body_packed(self.name, head, self.ep_ids),
             )
             try:
                 self.push.send(frame, zmq.NOBLOCK)
@@ -506,7 +535,7 @@ class OverlayAgent(AgentBase):
                 break
             self.buffer.pop()
             self.counters["batches_sent"] += 1
-            self.counters["records_sent"] += head.size
+            self.counters["records_sent"] += len(head) // _RECORD
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from skh.errors import ConfigError
 from skh.orchestrator.alerts import Retention
 from skh.orchestrator.security import SecurityConfig, underlay_identity
-from skh.probeplan import ProbePolicy
+from skh.policy import ProbePolicy
 from skh.wire import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = [

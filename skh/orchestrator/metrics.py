@@ -2,8 +2,9 @@
 the global default, so tests and several daemons in one process stay apart). Labels are bounded:
 reasons, roles, states, layers, transports and message types — never endpoint or pair ids.
 
-Latency histograms (:class:`Histograms`) take whole numpy arrays per observation, so an agent
-can count a batch of probe RTTs without a Python call per probe. ``deploy/grafana/`` builds its
+Latency histograms (:class:`Histograms`) take a batch of values per observation (a list, or a
+numpy array where the caller has one): the overlay agent counts its probe RTTs without numpy,
+which it must not load (~13 MB of each sidecar's memory). ``deploy/grafana/`` builds its
 dashboard on these names.
 
 prometheus_client (and the http.server under it: ~9 MB of an agent's ~35) is imported only when
@@ -12,11 +13,12 @@ collectors here are plain objects with ``collect()``, which is all a registry as
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Mapping
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -108,10 +110,10 @@ class CallbackCollector:
 
 
 class Histograms:
-    """Histogram families with bounded label sets, fed whole arrays at a time.
+    """Histogram families with bounded label sets, fed a batch at a time.
 
     ``families`` maps a metric name (seconds, by Prometheus convention ``*_seconds``) to
-    ``(help, label_names, buckets)``. :meth:`observe` adds every value of an array under one
+    ``(help, label_names, buckets)``. :meth:`observe` adds every value of a batch under one
     label tuple; values that are not finite or are negative are dropped (counted nowhere: they
     are not latencies).
     """
@@ -122,24 +124,25 @@ class Histograms:
         self._spec = dict(families)
         self._data: dict[str, dict[tuple[str, ...], list]] = {n: {} for n in self._spec}
 
-    def observe(self, name: str, labels: tuple[str, ...], values: np.ndarray | float) -> None:
+    def observe(self, name: str, labels: tuple[str, ...], values: Iterable[float] | float) -> None:
         doc, names, bounds = self._spec[name]
         if len(labels) != len(names):
             raise ValueError(f"{name}: labels {names} expected, got {labels!r}")
-        v = np.asarray(values, np.float64).ravel()
-        v = v[np.isfinite(v) & (v >= 0)]
-        if v.size == 0:
+        batch = [values] if isinstance(values, int | float) else values
+        v = [float(x) for x in batch if math.isfinite(x) and x >= 0]
+        if not v:
             return
         slot = self._data[name].get(labels)
         if slot is None:
-            slot = self._data[name][labels] = [np.zeros(len(bounds) + 1, np.int64), 0.0]
-        # bucket i counts values <= bounds[i]; the last one is +Inf
-        slot[0] += np.bincount(np.searchsorted(bounds, v, side="left"), minlength=len(bounds) + 1)
-        slot[1] += float(v.sum())
+            slot = self._data[name][labels] = [[0] * (len(bounds) + 1), 0.0]
+        counts = slot[0]
+        for x in v:  # bucket i counts values <= bounds[i]; the last one is +Inf
+            counts[bisect_left(bounds, x)] += 1
+        slot[1] += sum(v)
 
     def count(self, name: str, labels: tuple[str, ...]) -> int:
         slot = self._data[name].get(labels)
-        return 0 if slot is None else int(slot[0].sum())
+        return 0 if slot is None else sum(slot[0])
 
     def collect(self):
         from prometheus_client.core import HistogramMetricFamily
@@ -148,7 +151,7 @@ class Histograms:
         for name, (doc, names, bounds) in self._spec.items():
             fam = HistogramMetricFamily(name, doc, labels=list(names))
             for labels, (counts, total) in list(self._data[name].items()):
-                cum = np.cumsum(counts).tolist()
+                cum = list(itertools.accumulate(counts))
                 edges = [floatToGoString(b) for b in bounds] + ["+Inf"]
                 fam.add_metric(list(labels), list(zip(edges, cum, strict=True)), total)
             yield fam

@@ -17,21 +17,18 @@ change bumps ``version`` by one, so an agent that sees a gap asks for a fresh sn
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from skh.errors import ProtocolError, TopologyError
+from skh.errors import TopologyError
 from skh.model import same_rail_pair_count, same_rail_pairs
+from skh.orchestrator.jobcopy import EndpointInfo, JobCopy, merge_snapshot_pages, page_records
 from skh.wire import (
     ENDPOINT_DTYPE,
     ENDPOINT_TEXT,
-    NAME_MAX,
     PAGE_MAX,
-    MsgType,
-    decode_records,
     encode_records,
     pack_pairs,
     unpack_pairs,
@@ -42,151 +39,13 @@ __all__ = ["EndpointInfo", "JobPingLists", "merge_snapshot_pages", "page_records
 _TEXT = tuple(ENDPOINT_TEXT)
 
 
-@dataclass(frozen=True, slots=True)
-class EndpointInfo:
-    """What the controller knows of one endpoint (the wire form of :class:`skh.model.Endpoint`
-    plus readiness)."""
-
-    ep: int
-    job: str
-    container: str
-    host: str
-    rail: int
-    ip: str = ""
-    port: int = 0
-    gid: str = ""
-    qpn: int = 0
-    netdev: str = ""
-    ready: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.job}/{self.container}/{self.rail}"
-
-    def address(self) -> tuple[str, int, str, int]:
-        return (self.ip, self.port, self.gid, self.qpn)
-
-    def with_ready(self, ready: bool) -> EndpointInfo:
-        # positional construction: dataclasses.replace introspects the fields on every call
-        return EndpointInfo(
-            self.ep,
-            self.job,
-            self.container,
-            self.host,
-            self.rail,
-            self.ip,
-            self.port,
-            self.gid,
-            self.qpn,
-            self.netdev,
-            ready,
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        # by hand: dataclasses.asdict deep-copies and was the controller's hottest function
-        return {
-            "ep": self.ep,
-            "job": self.job,
-            "container": self.container,
-            "host": self.host,
-            "rail": self.rail,
-            "ip": self.ip,
-            "port": self.port,
-            "gid": self.gid,
-            "qpn": self.qpn,
-            "netdev": self.netdev,
-            "ready": self.ready,
-        }
-
-    @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> EndpointInfo:
-        """An endpoint record off the wire: every field of its type, names and addresses within
-        their caps (an address or name of megabytes is refused, not stored)."""
-        try:
-            info = cls(
-                ep=_int_field(d["ep"]),
-                job=_str_field(d["job"], NAME_MAX),
-                container=_str_field(d["container"], NAME_MAX),
-                host=_str_field(d["host"], NAME_MAX),
-                rail=_int_field(d["rail"]),
-                ip=_str_field(d.get("ip", ""), 64),
-                port=_int_field(d.get("port", 0)),
-                gid=_str_field(d.get("gid", ""), 64),
-                qpn=_int_field(d.get("qpn", 0)),
-                netdev=_str_field(d.get("netdev", ""), 64),
-                ready=bool(d.get("ready", False)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed endpoint record: {exc!r}"[:300]) from None
-        if (
-            not 0 <= info.ep < 2**32
-            or not 0 <= info.port < 65536
-            or not 0 <= info.rail < 256
-            or not 0 <= info.qpn < 2**24
-        ):
-            raise ProtocolError(
-                f"endpoint record out of range: ep={info.ep} rail={info.rail} port={info.port} "
-                f"qpn={info.qpn}"
-            )
-        return info
-
-
-def _int_field(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{type(v).__name__} is not an int")
-    return v
-
-
-def _str_field(v: Any, cap: int) -> str:
-    if not isinstance(v, str):
-        raise TypeError(f"{type(v).__name__} is not a str")
-    if len(v) > cap:
-        raise ValueError(f"a field of {len(v)} characters (at most {cap})")
-    return v
-
-
-def page_records(records: Any) -> list[dict[str, Any]]:
-    """A snapshot page's endpoint records (:func:`skh.wire.encode_records`) as wire maps, the
-    form :meth:`EndpointInfo.from_wire` checks; the page's layout is checked first."""
-    fixed, text = decode_records(records)
-    ep, rail, port, qpn = (fixed[f].tolist() for f in ("ep", "rail", "port", "qpn"))
-    ready = (fixed["ready"] != 0).tolist()
-    return [
-        {"ep": ep[k], "rail": rail[k], "port": port[k], "qpn": qpn[k], "ready": ready[k]}
-        | {f: text[f][k] for f in _TEXT}
-        for k in range(fixed.size)
-    ]
-
-
-def merge_snapshot_pages(pages: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """One JOB_SNAPSHOT body from its pages, their records as wire maps under ``endpoints``
-    (each page carries the job's version and skeleton; a change between pages means the copy
-    is stale: ProtocolError, ask again)."""
-    first = pages[0]
-    for p in pages[1:]:
-        if (p["job"], p["version"]) != (first["job"], first["version"]):
-            raise ProtocolError(f"job {first['job']} changed while its snapshot was paged")
-    head = {k: v for k, v in first.items() if k != "records"}
-    return {
-        **head,
-        "endpoints": [e for p in pages for e in page_records(p["records"])],
-        "next": None,
-    }
-
-
-class JobPingLists:
-    """The endpoints of one job, their readiness, the optional skeleton and the list version."""
+class JobPingLists(JobCopy):
+    """The endpoints of one job, their readiness, the optional skeleton and the list version: the
+    controller's, and what reads a job as arrays (an agent's copy is the :class:`JobCopy`)."""
 
     def __init__(self, job: str, *, version: int = 0) -> None:
-        self.job = job
-        self.version = version
-        self.endpoints: dict[int, EndpointInfo] = {}
+        super().__init__(job, version=version)
         self.skeleton: np.ndarray | None = None  # (n, 2) uint32 (src, dst)
-        self.skeleton_version = 0
-        #: the controller's probe policy (:class:`skh.probeplan.ProbePolicy`, wire form) and the
-        #: skeleton's probe plan (:meth:`skh.probeplan.ProbePlan.to_wire`, rows of ``skeleton``)
-        self.probing: dict[str, Any] | None = None
-        self.plan: dict[str, Any] | None = None
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._order: list[int] = []  # endpoint ids sorted, for paging
         #: beside ``_order`` (row i is ``_order[i]``, capacity beyond): each record's fixed
@@ -391,53 +250,12 @@ class JobPingLists:
         } | self._probing()
 
     # -- agent side ----------------------------------------------------------------------------
-    @classmethod
-    def from_snapshot(cls, body: Mapping[str, Any]) -> JobPingLists:
-        """A copy built from a snapshot: one page's body, or pages merged
-        (:func:`merge_snapshot_pages`)."""
-        if "records" in body:
-            body = merge_snapshot_pages([body])
-        out = cls(str(body["job"]), version=int(body["version"]))
-        for d in body["endpoints"]:
-            if not isinstance(d, Mapping):
-                raise ProtocolError("snapshot endpoint is not a map")
-            info = EndpointInfo.from_wire(d)
-            out.store(info)
-        if body.get("skeleton") is not None:
-            out.skeleton = unpack_pairs(body["skeleton"])
-        out.skeleton_version = int(body.get("skeleton_version", 0))
-        out.probing = body.get("probing")
-        out.plan = body.get("plan")
-        return out
-
-    def apply(self, mtype: MsgType, body: Mapping[str, Any]) -> bool:
-        """Apply a published change. Returns False when a version gap means this copy missed a
-        message and needs a snapshot; stale (already applied) messages are ignored."""
-        version = int(body["version"])
-        if version <= self.version:
-            return True
-        if version != self.version + 1:
-            return False
-        if mtype is MsgType.READY_ANNOUNCE:
-            for d in body["endpoints"]:
-                if not isinstance(d, Mapping):
-                    raise ProtocolError("announced endpoint is not a map")
-                info = EndpointInfo.from_wire(d)
-                self.store(info.with_ready(True))
-        elif mtype is MsgType.ENDPOINTS_DOWN:
-            for ep in body["endpoints"]:
-                if isinstance(ep, int) and ep in self.endpoints:
-                    self.store(self.endpoints[ep].with_ready(False))
-        elif mtype is MsgType.SKELETON:
-            self.skeleton = unpack_pairs(body["pairs"])
-            self.skeleton_version = int(body["skeleton_version"])
-            self.plan = body.get("plan")
-            self.probing = body.get("probing", self.probing)
-        else:
-            raise ProtocolError(f"{mtype.value} does not change a ping list")
-        self.version = version
+    def _set_skeleton(self, raw: bytes | None) -> None:
+        self.skeleton = None if raw is None else unpack_pairs(raw)
         self._arrays = None
-        return True
+
+    def destinations(self, src: int) -> list[int]:
+        return self.ping_list(src).tolist()
 
     # -- queries -------------------------------------------------------------------------------
     def _cols(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -54,9 +54,9 @@ class _Engine:
     def stats(self):
         return {}
 
-    def drain(self, max_records=None):
+    def drain_packed(self, max_records=None):
         out, self.batch = self.batch, empty_probes(0)
-        return out
+        return bytearray(out.tobytes())
 
 
 @pytest.fixture

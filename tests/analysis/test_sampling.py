@@ -153,3 +153,61 @@ def test_the_latency_sample_walks_every_path_id_of_the_plans_rotation(paths, int
     assert set(ids.tolist()) == set(range(paths))
     # one sample per period once probes come at least once a period
     assert ids.size >= horizon_s - 2
+
+
+def _agent_stream(rng: np.random.Generator, secs: int) -> list[np.ndarray]:
+    """An agent's drains, a second each: pairs of several probers at their own intervals and
+    rotations, failures of every status in runs and alone (a lost probe's record is drained
+    after later answers, as the engine decides it at its timeout), clock jitter, a prober
+    restarting its sequence numbers, and pairs that come and go."""
+    n_pairs = 12
+    src = rng.integers(0, 4, n_pairs)
+    dst = rng.integers(4, 40, n_pairs)
+    iv = rng.choice([0.02, 0.05, 0.1, 0.25, 0.63, 1.3], n_pairs)
+    paths = rng.choice([1, 3, 4, 19, 64], n_pairs)
+    start = rng.uniform(0, 3, n_pairs)
+    batches = []
+    for sec in range(secs):
+        rows = []
+        for p in range(n_pairs):
+            k0 = max(0, int(np.ceil((sec - start[p]) / iv[p])))
+            k1 = int(np.ceil((sec + 1 - start[p]) / iv[p]))
+            if sec > secs // 2 and p % 5 == 0:
+                continue  # gone from the list
+            seq0 = 7_000_000 if sec > secs // 3 and p % 4 == 1 else 2**32 - 40
+            for k in range(k0, k1):
+                t = start[p] + k * iv[p] + rng.uniform(-0.1, 0.1) * iv[p]
+                rows.append((p, (seq0 + k) % 2**32, k % paths[p], t))
+        b = empty_probes(len(rows))
+        if rows:
+            pid = np.array([r[0] for r in rows])
+            b["src_ep"], b["dst_ep"] = src[pid], dst[pid]
+            b["seq"] = [r[1] for r in rows]
+            b["path_id"] = [r[2] for r in rows]
+            b["t_wall_ns"] = T0 + (np.array([r[3] for r in rows]) * S).astype(np.int64)
+            fail = (rng.random(b.size) < 0.08) | ((pid == 3) & (sec % 7 < 2))
+            b["status"] = np.where(fail, rng.integers(1, 8, b.size), 0)
+            b["rtt_ns"] = np.where(fail, -1, rng.integers(5_000, 50_000, b.size))
+            # decision order: answers as they come, failures a timeout later
+            b = b[np.argsort(b["t_wall_ns"] + np.where(fail, S // 2, 0), kind="stable")]
+        batches.append(b)
+    return batches
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_agents_row_thinner_keeps_what_the_result_thinner_keeps(seed):
+    """The overlay agent thins record tuples in plain Python (it must not load numpy): the same
+    records in the same order as the numpy thinner, batch after batch, and so the same latency
+    samples as the detector's rule (which the numpy thinner runs)."""
+    from skh.analysis.rowthin import RowThinner
+
+    rng = np.random.default_rng(seed)
+    ref, rows = ResultThinner(), RowThinner()
+    kept = failed = 0
+    for b in _agent_stream(rng, 40):
+        want = ref.thin(b)
+        got = rows.thin(b.tolist())
+        assert got == want.tolist()
+        kept += len(got)
+        failed += int((want["status"] != 0).sum())
+    assert 0 < failed < kept

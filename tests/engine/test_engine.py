@@ -453,6 +453,25 @@ def test_in_flight_limit_holds_probes_back_without_spinning(make_engine):
         Engine(max_in_flight=0)
 
 
+def test_a_small_answer_table_still_answers_every_probe_of_a_burst(make_engine):
+    """A responder with 64 answer slots (the overlay agent sizes them to its share of the rate)
+    gets bursts of 300 probes at once: each is answered twice, the oldest waiters giving up
+    their send stamp, and every probe is decided OK."""
+    b = make_engine(answer_slots=64, batch_window_s=0.0)
+    a = make_engine(timeout_s=0.5, batch_window_s=0.01)
+    b.start()
+    a.start()
+    for dst in range(300):
+        a.add_target(dst, "127.0.0.1", b.local_port, interval_s=0.2, count=3)
+    time.sleep(1.2)
+    s = quiesce(a)
+    assert s.sent == 900 and s.ok == 900, s
+    assert b.stats().probes_received == 900
+    assert_accounted(s)
+    with pytest.raises(InvalidProbeSpec, match="answer_slots"):
+        Engine(answer_slots=fp.MAX_ANSWER_SLOTS + 1)
+
+
 def test_probe_size_is_configurable_and_replies_stay_small(make_engine):
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ from skh.orchestrator.agent_overlay import OverlayAgent, ResultBuffer
 from skh.orchestrator.analyzer import Analyzer
 from skh.orchestrator.config import AgentConfig, EndpointSpec
 from skh.orchestrator.controller import Controller
-from skh.records import empty_probes
+from skh.records import PROBE_DTYPE, empty_probes
 from skh.wire import Envelope, MsgType
 
 
@@ -22,11 +22,11 @@ def test_buffer_drops_the_oldest_records_and_counts_them():
     for start in range(0, 16, 4):
         b = empty_probes(4)
         b["seq"] = np.arange(start, start + 4)
-        buf.push(b)
+        buf.push(b.tobytes())
     assert buf.records == 10 and buf.dropped == 6
     kept = []
     while (head := buf.peek()) is not None:
-        kept += head["seq"].tolist()
+        kept += np.frombuffer(head, PROBE_DTYPE)["seq"].tolist()
         buf.pop()
     assert kept == list(range(6, 16))
 
@@ -113,8 +113,8 @@ class _RecordingEngine:
     def close(self):
         pass
 
-    def drain(self, max_records=None):
-        return empty_probes()
+    def drain_packed(self, max_records=None):
+        return bytearray()
 
     def stats(self):
         return {}
@@ -357,10 +357,10 @@ def test_skh_agent_loads_no_other_subcommand():
 
 
 def test_the_overlay_agents_import_graph_stays_lean():
-    # every module the sidecar imports stays resident in every training container: scipy and
-    # scikit-learn (the analyzer's) would add tens of MB, the simulator, the evaluation, the
-    # testbed and the analyzer's detectors and localizer have no place there either
-    # (bench/agent_process.py reports what each import layer costs)
+    # every module the sidecar imports stays resident in every training container: numpy alone
+    # is ~13 MB of its VmRSS, scipy and scikit-learn (the analyzer's) tens more, the simulator,
+    # the evaluation, the testbed and the analyzer's detectors and localizer have no place
+    # there either (bench/agent_process.py reports what each import layer costs)
     code = (
         "import sys, skh.cli.agent\n"
         "from skh.orchestrator import agent_overlay, config, daemon, metrics\n"
@@ -369,12 +369,12 @@ def test_the_overlay_agents_import_graph_stays_lean():
     )
     mods = _python(code).split()
     assert "skh.orchestrator.agent_overlay" in mods and "skh.probe" in mods
-    heavy = ("scipy", "sklearn", "pandas", "prometheus_client", "rich", "pyroute2")
+    heavy = ("numpy", "scipy", "sklearn", "pandas", "prometheus_client", "rich", "pyroute2")
     assert not [m for m in mods if m.split(".")[0] in heavy]
     skh_heavy = ("skh.sim", "skh.eval", "skh.testbed", "skh.demo", "skh.collect")
     assert not [m for m in mods if m.startswith(skh_heavy)]
     # of the analysis layer, only the OK sampling the agent applies before shipping
-    assert [m for m in mods if m.startswith("skh.analysis.")] == ["skh.analysis.sampling"]
+    assert [m for m in mods if m.startswith("skh.analysis.")] == ["skh.analysis.rowthin"]
 
 
 def test_an_engines_in_flight_table_covers_its_share_for_a_whole_timeout():
@@ -392,3 +392,70 @@ def test_an_engines_in_flight_table_covers_its_share_for_a_whole_timeout():
     # a default sidecar of 8 endpoints (1,000 probes/s in all): a quarter of the engine's default
     eps = tuple(EndpointSpec(rail=r, ip="127.0.0.1") for r in range(8))
     assert in_flight_slots(AgentConfig(endpoints=eps)) <= _fastprobe.DEFAULT_IN_FLIGHT // 4
+
+
+def test_the_running_overlay_agent_never_loads_numpy():
+    """Imports are not all: an agent that took a snapshot (its preload list, planned here from
+    the policy), then a skeleton with its plan, probed, thinned, counted RTTs and shipped
+    batches has still not loaded numpy (~13 MB of every sidecar's memory)."""
+    code = r"""
+import struct, sys
+from skh.layout import PROBE_STRUCT
+from skh.orchestrator.agent_overlay import OverlayAgent
+from skh.orchestrator.config import AgentConfig, EndpointSpec
+from skh.orchestrator.security import SecurityConfig
+from skh.wire import Envelope, MsgType
+
+class Fake:
+    def __init__(self):
+        self.targets = {}
+    def local_address(self):
+        return {"ip": "127.0.0.1", "port": 9}
+    def add_target(self, dst, host, port, **kw):
+        self.targets[dst] = (kw["interval_s"], kw["paths"])
+    def remove_target(self, dst):
+        del self.targets[dst]
+    def start(self):
+        pass
+    def close(self):
+        pass
+    def stats(self):
+        return {}
+    def drain_packed(self, max_records=None):
+        t0 = 1_700_000_000 * 10**9
+        return bytearray(b"".join(
+            PROBE_STRUCT.pack(0, dst, k, k % 4, int(k % 7 == 3), 2, t0 + k * 10**8,
+                              -1 if k % 7 == 3 else 20_000, 1, 1)
+            for dst in self.targets for k in range(30)))
+
+cfg = AgentConfig(job="j", container="c0", host="h0", name="a",
+                  controller="tcp://127.0.0.1:9", controller_pub="tcp://127.0.0.1:9",
+                  analyzer="tcp://127.0.0.1:9", endpoints=(EndpointSpec(rail=0),))
+agent = OverlayAgent(cfg, SecurityConfig(insecure=True), engine_factory=lambda s, c: Fake())
+eng = agent.engines[0][1]
+eps = [{"ep": e, "job": "j", "container": f"c{e}", "host": f"h{e}", "rail": 0,
+        "ip": "127.0.0.1", "port": 7000 + e, "ready": True} for e in range(4)]
+snap = {"job": "j", "version": 3, "skeleton_version": 0, "endpoints": eps, "skeleton": None,
+        "probing": {"interval_s": 0.1, "budget_per_s": 20.0, "ok_sample_s": 1.0}}
+agent.on_registered(Envelope(1, MsgType.REGISTER_ACK, "ctl", 1, {
+    "epoch": "e", "endpoints": [0], "snapshots": [snap], "heartbeat_interval_s": 1.0}))
+print(sorted(eng.targets.items()))
+agent.flush()
+assert agent.job.apply(MsgType.SKELETON, {"job": "j", "version": 4, "skeleton_version": 1,
+                       "pairs": struct.pack("<6I", 0, 1, 0, 3, 2, 0),
+                       "plan": {"interval_ms": struct.pack("<3H", 50, 200, 100),
+                                "paths": struct.pack("<3H", 4, 19, 4)}})
+agent._apply_targets()
+print(sorted(eng.targets.items()))
+agent.flush()
+agent.close()
+print(agent.counters["records"], agent.counters["records_thinned"], agent.counters["bad_plans"])
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("numpy", "scipy", "sklearn")))
+"""
+    preload, skeleton, counts, heavy = _python(code).splitlines()
+    assert heavy == "[]"
+    # three peers share 20 probes/s (planned here: skh.policy.source_plan), then the plan's
+    assert preload == "[(1, (0.15, 19)), (2, (0.15, 19)), (3, (0.15, 19))]"
+    assert skeleton == "[(1, (0.05, 4)), (3, (0.2, 19))]"
+    records, thinned, bad_plans = map(int, counts.split())
+    assert records == 150 and 0 < thinned < records and bad_plans == 0

@@ -275,8 +275,8 @@ class _IdleEngine:
     def close(self):
         pass
 
-    def drain(self, max_records=None):
-        return empty_probes()
+    def drain_packed(self, max_records=None):
+        return bytearray()
 
     def stats(self):
         return {}
