@@ -27,7 +27,7 @@ from skh.analysis.skeleton.partners import (
     shared_sends,
 )
 from skh.analysis.skeleton.spectrum import atypical, per_second, period
-from skh.analysis.skeleton.stages import bursts, coherence, host_quartile, split_stages
+from skh.analysis.skeleton.stages import bursts, coherence, split_stages
 from skh.analysis.skeleton.validate import confidence
 from skh.errors import ConfigError
 from skh.model import same_rail_pairs
@@ -172,13 +172,14 @@ def infer_skeleton(
             "a peer may sit on another rail, so every cross-host pair of the job is kept",
             1.0,
         )
-    span = _active_span(x, hz, params)
+    x1, hz1 = per_second(x, hz)
+    span = _active_span(t_len, x1, hz1, hz, params)
     if isinstance(span, str):
         return fallback(MODE_SAME_RAIL, span, 0.0)
-    x = x[:, span]
+    # the span is whole seconds: its per-second sums are those of the whole series
+    x, x1 = x[:, span[0]], x1[:, span[1]]
     if tx is not None:
-        tx = np.clip(tx[:, span], 0.0, x)
-    x1, hz1 = per_second(x, hz)
+        tx = np.clip(tx[:, span[0]], 0.0, x)
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
@@ -206,7 +207,7 @@ def infer_skeleton(
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
         # alike in their gaps (replicas of a stage)
         _, hinv = np.unique(host, return_inverse=True)
-        chain = pipeline_chain(host_quartile(x, hinv, rail_inv), hz, params.idle_bytes_per_s)
+        chain = pipeline_chain(split.quartile, hz, params.idle_bytes_per_s)
         if chain.tiers:
             pairs = _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage)
             scores.update(chain_t=chain.weakest_t, iterations=float(chain.iterations))
@@ -342,17 +343,19 @@ def _chain_hint(hint, hinv, tiers) -> str:
     return "confirmed" if up or down else "contradicted"
 
 
-def _active_span(x: np.ndarray, hz: float, params: SkeletonParams) -> slice | str:
+def _active_span(
+    t_len: int, x1: np.ndarray, hz1: float, hz: float, params: SkeletonParams
+) -> tuple[slice, slice] | str:
     """The span where every RNIC carries traffic (training starts only once every container is
-    up; the start of a window may still be the idle wait for the last one), or why there is too
-    little of it. Activity is judged per second: a tenth-second sample of background noise can
-    exceed a rate its second does not."""
-    n, t_len = x.shape
+    up; the start of a window may still be the idle wait for the last one), as slices of the
+    series (``t_len`` samples at ``hz``) and of its per-second sums ``x1`` (:func:`per_second`),
+    or why there is too little of it. Activity is judged per second: a tenth-second sample of
+    background noise can exceed a rate its second does not."""
+    n = x1.shape[0]
     if t_len < params.min_duration_s * hz:
         return (
             f"too little traffic yet: {t_len / hz:.0f} s of series, need {params.min_duration_s} s"
         )
-    x1, hz1 = per_second(x, hz)
     f = int(round(hz / hz1))
     active = x1 > params.idle_bytes_per_s / hz1
     seen = active.any(axis=1)
@@ -368,7 +371,7 @@ def _active_span(x: np.ndarray, hz: float, params: SkeletonParams) -> slice | st
             f"too little traffic yet: all RNICs active for {max(stop - start, 0) / hz1:.0f} s, "
             f"need {params.min_duration_s} s"
         )
-    return slice(start * f, stop * f)
+    return slice(start * f, stop * f), slice(start, stop)
 
 
 def _stages_in_rank_blocks(hint: np.ndarray, blocks: list[np.ndarray]) -> bool:
