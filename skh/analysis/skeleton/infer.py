@@ -117,7 +117,9 @@ def infer_skeleton(
     ep_id, host, rail, x, hint = _validate(ep_id, host, rail, bytes_per_s, hz, container)
     tx = None
     if tx_bytes is not None:
-        tx = np.nan_to_num(np.asarray(tx_bytes, np.float64))
+        tx = np.asarray(tx_bytes, np.float64)
+        if not np.isfinite(tx).all():
+            tx = np.nan_to_num(tx)
         if tx.shape != x.shape:
             raise ConfigError(
                 "The 'tx_bytes' parameter of infer_skeleton must have the shape of bytes_per_s "
@@ -195,11 +197,16 @@ def infer_skeleton(
         group[blocks] = gid + np.arange(k)[:, None]
         stage[blocks] = np.arange(k)[:, None]
         gid += k
+    # every ordered pair inside a group, for all groups of one size at once
+    sizes: dict[int, list[np.ndarray]] = {}
+    for blocks in split.blocks:
+        sizes.setdefault(blocks.shape[1], []).append(blocks.reshape(-1, blocks.shape[1]))
+    for g, rows in sizes.items():
         if g > 1:
-            e = ep_id[blocks]
+            e = ep_id[np.concatenate(rows)]
             off = ~np.eye(g, dtype=bool)
-            a = np.broadcast_to(e[:, :, None], (k, g, g))[:, off]
-            b = np.broadcast_to(e[:, None, :], (k, g, g))[:, off]
+            a = np.broadcast_to(e[:, :, None], (e.shape[0], g, g))[:, off]
+            b = np.broadcast_to(e[:, None, :], (e.shape[0], g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
     coh = split.coherence
     if max(ks) == 1 and hosts.size >= 3:
@@ -239,16 +246,19 @@ def infer_skeleton(
     # groups that share burst instants may be replicas of one stage: linked whole, whatever
     # their places in the order
     boundaries = []
+    links_of: dict[int, list[tuple[int, int, bool]]] = {}  # per stage count, as every rail's
     for blocks in split.blocks:
         k = blocks.shape[0]
-        links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
-        if not split.order_clear:
-            links = [(i, j) for i in range(k) for j in range(i + 1, k)]
-        shared = split.shared if split.shared is not None else np.zeros((k, k), bool)
-        linked = {frozenset(pair) for pair in links}
-        more = np.argwhere(np.triu(shared)).tolist()
-        links += [(i, j) for i, j in more if frozenset((i, j)) not in linked]
-        boundaries += [Boundary(blocks[i], blocks[j], bool(shared[i, j])) for i, j in links]
+        if k not in links_of:
+            links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
+            if not split.order_clear:
+                links = [(i, j) for i in range(k) for j in range(i + 1, k)]
+            shared = split.shared if split.shared is not None else np.zeros((k, k), bool)
+            linked = {frozenset(pair) for pair in links}
+            more = np.argwhere(np.triu(shared)).tolist()
+            links += [(i, j) for i, j in more if frozenset((i, j)) not in linked]
+            links_of[k] = [(i, j, bool(shared[i, j])) for i, j in links]
+        boundaries += [Boundary(blocks[i], blocks[j], w) for i, j, w in links_of[k]]
     pp_chunks, ps = [], PairStats()
     if boundaries:
         fp, nw = fingerprints(x, group, hz, params)
