@@ -208,7 +208,7 @@ def infer_skeleton(
             a = np.broadcast_to(e[:, :, None], (e.shape[0], g, g))[:, off]
             b = np.broadcast_to(e[:, None, :], (e.shape[0], g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
-    coh = split.coherence
+    coh = float(np.quantile(split.coherence, 0.05))
     if max(ks) == 1 and hosts.size >= 3:
         # one group per rail: no DP group split. A pipeline without data parallelism still
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
@@ -230,10 +230,10 @@ def infer_skeleton(
             conf = min(1.0, chain.weakest_t / 10.0)
             return result(MODE_SKELETON, reason, conf, pairs, period_s, scores, hint_state)
         scores["chain_t"] = chain.weakest_t
-    if float(np.quantile(coh, 0.05)) < params.min_coherence and max(ks) == 1:
+    if coh < params.min_coherence and max(ks) == 1:
         return fallback(
             MODE_SAME_RAIL,
-            f"no common bursts (5th-percentile coherence {float(np.quantile(coh, 0.05)):.2f}, "
+            f"no common bursts (5th-percentile coherence {coh:.2f}, "
             f"periodicity {periodicity:.2f}): debug or irregular traffic fits no DP/PP skeleton",
             0.0,
             period_s,
@@ -281,7 +281,7 @@ def infer_skeleton(
     k_mode = int(np.bincount(ks).argmax())
     scores.update(
         separation=float(split.score),
-        coherence=float(np.quantile(coh, 0.05)),
+        coherence=coh,
         rail_agreement=float(np.mean(np.asarray(ks) == k_mode)),
         typical=float(np.mean(atypical(x1, hz1, params) < 0.5)),
         pp_paired=(ps.links - ps.whole - ps.sets) / ps.links if ps.links else 1.0,
