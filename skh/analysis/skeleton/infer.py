@@ -162,7 +162,7 @@ def infer_skeleton(
     # endpoint per (host, rail); containers binding different rail sets (fewer than 8 RNICs) may
     # talk across rails.
     rails, rail_inv = np.unique(rail, return_inverse=True)
-    hosts = np.unique(host)
+    hosts, hinv = np.unique(host, return_inverse=True)
     if hosts.size < 2:
         return fallback(
             MODE_SAME_RAIL, "a single host: its traffic stays on NVLink/PCIe, no pair to probe", 1.0
@@ -185,7 +185,7 @@ def infer_skeleton(
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
-    split = split_stages(x, host, rail_inv, rails.size, rank, hint is not None, hz, params)
+    split = split_stages(x, host, hinv, rail_inv, rails.size, rank, hint is not None, hz, params)
 
     # groups and DP peers
     gid = 0
@@ -213,7 +213,6 @@ def infer_skeleton(
         # one group per rail: no DP group split. A pipeline without data parallelism still
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
         # alike in their gaps (replicas of a stage)
-        _, hinv = np.unique(host, return_inverse=True)
         chain = pipeline_chain(split.quartile, hz, params.idle_bytes_per_s)
         if chain.tiers:
             pairs = _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage)

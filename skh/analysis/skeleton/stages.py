@@ -134,9 +134,7 @@ def _row_onset_gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     span = float(a.shape[1] + 2)
     j = np.searchsorted(rb * span + ob, ra * span + oa)
     lo, hi = first[ra], first[ra + 1] - 1
-    dist = np.minimum(
-        np.abs(oa - ob[np.clip(j - 1, lo, hi)]), np.abs(oa - ob[np.clip(j, lo, hi)])
-    )
+    dist = np.minimum(np.abs(oa - ob[np.clip(j - 1, lo, hi)]), np.abs(oa - ob[np.clip(j, lo, hi)]))
     # each row's median, as np.median takes it (the middle one, or the mean of the middle two)
     order = np.lexsort((dist, ra))
     dist, ra = dist[order], ra[order]
@@ -364,14 +362,13 @@ def _rank_rows(idx: np.ndarray, rank: np.ndarray, host: np.ndarray) -> np.ndarra
 
 
 def _blocks(stage, order, k, rail_inv, n_rails, rank, host) -> list[np.ndarray]:
+    """Per rail, the ``(k, g)`` block of each stage's RNICs in pipeline order (``stage``: a
+    host-wide label per RNIC, every rail with the same equal groups), rows as
+    :func:`_rank_rows` orders them: one stable sort for all rails."""
     pos = np.empty(k, np.int64)
     pos[order] = np.arange(k)
-    st = pos[stage]
-    out = []
-    for r in range(n_rails):
-        idx = np.flatnonzero(rail_inv == r)
-        out.append(np.stack([_rank_rows(idx[st[idx] == j], rank, host) for j in range(k)]))
-    return out
+    idx = np.lexsort((host, rank, pos[stage], rail_inv))
+    return list(idx.reshape(n_rails, k, -1))
 
 
 def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
@@ -439,6 +436,7 @@ def host_quartile(x: np.ndarray, hinv: np.ndarray, rail_inv: np.ndarray) -> np.n
 def split_stages(
     x: np.ndarray,
     host: np.ndarray,
+    hinv: np.ndarray,
     rail_inv: np.ndarray,
     n_rails: int,
     rank: np.ndarray,
@@ -446,9 +444,9 @@ def split_stages(
     hz: float,
     params: SkeletonParams,
 ) -> Split:
-    """Stage blocks per rail from the byte series ``x`` at ``hz`` (and a rank hint)."""
-    hosts, hinv = np.unique(host, return_inverse=True)
-    n_h = hosts.size
+    """Stage blocks per rail from the byte series ``x`` at ``hz`` (and a rank hint); ``hinv``
+    numbers the hosts (``np.unique(host, return_inverse=True)``)."""
+    n_h = int(hinv.max()) + 1
     # a host's rails burst together when it holds one stage; the lower quartile of its rails
     # keeps those bursts and drops what a few rails carry alone (co-tenant or storage flows,
     # which may outgrow the bursts themselves), before the bursts are cut out
