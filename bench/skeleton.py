@@ -23,7 +23,11 @@ Keys:
   same-rail size (paper: 9/64 = 0.14); ``paper_list_ratio``.
 * ``infer_s_40k_rnics``: CPU seconds (one thread) to infer every job of a 40,960-RNIC cluster
   drawn by ``skh.sim.jobs.generate_jobs``; ``infer_detail`` has wall time, job and endpoint
-  counts, modes and coverage.
+  counts, modes and coverage, and the machine's load average while it ran (CPU time on a shared
+  machine runs longer than on an idle one). ``--against REV`` also times the skeleton package of
+  git revision ``REV`` on the same jobs, each job's two inferences back to back in alternating
+  order (same load for both): ``infer_against`` has its CPU seconds and how many jobs' results
+  (mode, digest, reason) differ.
 * ``jobs``: per job of the mix and hint regime: shape, traffic regime, mode, hint outcome,
   coverage and ratio; ``hint_outcomes`` counts them per regime.
 """
@@ -36,8 +40,11 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")  # the goal is one core
 
 import argparse  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -287,29 +294,58 @@ def paper_job(seed: int) -> dict:
     }
 
 
-def timing(n_rnics: int, seed: int) -> dict:
+def _against(rev: str):
+    """``infer_skeleton`` of the skeleton package at git revision ``rev``, imported apart from
+    this tree's (its modules renamed; the rest of ``skh`` is this tree's)."""
+    root = Path(__file__).resolve().parent.parent
+    pkg = "skh/analysis/skeleton"
+    name = f"_skeleton_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
+    files = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:{pkg}"],
+        cwd=root, check=True, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    dst = Path(tempfile.mkdtemp(prefix="skh-against-")) / name
+    dst.mkdir()
+    for f in files:
+        if f.endswith(".py"):
+            text = subprocess.run(
+                ["git", "show", f"{rev}:{pkg}/{f}"],
+                cwd=root, check=True, capture_output=True, text=True,
+            ).stdout  # fmt: skip
+            (dst / f).write_text(text.replace("skh.analysis.skeleton", name))
+    sys.path.insert(0, str(dst.parent))
+    return importlib.import_module(name).infer_skeleton
+
+
+def timing(n_rnics: int, seed: int, against=None) -> dict:
     cluster = Cluster(Fabric.from_params(hosts=n_rnics // 8))
     # ~2.5 hosts per job (the paper: 40K endpoints over ~2K jobs); asking a little more than fits
     # makes generate_jobs halve the largest until the cluster is full
     jobs = generate_jobs(cluster, max(1, n_rnics // 20), seed=seed, lifetime_median_s=1e9)
-    cpu = wall = 0.0
+    cpu = wall = cpu_against = 0.0
+    differ = 0
     modes: dict[str, int] = {}
     used = covered = 0
     cov_min, silent = 1.0, []
-    for job in jobs:
+    load0 = os.getloadavg()[0]
+    for i, job in enumerate(jobs):
         ((x, tx),) = _window([job], seed, SAMPLE_HZ, "default", windows=1)[0]
+        args = (job.ep_ids, job.host, job.rail, x)
+        kw = {"tx_bytes": tx, "sample_hz": SAMPLE_HZ, "container": job.container}
+        if against is not None and i % 2:
+            c = time.process_time()
+            other = against(*args, **kw)
+            cpu_against += time.process_time() - c
         t, c = time.perf_counter(), time.process_time()
-        sk = infer_skeleton(
-            job.ep_ids,
-            job.host,
-            job.rail,
-            x,
-            tx_bytes=tx,
-            sample_hz=SAMPLE_HZ,
-            container=job.container,
-        )
+        sk = infer_skeleton(*args, **kw)
         cpu += time.process_time() - c
         wall += time.perf_counter() - t
+        if against is not None and not i % 2:
+            c = time.process_time()
+            other = against(*args, **kw)
+            cpu_against += time.process_time() - c
+        if against is not None:
+            differ += (other.mode, other.digest, other.reason) != (sk.mode, sk.digest, sk.reason)
         modes[sk.mode] = modes.get(sk.mode, 0) + 1
         used += job.skeleton_pairs.shape[0]
         cov = pairs_coverage(job.skeleton_pairs, sk.pairs)
@@ -325,9 +361,11 @@ def timing(n_rnics: int, seed: int) -> dict:
                     "coverage": round(cov, 4),
                 }
             )
-    return {
+    out = {
         "cpu_s": round(cpu, 2),
         "wall_s": round(wall, 2),
+        # one-minute load averages at the start and the end, and the cores
+        "load": [round(load0, 2), round(os.getloadavg()[0], 2), os.cpu_count()],
         "jobs": len(jobs),
         "rnics": int(sum(j.n_endpoints for j in jobs)),
         "modes": modes,
@@ -337,17 +375,23 @@ def timing(n_rnics: int, seed: int) -> dict:
         "silent_misses": len(silent),
         "silent_miss_cases": silent,
     }
+    if against is not None:
+        out["against"] = {"cpu_s": round(cpu_against, 2), "jobs_differ": differ}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the smaller job mix")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--against", metavar="REV", help="also time the skeleton package of git revision REV"
+    )
     args = ap.parse_args(argv)
     t_all = time.perf_counter()
     acc = accuracy(args.quick, args.seed)
     paper = paper_job(args.seed)
-    big = timing(40960, args.seed)
+    big = timing(40960, args.seed, _against(args.against) if args.against else None)
     result = {
         "sample_hz": SAMPLE_HZ,
         "window_s": WINDOW_S,
@@ -365,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "infer_s_40k_rnics": big["cpu_s"],
         "infer_detail": big,
         "infer_goal_s": 10.0,
+        "infer_against": {"rev": args.against, **big.pop("against")} if args.against else None,
         "hint_outcomes": acc["hint_outcomes"],
         "jobs": acc["jobs"],
         "seed": args.seed,

@@ -27,7 +27,7 @@ from skh.analysis.skeleton.partners import (
     shared_sends,
 )
 from skh.analysis.skeleton.spectrum import atypical, per_second, period
-from skh.analysis.skeleton.stages import bursts, coherence, host_quartile, split_stages
+from skh.analysis.skeleton.stages import bursts, coherence, split_stages
 from skh.analysis.skeleton.validate import confidence
 from skh.errors import ConfigError
 from skh.model import same_rail_pairs
@@ -117,7 +117,9 @@ def infer_skeleton(
     ep_id, host, rail, x, hint = _validate(ep_id, host, rail, bytes_per_s, hz, container)
     tx = None
     if tx_bytes is not None:
-        tx = np.nan_to_num(np.asarray(tx_bytes, np.float64))
+        tx = np.asarray(tx_bytes, np.float64)
+        if not np.isfinite(tx).all():
+            tx = np.nan_to_num(tx)
         if tx.shape != x.shape:
             raise ConfigError(
                 "The 'tx_bytes' parameter of infer_skeleton must have the shape of bytes_per_s "
@@ -160,7 +162,7 @@ def infer_skeleton(
     # endpoint per (host, rail); containers binding different rail sets (fewer than 8 RNICs) may
     # talk across rails.
     rails, rail_inv = np.unique(rail, return_inverse=True)
-    hosts = np.unique(host)
+    hosts, hinv = np.unique(host, return_inverse=True)
     if hosts.size < 2:
         return fallback(
             MODE_SAME_RAIL, "a single host: its traffic stays on NVLink/PCIe, no pair to probe", 1.0
@@ -172,17 +174,18 @@ def infer_skeleton(
             "a peer may sit on another rail, so every cross-host pair of the job is kept",
             1.0,
         )
-    span = _active_span(x, hz, params)
+    x1, hz1 = per_second(x, hz)
+    span = _active_span(t_len, x1, hz1, hz, params)
     if isinstance(span, str):
         return fallback(MODE_SAME_RAIL, span, 0.0)
-    x = x[:, span]
+    # the span is whole seconds: its per-second sums are those of the whole series
+    x, x1 = x[:, span[0]], x1[:, span[1]]
     if tx is not None:
-        tx = np.clip(tx[:, span], 0.0, x)
-    x1, hz1 = per_second(x, hz)
+        tx = np.clip(tx[:, span[0]], 0.0, x)
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
-    split = split_stages(x, host, rail_inv, rails.size, rank, hint is not None, hz, params)
+    split = split_stages(x, host, hinv, rail_inv, rails.size, rank, hint is not None, hz, params)
 
     # groups and DP peers
     gid = 0
@@ -194,19 +197,23 @@ def infer_skeleton(
         group[blocks] = gid + np.arange(k)[:, None]
         stage[blocks] = np.arange(k)[:, None]
         gid += k
+    # every ordered pair inside a group, for all groups of one size at once
+    sizes: dict[int, list[np.ndarray]] = {}
+    for blocks in split.blocks:
+        sizes.setdefault(blocks.shape[1], []).append(blocks.reshape(-1, blocks.shape[1]))
+    for g, rows in sizes.items():
         if g > 1:
-            e = ep_id[blocks]
+            e = ep_id[np.concatenate(rows)]
             off = ~np.eye(g, dtype=bool)
-            a = np.broadcast_to(e[:, :, None], (k, g, g))[:, off]
-            b = np.broadcast_to(e[:, None, :], (k, g, g))[:, off]
+            a = np.broadcast_to(e[:, :, None], (e.shape[0], g, g))[:, off]
+            b = np.broadcast_to(e[:, None, :], (e.shape[0], g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
-    coh = split.coherence
+    coh = float(np.quantile(split.coherence, 0.05))
     if max(ks) == 1 and hosts.size >= 3:
         # one group per rail: no DP group split. A pipeline without data parallelism still
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
         # alike in their gaps (replicas of a stage)
-        _, hinv = np.unique(host, return_inverse=True)
-        chain = pipeline_chain(host_quartile(x, hinv, rail_inv), hz, params.idle_bytes_per_s)
+        chain = pipeline_chain(split.quartile, hz, params.idle_bytes_per_s)
         if chain.tiers:
             pairs = _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage)
             scores.update(chain_t=chain.weakest_t, iterations=float(chain.iterations))
@@ -222,10 +229,10 @@ def infer_skeleton(
             conf = min(1.0, chain.weakest_t / 10.0)
             return result(MODE_SKELETON, reason, conf, pairs, period_s, scores, hint_state)
         scores["chain_t"] = chain.weakest_t
-    if float(np.quantile(coh, 0.05)) < params.min_coherence and max(ks) == 1:
+    if coh < params.min_coherence and max(ks) == 1:
         return fallback(
             MODE_SAME_RAIL,
-            f"no common bursts (5th-percentile coherence {float(np.quantile(coh, 0.05)):.2f}, "
+            f"no common bursts (5th-percentile coherence {coh:.2f}, "
             f"periodicity {periodicity:.2f}): debug or irregular traffic fits no DP/PP skeleton",
             0.0,
             period_s,
@@ -238,16 +245,19 @@ def infer_skeleton(
     # groups that share burst instants may be replicas of one stage: linked whole, whatever
     # their places in the order
     boundaries = []
+    links_of: dict[int, list[tuple[int, int, bool]]] = {}  # per stage count, as every rail's
     for blocks in split.blocks:
         k = blocks.shape[0]
-        links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
-        if not split.order_clear:
-            links = [(i, j) for i in range(k) for j in range(i + 1, k)]
-        shared = split.shared if split.shared is not None else np.zeros((k, k), bool)
-        linked = {frozenset(pair) for pair in links}
-        more = np.argwhere(np.triu(shared)).tolist()
-        links += [(i, j) for i, j in more if frozenset((i, j)) not in linked]
-        boundaries += [Boundary(blocks[i], blocks[j], bool(shared[i, j])) for i, j in links]
+        if k not in links_of:
+            links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
+            if not split.order_clear:
+                links = [(i, j) for i in range(k) for j in range(i + 1, k)]
+            shared = split.shared if split.shared is not None else np.zeros((k, k), bool)
+            linked = {frozenset(pair) for pair in links}
+            more = np.argwhere(np.triu(shared)).tolist()
+            links += [(i, j) for i, j in more if frozenset((i, j)) not in linked]
+            links_of[k] = [(i, j, bool(shared[i, j])) for i, j in links]
+        boundaries += [Boundary(blocks[i], blocks[j], w) for i, j, w in links_of[k]]
     pp_chunks, ps = [], PairStats()
     if boundaries:
         fp, nw = fingerprints(x, group, hz, params)
@@ -270,7 +280,7 @@ def infer_skeleton(
     k_mode = int(np.bincount(ks).argmax())
     scores.update(
         separation=float(split.score),
-        coherence=float(np.quantile(coh, 0.05)),
+        coherence=coh,
         rail_agreement=float(np.mean(np.asarray(ks) == k_mode)),
         typical=float(np.mean(atypical(x1, hz1, params) < 0.5)),
         pp_paired=(ps.links - ps.whole - ps.sets) / ps.links if ps.links else 1.0,
@@ -342,17 +352,19 @@ def _chain_hint(hint, hinv, tiers) -> str:
     return "confirmed" if up or down else "contradicted"
 
 
-def _active_span(x: np.ndarray, hz: float, params: SkeletonParams) -> slice | str:
+def _active_span(
+    t_len: int, x1: np.ndarray, hz1: float, hz: float, params: SkeletonParams
+) -> tuple[slice, slice] | str:
     """The span where every RNIC carries traffic (training starts only once every container is
-    up; the start of a window may still be the idle wait for the last one), or why there is too
-    little of it. Activity is judged per second: a tenth-second sample of background noise can
-    exceed a rate its second does not."""
-    n, t_len = x.shape
+    up; the start of a window may still be the idle wait for the last one), as slices of the
+    series (``t_len`` samples at ``hz``) and of its per-second sums ``x1`` (:func:`per_second`),
+    or why there is too little of it. Activity is judged per second: a tenth-second sample of
+    background noise can exceed a rate its second does not."""
+    n = x1.shape[0]
     if t_len < params.min_duration_s * hz:
         return (
             f"too little traffic yet: {t_len / hz:.0f} s of series, need {params.min_duration_s} s"
         )
-    x1, hz1 = per_second(x, hz)
     f = int(round(hz / hz1))
     active = x1 > params.idle_bytes_per_s / hz1
     seen = active.any(axis=1)
@@ -368,7 +380,7 @@ def _active_span(x: np.ndarray, hz: float, params: SkeletonParams) -> slice | st
             f"too little traffic yet: all RNICs active for {max(stop - start, 0) / hz1:.0f} s, "
             f"need {params.min_duration_s} s"
         )
-    return slice(start * f, stop * f)
+    return slice(start * f, stop * f), slice(start, stop)
 
 
 def _stages_in_rank_blocks(hint: np.ndarray, blocks: list[np.ndarray]) -> bool:

@@ -15,7 +15,9 @@ from traffic alone must beat the null spread by ``pair_z`` and the runner-up by
 ``pair_margin_z``; a rank hint's partner (replica *i* of a stage feeds replica *i* of the next,
 replicas in rank order) needs only ``confirm_z`` and no competitor ahead of it. A hint that the
 evidence clearly contradicts is dropped and counted; a row without enough evidence keeps every
-RNIC of the adjacent group (the list grows, never silently shrinks).
+RNIC of the adjacent group (the list grows, never silently shrinks). With TX and RX apart, the
+shared sends' correlation is added to the fingerprints'; as it also carries the replicas' timing,
+with a sign the stages' schedules set, the fingerprints alone decide the rows the sum leaves open.
 """
 
 from __future__ import annotations
@@ -161,8 +163,9 @@ def _zscores(
 
 
 def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: float) -> np.ndarray:
-    """Partner evidence (z units) between the rows of two stage blocks pooled over rails: the
-    timing fingerprints' correlation, and with TX/RX apart the shared sends', summed."""
+    """Partner evidence (z units) between the rows of two stage blocks pooled over rails, as a
+    ``(views, g, g)`` stack: the timing fingerprints' and, with TX/RX apart, the shared sends'
+    combined (summed), then the fingerprints' alone (:func:`_decide` says why both)."""
     g = a_rows[0].size
     zs = []
     if nw:
@@ -192,8 +195,10 @@ def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: floa
             _zscores(sends_corr(0), sends_corr, t, int(5 * hz) + 1, 1.0 / np.sqrt(t), period_s * hz)
         )
     if not zs:
-        return np.zeros((g, g))
-    return sum(zs) / np.sqrt(len(zs))
+        return np.zeros((1, g, g))
+    if len(zs) == 1:
+        return zs[0][None]
+    return np.stack([sum(zs) / np.sqrt(len(zs)), zs[0]])
 
 
 def pair_boundaries(
@@ -253,7 +258,7 @@ def pair_boundaries(
             col = np.zeros(1, np.int64)
             contra = np.zeros(1, bool)
         else:
-            z = _evidence(
+            zv = _evidence(
                 [a for a, _ in aligned],
                 [b for _, b in aligned],
                 fp,
@@ -263,45 +268,26 @@ def pair_boundaries(
                 hz,
                 period_s,
             )
-            z = _accumulate(key, z, host[ref.a], host[ref.b], seconds, prior, evidence)
-            row, col = linear_sum_assignment(-z)
-            best = z[row, col]
-            masked = z.copy()
-            masked[row, col] = -np.inf
-            runner = np.maximum(masked.max(axis=1), masked[:, col].max(axis=0))
+            zv = _accumulate(key, zv, host[ref.a], host[ref.b], seconds, prior, evidence)
+            col, ok_find, ok_hint, sets, best = _decide(zv[0], params)
             st.null_z.append(float(np.median(best)))
-            ok_find = (best >= params.pair_z) & (best - runner >= params.pair_margin_z)
-            if g == 2:
-                # two replicas' residuals are each other's negative: whatever is left of them
-                # (replicas that move together leave no sends in it) reads as one partner or
-                # the other with equal confidence, so traffic alone does not pair them
-                ok_find[:] = False
-            hint_z = z[pos, pos]
-            others = z.copy()
-            others[pos, pos] = -np.inf
-            rival = np.maximum(others.max(axis=1), others.max(axis=0)[pos])
-            lead = hint_z - rival
-            # a row confirms the hint alone, or the hint's rows together do (their evidence adds
-            # up over the boundary) and this row agrees: positive, no candidate clearly ahead,
-            # and no strong rival alongside (a tie of replicas that move together, which the
-            # hint would break at random)...
-            # ... together over the rows where the hint is what the evidence's assignment picks
-            agree = col == pos
-            joint = float(hint_z[agree].sum() / np.sqrt(agree.sum())) if agree.any() else 0.0
-            tied = (rival >= params.pair_z) & (lead < params.pair_margin_z)
-            ok_hint = ((hint_z >= params.confirm_z) & (lead >= params.pair_margin_z)) | (
-                agree & (joint >= params.confirm_z) & (hint_z >= 1.0) & (lead >= -1.0) & ~tied
-            )
+            if zv.shape[0] > 1:
+                # The shared-sends statistic at 10 Hz carries the replicas' own timing too, with
+                # a sign set by the two stages' schedules: on TP = PP = DP = 8 it reads about -3
+                # sigma for the true partners of interior stages (and the other rows of their
+                # column up to +4), +10 between the first and the last stage, which exchange
+                # nothing. Summed with the fingerprints it can cancel them. The fingerprints
+                # alone say which rows are one replica (partners are one replica in adjacent
+                # stages), by the same rules: they decide the rows the sum leaves open, on
+                # columns the sum has not given to another row.
+                f_col, f_find, f_hint, _, _ = _decide(zv[1], params)
+                taken = np.zeros(g, bool)
+                taken[col[ok_find]] = True
+                add = f_find & ~ok_find & ~taken[f_col]
+                ok_find = ok_find | add
+                col = np.where(add, f_col, col)
+                ok_hint = ok_hint | (f_hint & ~(f_find & (f_col != pos)) & ~taken[pos])
             contra = ok_find & (col != pos)
-            top = z.max(axis=1)
-            for i in np.flatnonzero(~ok_find & (top >= params.pair_z)) if g > 2 else ():
-                # a tie of at least two (one alone would be a partner the margin refused)
-                tie = np.flatnonzero(z[i] >= top[i] - params.pair_margin_z)
-                rest = np.delete(z[i], tie)
-                if 2 <= tie.size <= g // 2 and (
-                    rest.size == 0 or z[i, tie].min() - rest.max() >= params.pair_margin_z
-                ):
-                    sets[i] = tie
         for a, b in aligned:
             st.links += g
             if hinted:
@@ -337,10 +323,57 @@ def pair_boundaries(
     return out, st, evidence
 
 
+def _decide(z: np.ndarray, params: SkeletonParams):
+    """One evidence matrix's verdict per row: the assignment's partner, whether traffic alone
+    names it, whether it confirms the hint's partner (the same row), a tie set, and each row's
+    assigned z (see :func:`pair_boundaries`)."""
+    g = z.shape[0]
+    pos = np.arange(g)
+    row, col = linear_sum_assignment(-z)
+    best = z[row, col]
+    masked = z.copy()
+    masked[row, col] = -np.inf
+    runner = np.maximum(masked.max(axis=1), masked[:, col].max(axis=0))
+    ok_find = (best >= params.pair_z) & (best - runner >= params.pair_margin_z)
+    if g == 2:
+        # two replicas' residuals are each other's negative: whatever is left of them
+        # (replicas that move together leave no sends in it) reads as one partner or
+        # the other with equal confidence, so traffic alone does not pair them
+        ok_find[:] = False
+    hint_z = z[pos, pos]
+    others = z.copy()
+    others[pos, pos] = -np.inf
+    rival = np.maximum(others.max(axis=1), others.max(axis=0)[pos])
+    lead = hint_z - rival
+    # a row confirms the hint alone, or the hint's rows together do (their evidence adds
+    # up over the boundary) and this row agrees: positive, no candidate clearly ahead,
+    # and no strong rival alongside (a tie of replicas that move together, which the
+    # hint would break at random)...
+    # ... together over the rows where the hint is what the evidence's assignment picks
+    agree = col == pos
+    joint = float(hint_z[agree].sum() / np.sqrt(agree.sum())) if agree.any() else 0.0
+    tied = (rival >= params.pair_z) & (lead < params.pair_margin_z)
+    ok_hint = ((hint_z >= params.confirm_z) & (lead >= params.pair_margin_z)) | (
+        agree & (joint >= params.confirm_z) & (hint_z >= 1.0) & (lead >= -1.0) & ~tied
+    )
+    sets = [np.zeros(0, np.int64)] * g
+    top = z.max(axis=1)
+    for i in np.flatnonzero(~ok_find & (top >= params.pair_z)) if g > 2 else ():
+        # a tie of at least two (one alone would be a partner the margin refused)
+        tie = np.flatnonzero(z[i] >= top[i] - params.pair_margin_z)
+        rest = np.delete(z[i], tie)
+        if 2 <= tie.size <= g // 2 and (
+            rest.size == 0 or z[i, tie].min() - rest.max() >= params.pair_margin_z
+        ):
+            sets[i] = tie
+    return col, ok_find, ok_hint, sets, best
+
+
 #: evidence older than this much traffic no longer counts (a job's timing may drift)
 MAX_EVIDENCE_S = 1800.0
 
-#: per stage boundary (its two host sets): the z matrix in host order, and its seconds
+#: per stage boundary (its two host sets): the z matrices (views of :func:`_evidence`) in host
+#: order, and their seconds
 Evidence = dict[tuple[bytes, bytes], tuple[np.ndarray, float]]
 
 
@@ -348,14 +381,14 @@ def _accumulate(key, z, hosts_a, hosts_b, seconds, prior: Evidence | None, out: 
     """This window's z matrix combined with the prior's of the same boundary; recorded in
     ``out`` (host order) and returned in the rows' order."""
     ia, ib = np.argsort(hosts_a, kind="stable"), np.argsort(hosts_b, kind="stable")
-    zs = z[np.ix_(ia, ib)]
+    zs = z[:, ia][:, :, ib]
     w = seconds
     prev = None
     if prior is not None:
         if key in prior:
             prev = prior[key]
         elif key[::-1] in prior:  # the stages came out in the other order
-            prev = (prior[key[::-1]][0].T, prior[key[::-1]][1])
+            prev = (prior[key[::-1]][0].transpose(0, 2, 1), prior[key[::-1]][1])
     if prev is not None and prev[0].shape == zs.shape:
         zp, wp = prev
         wp = min(wp, max(MAX_EVIDENCE_S - w, 0.0))
@@ -364,7 +397,7 @@ def _accumulate(key, z, hosts_a, hosts_b, seconds, prior: Evidence | None, out: 
             w += wp
     out[key] = (zs, w)
     back_a, back_b = np.argsort(ia), np.argsort(ib)
-    return zs[np.ix_(back_a, back_b)]
+    return zs[:, back_a][:, :, back_b]
 
 
 def _align(ref_hosts: np.ndarray, hosts: np.ndarray) -> np.ndarray:

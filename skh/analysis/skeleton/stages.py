@@ -23,7 +23,7 @@ not, and the farther apart their stages, the less alike. Hence:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -76,6 +76,18 @@ class _Clusters:
     order_clear: bool = True
 
 
+def _group_sums(feat: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
+    """``(k, T)``: the rows of ``feat`` summed per label, each group's in row order (what
+    ``np.add.at`` gives, bit for bit, without its per-row cost; ``np.add.reduceat`` sums in
+    another order)."""
+    count = np.bincount(label, minlength=k)
+    rows = feat[np.argsort(label, kind="stable")]
+    if count.min() == count.max():
+        return rows.reshape(k, -1, feat.shape[1]).sum(axis=1)
+    ends = np.cumsum(count)
+    return np.stack([rows[e - c : e].sum(axis=0) for e, c in zip(ends, count, strict=True)])
+
+
 def _onsets(m: np.ndarray) -> np.ndarray:
     """Sub-sample times of a series' big rising edges: the peaks of its first difference above
     half the largest one, refined by a parabola."""
@@ -101,6 +113,40 @@ def _onset_gap(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.median(_nearest(a, b)))
 
 
+def _row_onset_gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`_onset_gap` of each row of ``a`` to the same row of ``b`` (series of one length),
+    in one pass over all rows: the same values as row by row."""
+    d = np.diff(np.concatenate([a, b]), axis=1)
+    n = a.shape[0]
+    if d.shape[1] < 3:
+        return np.full(n, np.inf)
+    mid = d[:, 1:-1]
+    peak = (mid > d[:, :-2]) & (mid >= d[:, 2:]) & (mid >= 0.5 * d.max(axis=1, keepdims=True))
+    row, i = np.nonzero(peak)  # row by row, each row's onsets in time order
+    i = i + 1
+    on = i + 0.5 + parabolic(d[row, i - 1], d[row, i], d[row, i + 1])
+    in_a = row < n
+    ra, oa, rb, ob = row[in_a], on[in_a], row[~in_a] - n, on[~in_a]
+    first = np.searchsorted(rb, np.arange(n + 1))  # row r of b: ob[first[r]:first[r + 1]]
+    has = first[ra + 1] > first[ra]
+    ra, oa = ra[has], oa[has]
+    # each onset's place among its own row's onsets of b (rows apart by more than a series)
+    span = float(a.shape[1] + 2)
+    j = np.searchsorted(rb * span + ob, ra * span + oa)
+    lo, hi = first[ra], first[ra + 1] - 1
+    dist = np.minimum(np.abs(oa - ob[np.clip(j - 1, lo, hi)]), np.abs(oa - ob[np.clip(j, lo, hi)]))
+    # each row's median, as np.median takes it (the middle one, or the mean of the middle two)
+    order = np.lexsort((dist, ra))
+    dist, ra = dist[order], ra[order]
+    count = np.bincount(ra, minlength=n)
+    start = np.r_[0, np.cumsum(count)[:-1]]
+    out = np.full(n, np.inf)
+    ok = count > 0
+    c, s0 = count[ok], start[ok]
+    out[ok] = (dist[s0 + (c - 1) // 2] + dist[s0 + c // 2]) / 2
+    return out
+
+
 def _shared_onsets(a: np.ndarray, b: np.ndarray, within: float) -> float:
     """Share of the onsets in ``a`` with one in ``b`` at most ``within`` samples away."""
     if a.size == 0 or b.size == 0:
@@ -120,14 +166,13 @@ def _same_timing(
     one stage (a context-parallel pair, an expert-parallel group, RNICs alike in what they write
     to storage) resemble each other more than their stage, but share its gradient syncs to the
     sample, where two stages are a backward (or forward) pass apart."""
-    sums = np.zeros((k, feat.shape[1]))
-    np.add.at(sums, label, feat)
+    sums = _group_sums(feat, label, k)
     size = np.bincount(label, minlength=k)
     on = [_onsets(m) for m in sums / size[:, None]]
     # how far a member's bursts start from its group's others (a group of two stages, as pairs
     # of stages of a one-replica pipeline would make, is as far apart as the stages)
     loo = (sums[label] - feat) / np.maximum(size[label] - 1, 1)[:, None]
-    jitter = np.median([_onset_gap(_onsets(feat[i]), _onsets(loo[i])) for i in range(label.size)])
+    jitter = np.median(_row_onset_gaps(feat, loo))
     if jitter > _LOCKSTEP_S * hz:
         return True  # the members themselves are not in lockstep: not one DP group
     need = max(params.min_gap_s * hz, params.gap_ratio * float(jitter))
@@ -144,8 +189,7 @@ def _shared_links(feat: np.ndarray, label: np.ndarray, order: np.ndarray, hz: fl
     none, bar what every RNIC of a job does at once (a checkpoint's writes): such groups are
     linked whole, not refused as stages (refusing would merge a real pipeline's stages too)."""
     k = order.size
-    sums = np.zeros((k, feat.shape[1]))
-    np.add.at(sums, label, feat)
+    sums = _group_sums(feat, label, k)
     on = [_onsets(m) for m in (sums / np.bincount(label, minlength=k)[:, None])[order]]
     within = _LOCKSTEP_S * hz
     out = np.zeros((k, k), bool)
@@ -298,14 +342,15 @@ class Split:
     #: ``(k, k)`` in stage order: groups sharing burst instants (:func:`_shared_links`); None
     #: where the split is per rail
     shared: np.ndarray | None = None
+    #: :func:`host_quartile` of the series, hosts in sorted order (the pipeline chain reads it)
+    quartile: np.ndarray | None = None
 
 
 def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
     """Each item's correlation with the mean of its cluster's other members (do the cluster's
     bursts co-occur?); items alone in their cluster are left out."""
     k = int(label.max()) + 1
-    sums = np.zeros((k, feat.shape[1]))
-    np.add.at(sums, label, feat)
+    sums = _group_sums(feat, label, k)
     size = np.bincount(label, minlength=k)
     keep = size[label] > 1
     loo = standardize(sums[label[keep]] - feat[keep])
@@ -317,14 +362,13 @@ def _rank_rows(idx: np.ndarray, rank: np.ndarray, host: np.ndarray) -> np.ndarra
 
 
 def _blocks(stage, order, k, rail_inv, n_rails, rank, host) -> list[np.ndarray]:
+    """Per rail, the ``(k, g)`` block of each stage's RNICs in pipeline order (``stage``: a
+    host-wide label per RNIC, every rail with the same equal groups), rows as
+    :func:`_rank_rows` orders them: one stable sort for all rails."""
     pos = np.empty(k, np.int64)
     pos[order] = np.arange(k)
-    st = pos[stage]
-    out = []
-    for r in range(n_rails):
-        idx = np.flatnonzero(rail_inv == r)
-        out.append(np.stack([_rank_rows(idx[st[idx] == j], rank, host) for j in range(k)]))
-    return out
+    idx = np.lexsort((host, rank, pos[stage], rail_inv))
+    return list(idx.reshape(n_rails, k, -1))
 
 
 def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
@@ -372,16 +416,27 @@ def host_quartile(x: np.ndarray, hinv: np.ndarray, rail_inv: np.ndarray) -> np.n
     """Per host (``hinv``: host index per row, every host on the same rails once each), the lower
     quartile of its rails' series, interpolated as ``np.quantile`` does."""
     n_h = int(hinv.max()) + 1
-    per = x[np.lexsort((rail_inv, hinv))].reshape(n_h, -1, x.shape[1])
-    q = 0.25 * (per.shape[1] - 1)
+    n_r = x.shape[0] // n_h
+    row = np.empty((n_h, n_r), np.int64)
+    row[hinv, rail_inv] = np.arange(x.shape[0])
+    q = 0.25 * (n_r - 1)
     lo, hi = int(np.floor(q)), int(np.ceil(q))
-    srt = np.sort(per, axis=1)  # a handful of rails: a sort beats a strided partition
-    return srt[:, lo] + (q - lo) * (srt[:, hi] - srt[:, lo])
+    # The hi + 1 smallest of each host's rails, kept sorted while the rails come in one by one
+    # (an insertion, two elementwise passes per place): a sort along the rails, strided, costs
+    # two to three times more; min and max pick values, so the result is the sort's to the bit.
+    low = [np.full((n_h, x.shape[1]), np.inf) for _ in range(hi + 1)]
+    for r in range(n_r):
+        v = x[row[:, r]]
+        for j in range(hi, 0, -1):
+            np.minimum(low[j], np.maximum(low[j - 1], v), out=low[j])
+        np.minimum(low[0], v, out=low[0])
+    return low[lo] + (q - lo) * (low[hi] - low[lo])
 
 
 def split_stages(
     x: np.ndarray,
     host: np.ndarray,
+    hinv: np.ndarray,
     rail_inv: np.ndarray,
     n_rails: int,
     rank: np.ndarray,
@@ -389,9 +444,9 @@ def split_stages(
     hz: float,
     params: SkeletonParams,
 ) -> Split:
-    """Stage blocks per rail from the byte series ``x`` at ``hz`` (and a rank hint)."""
-    hosts, hinv = np.unique(host, return_inverse=True)
-    n_h = hosts.size
+    """Stage blocks per rail from the byte series ``x`` at ``hz`` (and a rank hint); ``hinv``
+    numbers the hosts (``np.unique(host, return_inverse=True)``)."""
+    n_h = int(hinv.max()) + 1
     # a host's rails burst together when it holds one stage; the lower quartile of its rails
     # keeps those bursts and drops what a few rails carry alone (co-tenant or storage flows,
     # which may outgrow the bursts themselves), before the bursts are cut out
@@ -404,7 +459,8 @@ def split_stages(
         # a host without bursts, or "bursts" most of the time (a pipeline's own sends), means
         # no collective between containers (a job without data parallelism): no DP group
         blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
-        return Split(blocks, 1.0, "no collective bursts: one group per rail", coherence(feat, one))
+        how = "no collective bursts: one group per rail"
+        return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     c = _cluster(sim_h, feat, hz, params)
     how = "stages split by burst similarity per host"
     if hinted:
@@ -421,7 +477,8 @@ def split_stages(
                 break
     if c.k == 1:
         blocks = _blocks(c.label[hinv], c.order, 1, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coherence(feat, c.label), c.order_clear)
+        coh = coherence(feat, c.label)
+        return Split(blocks, c.score, how, coh, c.order_clear, quartile=quartile)
     coh = coherence(feat, c.label)
     if coh.min() < _LOCKSTEP_COHERENCE and not _collective(_burst_part(*per_second(quartile, hz))):
         # Faster samples see a pipeline's train of sends as a comb of short bursts, and a 1F1B
@@ -435,7 +492,7 @@ def split_stages(
             f"no collective bursts per second, and groups alike only in part (a member's "
             f"coherence {coh.min():.2f} < {_LOCKSTEP_COHERENCE}): one group per rail"
         )
-        return Split(blocks, 1.0, how, coherence(feat, one))
+        return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     shared = _shared_links(feat, c.label, c.order, hz)
     # the rails must agree (one stage per container): a host holding several stages does not,
     # and then most of its RNICs sit nearer another group on their own rail; each RNIC's own
@@ -448,7 +505,7 @@ def split_stages(
     share = float(np.mean(np.concatenate(fit)))
     if share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coh, c.order_clear, shared)
+        return Split(blocks, c.score, how, coh, c.order_clear, shared, quartile)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
     if max(b.shape[0] for b in per_rail.blocks) == 1:
         # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
@@ -469,8 +526,8 @@ def split_stages(
                 f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
                 f"{near:.0%} nearest its host series)"
             )
-            return Split(blocks, c.score, how, coh, c.order_clear, shared)
-    return per_rail
+            return Split(blocks, c.score, how, coh, c.order_clear, shared, quartile)
+    return replace(per_rail, quartile=quartile)
 
 
 def _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params) -> Split:
