@@ -143,8 +143,16 @@ class DetectorConfig:
     hop_s: float = 5.0
     lookback_windows: int = 10
     min_lookback_windows: int = 6
-    #: a pair younger than that is held against the established pairs (at least this many):
-    #: its p75 must clear this quantile of their look-backs' highest p75, plus the effect floor
+    #: a pair younger than that is held against its ToR peers: the established pairs between
+    #: the same two endpoint groups (:meth:`Detector.set_endpoint_groups`, the first grouping:
+    #: the ToRs), at least ``young_peer_min_pairs`` of them; its p75 must clear this quantile of
+    #: their usual p75 (the median of each one's look-back: a congestion episode lifts one
+    #: window) plus the effect floor. Pairs between the same two ToRs run the same hops, so
+    #: their healthy RTTs differ by cables and queues only (about 1 us in the simulator)
+    young_peer_min_pairs: int = 3
+    young_peer_quantile: float = 0.9
+    #: without such peers, against the fleet (at least this many established pairs): its p75
+    #: must clear this quantile of their look-backs' highest p75, plus the effect floor
     young_fleet_min_pairs: int = 50
     young_fleet_quantile: float = 0.999
     lof_k: int = 5
@@ -214,6 +222,11 @@ class DetectorConfig:
             raise ConfigError(
                 "DetectorConfig needs young_fleet_min_pairs >= 1 and 0 < young_fleet_quantile "
                 f"<= 1. Got {self.young_fleet_min_pairs!r} and {self.young_fleet_quantile!r}."
+            )
+        if self.young_peer_min_pairs < 1 or not 0 < self.young_peer_quantile <= 1:
+            raise ConfigError(
+                "DetectorConfig needs young_peer_min_pairs >= 1 and 0 < young_peer_quantile "
+                f"<= 1. Got {self.young_peer_min_pairs!r} and {self.young_peer_quantile!r}."
             )
         if self.burst_recur < 2 or not self.burst_min_s > 0:
             raise ConfigError(
@@ -770,6 +783,7 @@ class Detector:
         lof = np.empty(rows.size)
         max_p75 = np.empty(rows.size)
         med_p50 = np.empty(rows.size)
+        med_p75 = np.empty(rows.size)
         for nv in np.unique(n_lb[rows]):
             g = np.flatnonzero(n_lb[rows] == nv)
             pr = rows[g]
@@ -793,11 +807,12 @@ class Detector:
             lof[g] = -score_lof(train, fit, query[g])
             max_p75[g] = train[:, :, _P75].max(axis=1)
             med_p50[g] = np.median(train[:, :, _P50], axis=1)
+            med_p75[g] = np.median(train[:, :, _P75], axis=1)
         self.stats.windows_scored += rows.size
         excess = query[:, _P75] - max_p75
         floor = np.maximum(cfg.min_shift_us, cfg.min_shift_rel * med_p50)
         if young.size:
-            self._score_young(young, qvalid[young], max_p75, floor, e, cand)
+            self._score_young(young, qvalid[young], rows, max_p75, med_p75, floor, hop_e, cand)
         hit = (lof >= cfg.lof_threshold) & (excess >= floor)
         if hit.any():
             hi = np.flatnonzero(hit)
@@ -844,41 +859,115 @@ class Detector:
         self,
         rows: np.ndarray,
         qvalid: np.ndarray,
+        est: np.ndarray,
         lb_p75: np.ndarray,
+        usual_p75: np.ndarray,
         lb_floor: np.ndarray,
-        e: int,
+        hop_e: int,
         cand: dict,
     ) -> None:
         """Pairs too young for a look-back of their own (a job that just started) are held
-        against the fleet: their window's p75 must clear what the established pairs' own
-        look-backs reach (the ``young_fleet_quantile`` of their highest p75, plus the largest
-        effect floor among them), held as long as any shift must be. Only large shifts show
-        this way, and the pair's own look-back takes over after ``min_lookback_windows``."""
+        against their ToR peers' (``est``: the established pairs, with their look-backs'
+        highest and median p75 and effect floors): the same shift, held as long, or the same
+        recurring bursts, as an established pair's, above the peers' usual p75 rather than its
+        own. A pair without enough such peers is held against the fleet: its p75 must clear
+        what the established pairs' own look-backs reach (the ``young_fleet_quantile`` of
+        their highest p75, plus the largest effect floor among them), so only large shifts
+        show. The pair's own look-back takes over after ``min_lookback_windows``."""
         cfg = self.config
-        if lb_p75.size < cfg.young_fleet_min_pairs:
-            return
         p = self.pairs
-        thr = float(np.quantile(lb_p75, cfg.young_fleet_quantile) + lb_floor.max())
-        query, _ = window_features(p["ring_rtt"][rows], qvalid)
-        up = query[:, _P75] > thr
-        if not up.any():
+        # the baseline p75 a young pair is held against, and the shift it must clear it by
+        ref, floor = np.full(rows.size, np.nan), np.zeros(rows.size)
+        if self._groups:
+            ref, floor = self._peer_baseline(rows, est, usual_p75, lb_floor)
+        peer = ~np.isnan(ref)
+        if (~peer).any() and lb_p75.size >= cfg.young_fleet_min_pairs:
+            # the fleet's reach already holds the effect floor
+            ref[~peer] = np.quantile(lb_p75, cfg.young_fleet_quantile) + lb_floor.max()
+            floor[~peer] = 0.0
+        elif not peer.any():
             return
-        rows, qvalid, q75 = rows[up], qvalid[up], query[up, _P75]
-        thr_v = np.full(rows.size, thr)
-        ok = self._sustained(rows, qvalid, thr_v, cfg.min_sustained_s)
+        keep = ~np.isnan(ref)
+        rows, qvalid, ref, floor, peer = (
+            rows[keep],
+            qvalid[keep],
+            ref[keep],
+            floor[keep],
+            peer[keep],
+        )
+        query, _ = window_features(p["ring_rtt"][rows], qvalid)
+        thr = ref + floor
+        up = query[:, _P75] > thr
+        hop = p["ring_hop"][rows]
+        big = ref + cfg.large_shift_us
+        # a young pair's bursts recur as an established pair's do: only against its peers,
+        # since the fleet's reach is no baseline of its own
+        burst = np.zeros(rows.size, bool)
+        if peer.any():
+            burst[peer] = self._recurring(rows[peer], hop[peer], hop_e, big[peer])
+        ok = np.zeros(rows.size, bool)
+        if up.any():
+            u = np.flatnonzero(up)
+            ok[u] = self._sustained(rows[u], qvalid[u], thr[u], cfg.min_sustained_s)
+            lg = u[peer[u]]
+            if lg.size:
+                ok[lg] |= self._sustained(rows[lg], qvalid[lg], big[lg], cfg.large_sustained_s)
+        ok |= burst
         if not ok.any():
             return
-        rows, qvalid, q75 = rows[ok], qvalid[ok], q75[ok]
-        hop = p["ring_hop"][rows]
-        above = qvalid & (p["ring_rtt"][rows] > thr)
+        rows, qvalid, q75, thr = rows[ok], qvalid[ok], query[ok, _P75], thr[ok]
+        peer, ref, burst = peer[ok], ref[ok], burst[ok]
+        hop = hop[ok]
+        above = qvalid & (p["ring_rtt"][rows] > thr[:, None])
         first_hop = np.where(above, hop, np.iinfo(np.int32).max).min(axis=1)
-        first_ns = first_hop.astype(np.int64) * self._hop_ns
+        first_ns = np.where(
+            first_hop < np.iinfo(np.int32).max,
+            first_hop.astype(np.int64) * self._hop_ns,
+            (hop_e - self._hops_per_win) * self._hop_ns,
+        )
         notes = [
-            f"young pair (no look-back yet): p75 {q:.1f} us above the fleet's "
-            f"{cfg.young_fleet_quantile:.1%} look-back max {thr:.1f} us"
-            for q in q75
+            (
+                f"young pair (no look-back yet): p75 {q:.1f} us"
+                + (" with recurring bursts" if b else "")
+                + f" above its ToR peers' usual p75 {r:.1f} us"
+                if pe
+                else f"young pair (no look-back yet): p75 {q:.1f} us above the fleet's "
+                f"{cfg.young_fleet_quantile:.1%} look-back max {t:.1f} us"
+            )
+            for q, r, t, pe, b in zip(q75, ref, thr, peer, burst, strict=True)
         ]
         cand["latency-short"].append((rows, q75 / thr, first_ns, notes))
+
+    def _peer_baseline(
+        self, rows: np.ndarray, est: np.ndarray, usual_p75: np.ndarray, floor: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per young pair in ``rows``: the ``young_peer_quantile`` of the usual p75 of the
+        established pairs ``est`` between the same two groups of the first endpoint grouping,
+        and the largest of their effect floors (NaN and 0 where fewer than
+        ``young_peer_min_pairs`` such pairs are scored)."""
+        cfg = self.config
+        p = self.pairs
+        g = self._groups[0]
+
+        def key(pids: np.ndarray) -> np.ndarray:
+            s, d = p["src"][pids].astype(np.int64), p["dst"][pids].astype(np.int64)
+            gs = np.where(s < g.size, g[np.minimum(s, g.size - 1)], -1)
+            gd = np.where(d < g.size, g[np.minimum(d, g.size - 1)], -1)
+            return np.where((gs >= 0) & (gd >= 0), (gs << 32) | gd, -1)
+
+        ref = np.full(rows.size, np.nan)
+        fl = np.zeros(rows.size)
+        ek, yk = key(est), key(rows)
+        order = np.argsort(ek, kind="stable")
+        ek, usual, efl = ek[order], usual_p75[order], floor[order]
+        for k in np.unique(yk[yk >= 0]).tolist():
+            a, b = np.searchsorted(ek, k), np.searchsorted(ek, k, side="right")
+            if b - a < cfg.young_peer_min_pairs:
+                continue
+            mine = yk == k
+            ref[mine] = np.quantile(usual[a:b], cfg.young_peer_quantile)
+            fl[mine] = efl[a:b].max()
+        return ref, fl
 
     def _sustained(
         self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray, span_s: float

@@ -555,6 +555,74 @@ def test_a_young_pair_is_held_against_the_fleet():
             assert first <= 60 * S and "young pair" in events[0].explanation
 
 
+_WARM_TOR: list = []
+
+
+def _two_tor_fleet() -> tuple[Synth, Detector]:
+    """A private copy of a warmed detector on ten endpoints under two ToRs (0-4, 5-9): pairs
+    under one ToR 12-13 us, pairs across them 16-17 us, which a 10 s +10 us congestion episode
+    lifted in their look-back; endpoints 10 and 11 (a job about to start) hang off the first
+    ToR."""
+    if _WARM_TOR:
+        return copy.deepcopy(_WARM_TOR[0])
+    syn = Synth(seed=21)
+    tor = np.r_[np.zeros(5), np.ones(5), np.zeros(2)].astype(np.int64)
+    same = tor[syn.src] == tor[syn.dst]
+    syn.base_us = np.where(
+        same, syn.rng.uniform(12.0, 13.0, syn.n), syn.rng.uniform(16.0, 17.0, syn.n)
+    )
+    det = Detector()
+    det.set_endpoint_groups(tor)
+    bump = np.where(same, 0.0, 10.0)
+    ev = run(det, syn, WARM, lambda s: {"extra_us": bump if 300 <= s < 310 else None})
+    assert ev == []
+    _WARM_TOR.append((syn, det))
+    return copy.deepcopy(_WARM_TOR[0])
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["healthy", "congested", "gpudirect", "repetitive"],
+)
+def test_a_young_pair_is_held_against_its_tor_peers(kind):
+    """Field seed 1566380108 (quick profile, ae0b790): faults on jobs whose containers became
+    ready 2-54 s before went unseen, since a pair that young was held against the whole
+    fleet's look-backs, whose 99.9 % quantile sits on pairs across the fabric (more hops) that
+    a congestion episode lifted: +10 us on a host (GPUDirect RDMA error) and +104 us bursts of
+    8 s (repetitive flow offloading) stayed under it. Pairs between the same two ToRs run the
+    same hops, so their usual p75 is the young pair's baseline: the shift must clear it by the
+    effect floor as long as any shift must hold, or its bursts must recur, as an established
+    pair's must. A congestion episode on the young pair is not a fault."""
+    syn, det = _two_tor_fleet()
+    young = Synth(n_eps=2, seed=23)
+    young.base_us[:] = 12.5
+
+    def extra(sec: int) -> float:
+        if kind == "gpudirect":
+            return 10.0
+        if kind == "repetitive":
+            return 104.0 if (sec - 400) % 20 < 8 else 0.0
+        if kind == "congested":
+            return 10.0 if 420 <= sec < 430 else 0.0
+        return 0.0
+
+    events = []
+    for sec in range(400, 470):
+        y = young.second(sec - 400, extra_us=np.full(young.n, extra(sec)))
+        y["src_ep"] += 10
+        y["dst_ep"] += 10
+        y["t_wall_ns"] += 400 * S
+        det.ingest(np.concatenate([syn.second(sec), y]))
+        det.heartbeat(np.r_[np.unique(syn.src), 10, 11], T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    want = {"latency-short"} if kind in ("gpudirect", "repetitive") else set()
+    assert {e.kind for e in events} == want, [e.explanation for e in events]
+    assert all(set(e.pairs) <= {(10, 11), (11, 10)} for e in events)
+    if want:
+        assert min(e.detected_ns for e in events) - T0 - 400 * S <= 45 * S
+        assert "ToR peers" in events[0].explanation
+
+
 def test_after_a_long_outage_the_look_back_is_the_last_clean_windows():
     syn, det = fresh()
     gone = (syn.src == 3) | (syn.dst == 3)
