@@ -225,7 +225,8 @@ def pair_boundaries(
     ahead, no strong rival within the margin); else,
     when a few candidates tie for the best (replicas that move together: the CP ranks of a
     replica, the replicas of an MoE expert-parallel group) and beat every other by the margin,
-    all of them; else the whole adjacent group.
+    all of them, and every candidate of the rows whose sets share one with it
+    (:func:`_close_ties`); else the whole adjacent group.
 
     ``prior`` is the evidence of earlier windows of the same job (per boundary, keyed by its two
     host sets): it adds up with this window's (Stouffer, weighted by seconds, at most
