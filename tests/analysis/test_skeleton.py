@@ -199,6 +199,25 @@ def test_jobs_people_run_keep_every_used_pair(kind, shape, plan, period, regime)
         _check_pairs(sk, job)
 
 
+def test_an_expert_parallel_tie_keeps_its_whole_block():
+    """MoE TP8 PP2 DP8 EP4 (job 12 of bench/skeleton.py's quick mix, seed 3): the 4 replicas of
+    an EP group move together, so each row ties with its group's 4 replicas in the next stage
+    (z ~20 +- 3 over two windows). One row's set held 2 of them and left out its partner, which
+    the other rows' sets had taken: 16 used pairs probed by nobody under a confident skeleton
+    (coverage 0.984 under every hint). Rows whose tied sets share a candidate keep the union,
+    and the reason says how many grew."""
+    job = _job((8, 2, 8, 4), kind="ep", seed=3012, period=19.0)
+    ((x, tx),) = _traffic([job], seed=3 * 7919 + 12, window_s=2 * WINDOW_S)
+    half = x.shape[1] // 2
+    for hint in ("pod", "none"):
+        first = _infer(job, x[:, :half], tx[:, :half], hint=hint)
+        sk = _infer(job, x[:, half:], tx[:, half:], hint=hint, prior=first)
+        assert sk.confident, sk.reason
+        assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0, (hint, sk.reason)
+        assert "widened to the block" in sk.reason and _ratio(sk, job) <= 1.5, sk.reason
+        _check_pairs(sk, job)
+
+
 @pytest.mark.parametrize("dp,seed", [(4, 101), (4, 116), (2, 116)])
 def test_context_parallel_replicas_are_one_stage(dp, seed):
     """TP8 CP2 without a pipeline: each replica's CP pair steps its ring in lockstep and the

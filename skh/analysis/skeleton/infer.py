@@ -412,6 +412,11 @@ def _describe(period_s, k, per_rail, how, ps, hint_state) -> str:
             f"; PP partners: {ps.links - ps.whole - ps.sets} of {ps.links} from traffic"
             f" ({ps.confirmed} confirming the rank hint)"
             + (f", {ps.sets} keep a few tied candidates" if ps.sets else "")
+            + (
+                f" ({ps.widened} widened to the block of replicas their tied rows share)"
+                if ps.widened
+                else ""
+            )
             + f", {ps.whole} keep the whole adjacent group (evidence too weak)"
         )
     if hint_state == "contradicted":

@@ -124,6 +124,7 @@ class PairStats:
     contradicted: int = 0  # rank-hint partners the traffic names another partner for
     unconfirmed: int = 0  # rank-hint partners the traffic could not confirm (not used)
     sets: int = 0  # rows keeping a few tied candidates (replicas that move together)
+    widened: int = 0  # of them, rows whose set grew to the block its tied rows share
     whole: int = 0  # rows keeping the whole adjacent group
     null_z: list[float] = field(default_factory=list)
 
@@ -224,7 +225,8 @@ def pair_boundaries(
     ahead, no strong rival within the margin); else,
     when a few candidates tie for the best (replicas that move together: the CP ranks of a
     replica, the replicas of an MoE expert-parallel group) and beat every other by the margin,
-    all of them; else the whole adjacent group.
+    all of them, and every candidate of the rows whose sets share one with it
+    (:func:`_close_ties`); else the whole adjacent group.
 
     ``prior`` is the evidence of earlier windows of the same job (per boundary, keyed by its two
     host sets): it adds up with this window's (Stouffer, weighted by seconds, at most
@@ -250,6 +252,7 @@ def pair_boundaries(
         g = ref.a.size
         pos = np.arange(g)  # the hint's partner: the same row (rank order) of the next stage
         sets = [np.zeros(0, np.int64)] * g
+        grown = np.zeros(g, bool)
         if ref.whole:
             ok_find = ok_hint = contra = np.zeros(g, bool)
             col = pos
@@ -270,6 +273,7 @@ def pair_boundaries(
             )
             zv = _accumulate(key, zv, host[ref.a], host[ref.b], seconds, prior, evidence)
             col, ok_find, ok_hint, sets, best = _decide(zv[0], params)
+            sets, grown = _close_ties(sets, g)
             st.null_z.append(float(np.median(best)))
             if zv.shape[0] > 1:
                 # The shared-sends statistic at 10 Hz carries the replicas' own timing too, with
@@ -308,6 +312,7 @@ def pair_boundaries(
             for i in np.flatnonzero(~decided):
                 if sets[i].size:
                     st.sets += 1
+                    st.widened += int(grown[i])
                     out.append(bipartite(ep_id[a[i : i + 1]], ep_id[b[sets[i]]]))
                 else:
                     # no clear partner: keep every adjacent-stage RNIC of the other group
@@ -367,6 +372,38 @@ def _decide(z: np.ndarray, params: SkeletonParams):
         ):
             sets[i] = tie
     return col, ok_find, ok_hint, sets, best
+
+
+def _close_ties(sets: list[np.ndarray], g: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Tie sets closed over the rows they share candidates with, and which rows grew.
+
+    Replicas that move together (an MoE expert-parallel group) tie as a block: each of their rows
+    ties with every replica of the block in the next stage, and which one is the partner the
+    evidence cannot say. Noise in a strong block (z ~20 +- 3 on a 4-replica EP group) leaves
+    some row's set short of the block, and the true partner, taken by the block's other rows'
+    sets, was then probed by none of them: a silent miss. So rows whose sets share a candidate
+    are one block, and each keeps every candidate of it (one larger than half the group keeps
+    the whole group, as the set rule would)."""
+    parent = np.arange(2 * g)  # rows 0..g-1, candidates g..2g-1
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = int(parent[i])
+        return i
+
+    for i, s in enumerate(sets):
+        for j in s:
+            parent[root(g + int(j))] = root(i)
+    roots = np.array([root(g + j) for j in range(g)])
+    grown = np.zeros(g, bool)
+    out = list(sets)
+    for i, s in enumerate(sets):
+        if s.size:
+            block = np.flatnonzero(roots == root(i))
+            grown[i] = block.size > s.size
+            out[i] = block if block.size <= g // 2 else np.zeros(0, np.int64)
+    return out, grown
 
 
 #: evidence older than this much traffic no longer counts (a job's timing may drift)
