@@ -27,10 +27,11 @@ thousands of pairs, benign losses arrive every second. What is a fault:
   lost probe is none of its story). Scopes explain away from narrow to
   wide: pairs lossy on their own are left out of their endpoints' tests, and pairs of a lossy
   endpoint out of the groups' (that access link's CRC lifts its ToR's count, but the ToR's
-  other pairs, which merely lost a probe, are not corroborated by it). Only *settled* pairs
-  take part: a pair whose latest probe, or the latest probe of one of its flows, failed waits
-  until the run resolves — an OK makes it loss, more failures an outage — so a dead ECMP path is not
-  first called loss, nor does it lift its group's count for pairs that merely lost a probe.
+  other pairs, which merely lost a probe, are not corroborated by it). Only *settled*
+  failures take part: while a pair's latest probe, or the latest probe of one of its flows,
+  failed, the failures since that run began wait until it resolves — an OK makes them loss,
+  more failures an outage — so a dead ECMP path is not first called loss, nor does it lift its
+  group's count for pairs that merely lost a probe; the pair's earlier failures count.
 - an endpoint whose pairs (at least ``endpoint_outage_share`` of them) are all failing, with
   runs jointly improbable under their baselines, is down: those pairs are unreachable, even
   probed once a second.
@@ -559,15 +560,21 @@ class FastPathState:
                 out_first = np.where(ep_out, s["run_first_ns"], out_first)
                 outage |= ep_out
 
-        # loss: failures beyond the baseline, from the pairs whose runs have resolved. Failures
-        # sent while the pair was in an outage were that outage (raised as such): an ECMP path
-        # dead under a switch fails one flow in four, and those failures outlive the outage in
-        # the look-back (they raised loss half a minute after the switch came back)
+        # loss: failures beyond the baseline, from the runs that have resolved. Failures sent
+        # while the pair was in an outage were that outage (raised as such): an ECMP path dead
+        # under a switch fails one flow in four, and those failures outlive the outage in the
+        # look-back (they raised loss half a minute after the switch came back)
         s["out_seen_ns"][np.flatnonzero(outage)] = now_ns
         wmax = int(max(max(cfg.pair_windows_s), max(cfg.group_windows_s)) * 1e9)
-        ring = np.where(s["fail_ns"] > s["out_seen_ns"][:, None], s["fail_ns"], -1)
-        settled = ~running
-        cand = np.flatnonzero(settled & (ring >= now_ns - wmax).any(axis=1))
+        # a run still open (the pair's, or one of its flows') waits with every failure sent
+        # since it began; the pair's failures before it count. Setting the whole pair aside
+        # held a lossy link's evidence back: a failure keeps its flow in a run until its path
+        # id comes round (14 ids at 40/s: 0.35 s; 45 ids: 1.1 s), so at 2 % the link's pairs
+        # sat out the tick that had the evidence (a CRC called a tick late, bench/crc_ttd.py)
+        open_ns = np.minimum(np.where(failing, s["run_first_ns"], _NO_RUN), s["flow_run_ns"])
+        f_ns = s["fail_ns"]
+        ring = np.where((f_ns > s["out_seen_ns"][:, None]) & (f_ns < open_ns[:, None]), f_ns, -1)
+        cand = np.flatnonzero((ring >= now_ns - wmax).any(axis=1))
         flagged = np.zeros(n, bool)
         evidence = np.zeros(n)
         first_ns = np.full(n, np.iinfo(np.int64).max)
@@ -592,15 +599,16 @@ class FastPathState:
             # scopes from narrow to wide, each explaining away what it found: a pair lossy on
             # its own, or touching a lossy endpoint, is that scope's story and is set aside from
             # wider ones (a CRC on one access link lifts its ToR's count too, but the ToR's
-            # other pairs did not lose with it). What a scope expects: the probes of its
-            # settled pairs not explained (pairs in a run are set aside on both sides too)
+            # other pairs did not lose with it). What a scope expects: the probes of its pairs
+            # not explained (a pair in a run counts all it sent: what its open run lost is not
+            # counted yet, so the scope expects more than it sees, never less)
             explained = flagged.copy()
             for a, b, m, ep_group in scopes:
                 if m <= 0:
                     continue
                 ca, cb = a[cand], b[cand]
                 A_g, B_g = self._pooled(a, b, m)
-                use = settled & ~explained
+                use = ~explained
                 lossy = np.zeros(m, bool)
                 for w in cfg.group_windows_s:
                     in_w = rc >= now_ns - int(w * 1e9)

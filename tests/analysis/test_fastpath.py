@@ -297,3 +297,36 @@ def test_a_dead_paths_failures_leave_the_look_back_when_its_switch_returns():
             out |= set(fl.unreachable.tolist())
     assert out == set(crossing.tolist())
     assert not loss, sorted(loss)
+
+
+def test_a_crc_on_an_access_link_is_found_while_its_pairs_are_always_in_a_run():
+    """A CRC on endpoint 0's access link, its one peer probed both ways at 40/s over 45 path ids
+    (what the probe plan gives a sparse skeleton), shipped once a second: each pair loses one
+    probe a second, and that probe's path id comes round again only after the tick (45 ids at
+    40/s: every 1.125 s), so at every tick both pairs are in a flow's run. Their resolved
+    failures are the loss: it is found within seconds (with the pairs set aside while any of
+    their runs was open, it was not found while the fault lasted)."""
+    src, dst = np.array([0, 1]), np.array([1, 0])
+    fp = FastPathState(FastPathConfig(), 2)
+    ids, per = 45, 40
+    rng = np.random.default_rng(5)
+    k = 0
+    found = None
+    for sec in range(630):
+        t = T0 + (k + np.arange(per))[None, :] * 25 * MS + np.array([[0], [7 * MS]])
+        path = np.broadcast_to((k + np.arange(per)) % ids, (2, per))
+        failed = np.zeros((2, per), bool)
+        if sec >= 600:
+            failed[0, rng.integers(per)] = failed[1, rng.integers(per)] = True
+        pids = np.repeat(np.arange(2), per)
+        fp.update(pids, t.ravel(), failed.ravel(), path.ravel(), np.full(pids.size, 2000))
+        k += per
+        now = T0 + k * 25 * MS
+        fl = fp.evaluate(now, src, dst, 2)
+        fp.learn(now, np.zeros(2, bool))
+        assert not fl.unreachable.size
+        if sec < 600:
+            assert not fl.loss.size
+        elif fl.loss.size and found is None:
+            found = sec - 600 + 1
+    assert found is not None and found <= 6, found
