@@ -101,6 +101,8 @@ def run(seed: int, duration_s: int, faults_per_h: float, policy: ProbePolicy) ->
     seen: dict[int, list[np.ndarray]] = {}
     ticks: dict[int, list[tuple[int, int, int]]] = {}
     holder: dict = {}
+    # per access fault: the probes behind its endpoints' baseline at its first tick
+    base_probes: dict[int, int] = {}
 
     class Thinner(field.ResultThinner):
         def thin(self, batch):
@@ -144,6 +146,7 @@ def run(seed: int, duration_s: int, faults_per_h: float, policy: ProbePolicy) ->
             dst = self.pairs["dst"][:n].astype(np.int64)
             running = (s["consec"] > 0) | (s["flow_max"] > 0)
             rate = s["rate_hz"].astype(np.float64)
+            m_ep = int(max(src.max(), dst.max(), len(sim.eps) - 1)) + 1
             for rec in sim.ground_truth:
                 if rec.type != FailureType.CRC_ERROR or not (
                     rec.start_ns <= now_ns <= rec.start_ns + int(60e9)
@@ -156,18 +159,27 @@ def run(seed: int, duration_s: int, faults_per_h: float, policy: ProbePolicy) ->
                 if rn is not None:
                     host, rail = rn.split(":rnic")
                     eps = np.flatnonzero(sim.eps.rnic == sim.index.rnic_id(host, int(rail)))
-                    scopes = [np.isin(src, e) | np.isin(dst, e) for e in eps.reshape(-1, 1)]
+                    # each endpoint's baseline as the detector has it (its pairs' or its link's)
+                    A_e, B_e = self.fast._endpoint_pooled(src, dst, m_ep)
+                    base_probes.setdefault(
+                        rec.fault_id,
+                        round(float(B_e[eps].max(initial=cfg.prior_probes)) - cfg.prior_probes),
+                    )
+                    scopes = [
+                        (np.isin(src, e) | np.isin(dst, e), A_e[e], B_e[e]) for e in eps.tolist()
+                    ]
                 else:
                     ap = np.asarray(rec.affected_pairs, np.int64)
                     key = src * 2**32 + dst
-                    scopes = [np.isin(key, ap[:, 0] * 2**32 + ap[:, 1])]
-                best = {"all": 0.0, "settled": 0.0}
-                F_best = {"all": 0, "settled": 0}
-                for m in scopes:
-                    if not m.any():
-                        continue
+                    m = np.isin(key, ap[:, 0] * 2**32 + ap[:, 1])
                     A = s["base_f"][m].sum() + cfg.prior_loss * cfg.prior_probes
                     B = s["base_n"][m].sum() + cfg.prior_probes
+                    scopes = [(m, A, B)]
+                best = {"all": 0.0, "settled": 0.0}
+                F_best = {"all": 0, "settled": 0}
+                for m, A, B in scopes:
+                    if not m.any():
+                        continue
                     ring = s["fail_ns"][m]
                     ring = np.where(ring > s["out_seen_ns"][m][:, None], ring, -1)
                     for name, use in (("all", np.ones(m.sum(), bool)), ("settled", ~running[m])):
@@ -212,6 +224,7 @@ def run(seed: int, duration_s: int, faults_per_h: float, policy: ProbePolicy) ->
             "fails_per_s": round(float(fail_t.size) / span, 2),
             "kth_fail_s": {k: round(float(fail_t[k - 1]), 2) for k in KTH if fail_t.size >= k},
             "ttd_s": None,
+            "baseline_probes": base_probes.get(r.fault_id),
         }
         if evs:
             ev = evs[0]
@@ -263,10 +276,19 @@ def main() -> None:
         policy = dataclasses.replace(policy, access_link_min_per_s=args.access_floor)
     runs = [run(s, args.duration, args.faults_per_h, policy) for s in args.seed or [7301]]
     ttd = [f["ttd_s"] for r in runs for f in r["faults"] if f["ttd_s"] is not None]
+    by_class: dict[str, list[float]] = {}
+    for f in (f for r in runs for f in r["faults"] if f["ttd_s"] is not None):
+        c = "fabric" if f["kind"] == "fabric" else "new_job" if f["new_job"] else "established"
+        by_class.setdefault(c, []).append(f["ttd_s"])
     print(
         json.dumps(
             {
                 "runs": runs,
+                "ttd_mean_s_by_class": {
+                    c: {"n": len(v), "mean": round(float(np.mean(v)), 2)}
+                    for c, v in sorted(by_class.items())
+                },
+                "false_events": sum(r["false_events"] for r in runs),
                 "faults": sum(len(r["faults"]) for r in runs),
                 "caught": len(ttd),
                 "ttd_mean_s": round(float(np.mean(ttd)), 2) if ttd else None,

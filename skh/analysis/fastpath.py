@@ -40,6 +40,11 @@ The **baseline** of a pair is its long-run loss, learned from what it probed (th
 comes from sequence numbers, so the agents' thinning of OK results does not bias it) with a
 prior of ``prior_loss`` worth ``prior_probes`` probes and forgotten over ``baseline_tau_s``;
 the caller stops the learning while a pair is under an incident (:meth:`FastPathState.learn`).
+An endpoint's rate is its pairs' pooled baselines, or, where the caller names each endpoint's
+access link (its RNIC: :meth:`FastPathState.set_links`) and that link's history is longer, the
+link's: every pair that touched the RNIC learned into it the same way, and it outlives the jobs,
+so a new job's endpoint is judged against what its link did before (clean or lossy), not
+against the prior alone.
 
 Failures that are the far end's own story are **excused**, not counted:
 
@@ -222,6 +227,11 @@ class FastPathState:
         self._blank["out_seen_ns"] = _NEVER
         self.state = np.repeat(self._blank, n_pairs)
         self._learned_ns: int | None = None
+        # per access link (an RNIC: host and rail), what its endpoints' pairs probed, learned
+        # and forgotten as the pairs' baselines are; it outlives the jobs that used the RNIC
+        self._ep_link = np.zeros(0, np.int64)
+        self._link_n = np.zeros(0)
+        self._link_f = np.zeros(0)
 
     def resize(self, n_pairs: int) -> None:
         grown = np.repeat(self._blank, n_pairs)
@@ -240,6 +250,28 @@ class FastPathState:
         for f in ("run_first_ns", "flow_first_ns", "fail_ns"):
             s[f][pids] = -1
         s["flow_run_ns"][pids] = _NO_RUN
+
+    def set_links(self, ep_link: np.ndarray) -> None:
+        """The access link of each endpoint id: an int per RNIC (host and rail), -1 unknown.
+        The ids are the caller's and must name the same RNIC from call to call: they index the
+        links' histories, which outlive the endpoints."""
+        a = np.asarray(ep_link)
+        if a.ndim != 1 or a.dtype.kind not in "iu" or (a.size and a.min() < -1):
+            raise ConfigError(
+                "FastPathState.set_links takes a 1-D integer array (endpoint id -> link id, "
+                f"-1: unknown). Got {a.dtype} of shape {a.shape} instead."
+            )
+        self._ep_link = a.astype(np.int64)
+        m = int(a.max(initial=-1)) + 1
+        if m > self._link_n.size:
+            self._link_n = np.r_[self._link_n, np.zeros(m - self._link_n.size)]
+            self._link_f = np.r_[self._link_f, np.zeros(m - self._link_f.size)]
+
+    def _links_of(self, eps: np.ndarray) -> np.ndarray:
+        lk = self._ep_link
+        if lk.size == 0:
+            return np.full(eps.shape, -1, np.int64)
+        return np.where(eps < lk.size, lk[np.minimum(eps, lk.size - 1)], -1)
 
     # ------------------------------------------------------------------ input
 
@@ -455,11 +487,19 @@ class FastPathState:
         s["flow_max"][rp] = 0
         s["flow_run_ns"][rp] = _NO_RUN
 
-    def learn(self, now_ns: int, busy: np.ndarray) -> None:
+    def learn(
+        self,
+        now_ns: int,
+        busy: np.ndarray,
+        src: np.ndarray | None = None,
+        dst: np.ndarray | None = None,
+    ) -> None:
         """Let the baselines learn. ``busy`` marks the first ``len(busy)`` pairs flagged, held
         or under an incident now. What a pair probed is learned only after a whole stage
         (``learn_stage_s``) followed it without the pair being busy, so the failures of a
-        fault, counted before the fault was recognised, do not become its baseline."""
+        fault, counted before the fault was recognised, do not become its baseline. With the
+        pairs' endpoint ids (``src``/``dst``), the access links of their ends (:meth:`set_links`)
+        learn it too."""
         s = self.state[: len(busy)]
         s["new_busy"] |= busy
         stage_ns = int(self.config.learn_stage_s * 1e9)
@@ -471,8 +511,16 @@ class FastPathState:
         decay = np.exp(-(now_ns - self._learned_ns) / 1e9 / self.config.baseline_tau_s)
         self._learned_ns = now_ns
         clean = ~(s["stage_busy"] | s["new_busy"])
-        s["base_n"] = s["base_n"] * decay + np.where(clean, s["stage_n"], 0.0)
-        s["base_f"] = s["base_f"] * decay + np.where(clean, np.maximum(s["stage_f"], 0.0), 0.0)
+        add_n = np.where(clean, s["stage_n"], 0.0)
+        add_f = np.where(clean, np.maximum(s["stage_f"], 0.0), 0.0)
+        s["base_n"] = s["base_n"] * decay + add_n
+        s["base_f"] = s["base_f"] * decay + add_f
+        self._link_n *= decay
+        self._link_f *= decay
+        if src is not None and dst is not None and self._link_n.size:
+            la, lb = self._links_of(np.asarray(src)), self._links_of(np.asarray(dst))
+            self._link_n += _per_group(la, lb, add_n, self._link_n.size)
+            self._link_f += _per_group(la, lb, add_f, self._link_f.size)
         s["stage_n"], s["stage_f"], s["stage_busy"] = s["new_n"], s["new_f"], s["new_busy"]
         s["new_n"] = 0.0
         s["new_f"] = 0.0
@@ -551,7 +599,7 @@ class FastPathState:
             # pooled history, and the probability that its runs all happened by chance
             k_ep = np.bincount(src, weights=np.where(joint, consec, 0), minlength=m_ep)
             k_ep += np.bincount(dst, weights=np.where(joint, consec, 0), minlength=m_ep)
-            A, B = self._pooled(src, dst, m_ep)
+            A, B = self._endpoint_pooled(src, dst, m_ep)
             lp_ep = gammaln(A + k_ep) - gammaln(A) - k_ep * np.log(B)
             f_ep = np.bincount(src[joint], minlength=m_ep) + np.bincount(dst[joint], minlength=m_ep)
             down = (lp_ep <= log_alpha) & (f_ep >= 2) & (f_ep >= cfg.endpoint_outage_share * live_n)
@@ -607,7 +655,10 @@ class FastPathState:
                 if m <= 0:
                     continue
                 ca, cb = a[cand], b[cand]
-                A_g, B_g = self._pooled(a, b, m)
+                if ep_group is None:
+                    A_g, B_g = self._endpoint_pooled(a, b, m)
+                else:
+                    A_g, B_g = self._pooled(a, b, m)
                 use = ~explained
                 lossy = np.zeros(m, bool)
                 for w in cfg.group_windows_s:
@@ -721,6 +772,23 @@ class FastPathState:
         s = self.state[: len(a)]
         A = _per_group(a, b, s["base_f"], m) + cfg.prior_loss * cfg.prior_probes
         B = _per_group(a, b, s["base_n"], m) + cfg.prior_probes
+        return A, B
+
+    def _endpoint_pooled(
+        self, src: np.ndarray, dst: np.ndarray, m_ep: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each endpoint's rate: its pairs' pooled history, or its access link's where that is
+        longer. A new job's endpoint has only the prior, wide on purpose (it may sit on a bad
+        link), so its tests needed 13-22 failures of a 2 % CRC (12 s, bench/crc_ttd.py); its
+        RNIC's history from the jobs before says whether the link is bad."""
+        A, B = self._pooled(src, dst, m_ep)
+        if self._link_n.size:
+            cfg = self.config
+            lk = self._links_of(np.arange(m_ep))
+            i = np.maximum(lk, 0)
+            longer = (lk >= 0) & (self._link_n[i] + cfg.prior_probes > B)
+            A = np.where(longer, self._link_f[i] + cfg.prior_loss * cfg.prior_probes, A)
+            B = np.where(longer, self._link_n[i] + cfg.prior_probes, B)
         return A, B
 
     @staticmethod
