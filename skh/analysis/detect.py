@@ -374,6 +374,13 @@ class Detector:
             out.append(a.astype(np.int64))
         self._groups = out
 
+    def set_endpoint_links(self, links: np.ndarray) -> None:
+        """The access link of each endpoint: an int array mapping endpoint id -> the id of its
+        RNIC (host and rail; -1: unknown), the same id for the same RNIC from call to call. The
+        fast path keeps each link's loss history across the jobs that use it, so a new job's
+        endpoint is judged against its link's past rather than a prior alone."""
+        self.fast.set_links(links)
+
     def retire(self, eps: np.ndarray | list[int]) -> None:
         """Endpoints stopped on purpose (container churn): drop their pairs and state now."""
         eps = np.unique(np.asarray(eps, np.uint32))
@@ -719,7 +726,7 @@ class Detector:
             # every benign failure near a batch's end would be forgotten
             busy = (p["act_since"][:, 0] != _NONE) | p["dead"]
             busy[ff.unreachable] = True
-            self.fast.learn(now_ns, busy)
+            self.fast.learn(now_ns, busy, p["src"].astype(np.int64), p["dst"].astype(np.int64))
         self.stats.pairs_live = n
         return self._emit(now_ns, reasons, cand, flaps)
 

@@ -27,10 +27,11 @@ thousands of pairs, benign losses arrive every second. What is a fault:
   lost probe is none of its story). Scopes explain away from narrow to
   wide: pairs lossy on their own are left out of their endpoints' tests, and pairs of a lossy
   endpoint out of the groups' (that access link's CRC lifts its ToR's count, but the ToR's
-  other pairs, which merely lost a probe, are not corroborated by it). Only *settled* pairs
-  take part: a pair whose latest probe, or the latest probe of one of its flows, failed waits
-  until the run resolves — an OK makes it loss, more failures an outage — so a dead ECMP path is not
-  first called loss, nor does it lift its group's count for pairs that merely lost a probe.
+  other pairs, which merely lost a probe, are not corroborated by it). Only *settled*
+  failures take part: while a pair's latest probe, or the latest probe of one of its flows,
+  failed, the failures since that run began wait until it resolves — an OK makes them loss,
+  more failures an outage — so a dead ECMP path is not first called loss, nor does it lift its
+  group's count for pairs that merely lost a probe; the pair's earlier failures count.
 - an endpoint whose pairs (at least ``endpoint_outage_share`` of them) are all failing, with
   runs jointly improbable under their baselines, is down: those pairs are unreachable, even
   probed once a second.
@@ -39,6 +40,11 @@ The **baseline** of a pair is its long-run loss, learned from what it probed (th
 comes from sequence numbers, so the agents' thinning of OK results does not bias it) with a
 prior of ``prior_loss`` worth ``prior_probes`` probes and forgotten over ``baseline_tau_s``;
 the caller stops the learning while a pair is under an incident (:meth:`FastPathState.learn`).
+An endpoint's rate is its pairs' pooled baselines, or, where the caller names each endpoint's
+access link (its RNIC: :meth:`FastPathState.set_links`) and that link's history is longer, the
+link's: every pair that touched the RNIC learned into it the same way, and it outlives the jobs,
+so a new job's endpoint is judged against what its link did before (clean or lossy), not
+against the prior alone.
 
 Failures that are the far end's own story are **excused**, not counted:
 
@@ -221,6 +227,11 @@ class FastPathState:
         self._blank["out_seen_ns"] = _NEVER
         self.state = np.repeat(self._blank, n_pairs)
         self._learned_ns: int | None = None
+        # per access link (an RNIC: host and rail), what its endpoints' pairs probed, learned
+        # and forgotten as the pairs' baselines are; it outlives the jobs that used the RNIC
+        self._ep_link = np.zeros(0, np.int64)
+        self._link_n = np.zeros(0)
+        self._link_f = np.zeros(0)
 
     def resize(self, n_pairs: int) -> None:
         grown = np.repeat(self._blank, n_pairs)
@@ -239,6 +250,28 @@ class FastPathState:
         for f in ("run_first_ns", "flow_first_ns", "fail_ns"):
             s[f][pids] = -1
         s["flow_run_ns"][pids] = _NO_RUN
+
+    def set_links(self, ep_link: np.ndarray) -> None:
+        """The access link of each endpoint id: an int per RNIC (host and rail), -1 unknown.
+        The ids are the caller's and must name the same RNIC from call to call: they index the
+        links' histories, which outlive the endpoints."""
+        a = np.asarray(ep_link)
+        if a.ndim != 1 or a.dtype.kind not in "iu" or (a.size and a.min() < -1):
+            raise ConfigError(
+                "FastPathState.set_links takes a 1-D integer array (endpoint id -> link id, "
+                f"-1: unknown). Got {a.dtype} of shape {a.shape} instead."
+            )
+        self._ep_link = a.astype(np.int64)
+        m = int(a.max(initial=-1)) + 1
+        if m > self._link_n.size:
+            self._link_n = np.r_[self._link_n, np.zeros(m - self._link_n.size)]
+            self._link_f = np.r_[self._link_f, np.zeros(m - self._link_f.size)]
+
+    def _links_of(self, eps: np.ndarray) -> np.ndarray:
+        lk = self._ep_link
+        if lk.size == 0:
+            return np.full(eps.shape, -1, np.int64)
+        return np.where(eps < lk.size, lk[np.minimum(eps, lk.size - 1)], -1)
 
     # ------------------------------------------------------------------ input
 
@@ -454,11 +487,19 @@ class FastPathState:
         s["flow_max"][rp] = 0
         s["flow_run_ns"][rp] = _NO_RUN
 
-    def learn(self, now_ns: int, busy: np.ndarray) -> None:
+    def learn(
+        self,
+        now_ns: int,
+        busy: np.ndarray,
+        src: np.ndarray | None = None,
+        dst: np.ndarray | None = None,
+    ) -> None:
         """Let the baselines learn. ``busy`` marks the first ``len(busy)`` pairs flagged, held
         or under an incident now. What a pair probed is learned only after a whole stage
         (``learn_stage_s``) followed it without the pair being busy, so the failures of a
-        fault, counted before the fault was recognised, do not become its baseline."""
+        fault, counted before the fault was recognised, do not become its baseline. With the
+        pairs' endpoint ids (``src``/``dst``), the access links of their ends (:meth:`set_links`)
+        learn it too."""
         s = self.state[: len(busy)]
         s["new_busy"] |= busy
         stage_ns = int(self.config.learn_stage_s * 1e9)
@@ -470,8 +511,16 @@ class FastPathState:
         decay = np.exp(-(now_ns - self._learned_ns) / 1e9 / self.config.baseline_tau_s)
         self._learned_ns = now_ns
         clean = ~(s["stage_busy"] | s["new_busy"])
-        s["base_n"] = s["base_n"] * decay + np.where(clean, s["stage_n"], 0.0)
-        s["base_f"] = s["base_f"] * decay + np.where(clean, np.maximum(s["stage_f"], 0.0), 0.0)
+        add_n = np.where(clean, s["stage_n"], 0.0)
+        add_f = np.where(clean, np.maximum(s["stage_f"], 0.0), 0.0)
+        s["base_n"] = s["base_n"] * decay + add_n
+        s["base_f"] = s["base_f"] * decay + add_f
+        self._link_n *= decay
+        self._link_f *= decay
+        if src is not None and dst is not None and self._link_n.size:
+            la, lb = self._links_of(np.asarray(src)), self._links_of(np.asarray(dst))
+            self._link_n += _per_group(la, lb, add_n, self._link_n.size)
+            self._link_f += _per_group(la, lb, add_f, self._link_f.size)
         s["stage_n"], s["stage_f"], s["stage_busy"] = s["new_n"], s["new_f"], s["new_busy"]
         s["new_n"] = 0.0
         s["new_f"] = 0.0
@@ -550,7 +599,7 @@ class FastPathState:
             # pooled history, and the probability that its runs all happened by chance
             k_ep = np.bincount(src, weights=np.where(joint, consec, 0), minlength=m_ep)
             k_ep += np.bincount(dst, weights=np.where(joint, consec, 0), minlength=m_ep)
-            A, B = self._pooled(src, dst, m_ep)
+            A, B = self._endpoint_pooled(src, dst, m_ep)
             lp_ep = gammaln(A + k_ep) - gammaln(A) - k_ep * np.log(B)
             f_ep = np.bincount(src[joint], minlength=m_ep) + np.bincount(dst[joint], minlength=m_ep)
             down = (lp_ep <= log_alpha) & (f_ep >= 2) & (f_ep >= cfg.endpoint_outage_share * live_n)
@@ -559,15 +608,21 @@ class FastPathState:
                 out_first = np.where(ep_out, s["run_first_ns"], out_first)
                 outage |= ep_out
 
-        # loss: failures beyond the baseline, from the pairs whose runs have resolved. Failures
-        # sent while the pair was in an outage were that outage (raised as such): an ECMP path
-        # dead under a switch fails one flow in four, and those failures outlive the outage in
-        # the look-back (they raised loss half a minute after the switch came back)
+        # loss: failures beyond the baseline, from the runs that have resolved. Failures sent
+        # while the pair was in an outage were that outage (raised as such): an ECMP path dead
+        # under a switch fails one flow in four, and those failures outlive the outage in the
+        # look-back (they raised loss half a minute after the switch came back)
         s["out_seen_ns"][np.flatnonzero(outage)] = now_ns
         wmax = int(max(max(cfg.pair_windows_s), max(cfg.group_windows_s)) * 1e9)
-        ring = np.where(s["fail_ns"] > s["out_seen_ns"][:, None], s["fail_ns"], -1)
-        settled = ~running
-        cand = np.flatnonzero(settled & (ring >= now_ns - wmax).any(axis=1))
+        # a run still open (the pair's, or one of its flows') waits with every failure sent
+        # since it began; the pair's failures before it count. Setting the whole pair aside
+        # held a lossy link's evidence back: a failure keeps its flow in a run until its path
+        # id comes round (14 ids at 40/s: 0.35 s; 45 ids: 1.1 s), so at 2 % the link's pairs
+        # sat out the tick that had the evidence (a CRC called a tick late, bench/crc_ttd.py)
+        open_ns = np.minimum(np.where(failing, s["run_first_ns"], _NO_RUN), s["flow_run_ns"])
+        f_ns = s["fail_ns"]
+        ring = np.where((f_ns > s["out_seen_ns"][:, None]) & (f_ns < open_ns[:, None]), f_ns, -1)
+        cand = np.flatnonzero((ring >= now_ns - wmax).any(axis=1))
         flagged = np.zeros(n, bool)
         evidence = np.zeros(n)
         first_ns = np.full(n, np.iinfo(np.int64).max)
@@ -592,15 +647,19 @@ class FastPathState:
             # scopes from narrow to wide, each explaining away what it found: a pair lossy on
             # its own, or touching a lossy endpoint, is that scope's story and is set aside from
             # wider ones (a CRC on one access link lifts its ToR's count too, but the ToR's
-            # other pairs did not lose with it). What a scope expects: the probes of its
-            # settled pairs not explained (pairs in a run are set aside on both sides too)
+            # other pairs did not lose with it). What a scope expects: the probes of its pairs
+            # not explained (a pair in a run counts all it sent: what its open run lost is not
+            # counted yet, so the scope expects more than it sees, never less)
             explained = flagged.copy()
             for a, b, m, ep_group in scopes:
                 if m <= 0:
                     continue
                 ca, cb = a[cand], b[cand]
-                A_g, B_g = self._pooled(a, b, m)
-                use = settled & ~explained
+                if ep_group is None:
+                    A_g, B_g = self._endpoint_pooled(a, b, m)
+                else:
+                    A_g, B_g = self._pooled(a, b, m)
+                use = ~explained
                 lossy = np.zeros(m, bool)
                 for w in cfg.group_windows_s:
                     in_w = rc >= now_ns - int(w * 1e9)
@@ -713,6 +772,23 @@ class FastPathState:
         s = self.state[: len(a)]
         A = _per_group(a, b, s["base_f"], m) + cfg.prior_loss * cfg.prior_probes
         B = _per_group(a, b, s["base_n"], m) + cfg.prior_probes
+        return A, B
+
+    def _endpoint_pooled(
+        self, src: np.ndarray, dst: np.ndarray, m_ep: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each endpoint's rate: its pairs' pooled history, or its access link's where that is
+        longer. A new job's endpoint has only the prior, wide on purpose (it may sit on a bad
+        link), so its tests needed 13-22 failures of a 2 % CRC (12 s, bench/crc_ttd.py); its
+        RNIC's history from the jobs before says whether the link is bad."""
+        A, B = self._pooled(src, dst, m_ep)
+        if self._link_n.size:
+            cfg = self.config
+            lk = self._links_of(np.arange(m_ep))
+            i = np.maximum(lk, 0)
+            longer = (lk >= 0) & (self._link_n[i] + cfg.prior_probes > B)
+            A = np.where(longer, self._link_f[i] + cfg.prior_loss * cfg.prior_probes, A)
+            B = np.where(longer, self._link_n[i] + cfg.prior_probes, B)
         return A, B
 
     @staticmethod

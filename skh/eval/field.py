@@ -242,6 +242,8 @@ def field_run(sim: Simulation, profile: Any, seed: int) -> dict[str, Any]:
             n_eps = len(sim.eps)
             # the ToR each endpoint hangs off: pairs through it share its uplinks
             det.set_endpoint_groups(sim.index.rnic_tor[sim.eps.rnic].astype(np.int64))
+            # ... and its RNIC: the access link, whose loss history outlives the jobs
+            det.set_endpoint_links(sim.eps.rnic.astype(np.int64))
         for j in sim.jobs[n_seen:]:
             heapq.heappush(ends, (j.end_s, n_seen))
             n_seen += 1
@@ -324,6 +326,7 @@ def ramp_scenario(profile: Any, seed: int, noise: Any) -> dict[str, Any]:
     det = Detector()
     if len(sim.eps):
         det.set_endpoint_groups(sim.index.rnic_tor[sim.eps.rnic].astype(np.int64))
+        det.set_endpoint_links(sim.eps.rnic.astype(np.int64))
     events = []
     # a block is tested once the watermark (now - allowed lateness) passes its end: run on
     # past the last one's end so that it is

@@ -123,6 +123,37 @@ class DetectorHook:
     def __init__(self, detector: Any) -> None:
         self.detector = detector
         self.ep_job: dict[int, str] = {}  # learned from the controller's announcements
+        #: (host, rail) -> access link id, and each endpoint id's (-1: not announced): the
+        #: detector keeps a loss history per link across the jobs on the RNIC
+        self.links: dict[tuple[str, int], int] = {}
+        self.ep_link = np.zeros(0, np.int64)
+
+    def on_ready(self, endpoints: list[Any]) -> None:
+        """Endpoints the controller announced ready (``ep``, ``host``, ``rail``): each one's
+        access link, told to the detector. Ids past ``_EP_JOB_MAX`` are not linked (their
+        tests keep their pairs' own history)."""
+        got = []
+        for d in endpoints:
+            ep, host, rail = d["ep"], d["host"], d["rail"]
+            if not (
+                isinstance(ep, int)
+                and 0 <= ep < 2**32
+                and isinstance(host, str)
+                and host
+                and isinstance(rail, int)
+                and rail >= 0
+            ):
+                raise ProtocolError("ready_announce: an endpoint needs int ep, host and int rail")
+            if ep < _EP_JOB_MAX:
+                got.append((ep, self.links.setdefault((host, rail), len(self.links))))
+        if not got:
+            return
+        top = max(ep for ep, _ in got) + 1
+        if top > self.ep_link.size:
+            self.ep_link = np.r_[self.ep_link, np.full(top - self.ep_link.size, -1, np.int64)]
+        for ep, link in got:
+            self.ep_link[ep] = link
+        self.detector.set_endpoint_links(self.ep_link)
 
     def on_heartbeat(self, eps: np.ndarray, t_ns: int) -> None:
         self.detector.heartbeat(eps, t_ns)
@@ -518,6 +549,9 @@ class Analyzer:
                             names[int(d["ep"])] = str(env.body["job"])
                         else:
                             self.counters["ep_job_full"] += 1
+                    ready = getattr(self.hook, "on_ready", None)
+                    if ready is not None:  # after the names: a bad endpoint only costs links
+                        ready(env.body["endpoints"])
                 elif env.type is MsgType.ENDPOINTS_DOWN and env.body["reason"] == "stopped":
                     retire = getattr(self.hook, "on_retire", None)
                     if retire is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+import pytest
 import zmq
 
 from skh.orchestrator.alerts import AlertLog, alert_schema
@@ -141,3 +142,19 @@ def test_detector_hook_turns_suspect_events_into_alerts(tmp_path):
     assert a["kind"] == "suspect" and a["state"] == "event"
     # the bus contract: docs/alerts.md, skh/orchestrator/alert.schema.json
     jsonschema.validate(AlertLog(tmp_path / "a.log").append(a), alert_schema())
+
+
+def test_detector_hook_tells_the_detector_each_announced_endpoints_rnic():
+    """The controller's announcements carry each endpoint's host and rail: the hook maps them to
+    one access link id per RNIC, the same for a later job's endpoint on it, and refuses an
+    endpoint without them."""
+    from skh.errors import ProtocolError
+    from skh.orchestrator.analyzer import load_detector_hook
+
+    hook = load_detector_hook()
+    hook.on_ready([{"ep": 0, "host": "h0", "rail": 0}, {"ep": 3, "host": "h1", "rail": 2}])
+    hook.on_ready([{"ep": 5, "host": "h0", "rail": 0}])
+    assert hook.ep_link.tolist() == [0, -1, -1, 1, -1, 0]
+    assert hook.detector.fast._links_of(np.arange(7)).tolist() == [0, -1, -1, 1, -1, 0, -1]
+    with pytest.raises(ProtocolError):
+        hook.on_ready([{"ep": 6, "host": "h2", "rail": "0"}])

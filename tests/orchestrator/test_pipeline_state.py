@@ -238,3 +238,22 @@ def test_the_sharded_pipeline_tells_the_same_in_gapped_ids(gapped):
         ray.shutdown()
     assert [alert_key(r["alert"]) for r in s.log] == [alert_key(r["alert"]) for r in h.log]
     assert s.versions == h.versions and all(v > 7 for _j, v in s.versions)
+
+
+def test_the_detector_keeps_an_rnics_link_id_as_jobs_come_and_go():
+    """Each endpoint's access link goes to the detector as the (host, rail) it sits on; a new
+    job on an RNIC gets the id the RNIC had under the job before, whatever model ids the
+    endpoints get (the link's loss history is kept under that id)."""
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping())
+    pipe = Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+    seen = []
+    pipe.detector.set_endpoint_links = lambda links: seen.append(np.asarray(links).tolist())
+
+    def ep(i, job, host, rail):
+        return {"ep": i, "job": job, "container": host, "host": host, "rail": rail, "ip": ""}
+
+    pipe.set_endpoints([ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "a", "host1", 1)])
+    pipe.set_endpoints([ep(2, "a", "host1", 1), ep(7, "b", "host0", 0), ep(9, "b", "host0", 1)])
+    # model ids: 0, 1, 2, then 2 -> 0, 7 -> 1, 9 -> 2
+    assert seen == [[0, 1, 2], [2, 0, 3]]

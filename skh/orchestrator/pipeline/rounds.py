@@ -111,6 +111,9 @@ class Pipeline:
         self._to_ctl = np.zeros(0, np.int64)
         self._restored: list[Mapping[str, Any]] = []  # open alerts waiting for the model
         self._versions: dict[str, int] = {}  # skeleton version per job at the controller
+        #: (host, rail) -> access link id: the detector keeps each link's loss history under
+        #: it, across the jobs (and model ids) that come and go on the RNIC
+        self._links: dict[tuple[str, int], int] = {}
         self.stats: dict[str, int] = {
             "rounds": 0,
             "events": 0,
@@ -157,6 +160,15 @@ class Pipeline:
                 netdev=str(m.get("netdev", "")),
             )
         self.cluster = cluster
+        self.detector.set_endpoint_links(
+            np.array(
+                [
+                    self._links.setdefault((e.host, e.rail), len(self._links))
+                    for e in cluster.endpoints
+                ],
+                np.int64,
+            )
+        )
         self.localizer = Localizer(
             cluster,
             rnic_dump_interval_s=self.cfg.rnic_dump_interval_s,

@@ -96,6 +96,10 @@ class _Detection:
     def set_endpoint_groups(self, *groups: np.ndarray) -> None:
         self._owner._set_groups(groups)
 
+    def set_endpoint_links(self, links: np.ndarray) -> None:
+        """Nothing to do: each shard's own :meth:`Pipeline.set_endpoints` tells its detector
+        the access links, from the members it is sent."""
+
 
 class ShardedPipeline(Pipeline):
     """A :class:`Pipeline` whose detection runs on ``options.shards`` Ray actors (Ray must be
