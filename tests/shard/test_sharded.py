@@ -275,6 +275,15 @@ def test_a_front_end_lost_before_its_flush_gives_nothing_again_and_again(cluster
     gone, alive = FrontEnd.remote(), FrontEnd.remote()
     ray.get([gone.flush.remote(), alive.flush.remote()])
     ray.kill(gone)
+    # ray.kill is asynchronous: a call made before the kill lands still runs (CI ran it once),
+    # so wait until the actor is gone and the next call is surely lost
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(gone.flush.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
     lost, kept = gone.flush.remote(), alive.flush.remote()
     for _ in range(2):
         got = _flushes([lost, kept])
