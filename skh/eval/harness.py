@@ -42,7 +42,7 @@ import multiprocessing
 import os
 import subprocess
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -634,8 +634,13 @@ def run_stages(
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(min(workers, len(stages)), mp_context=ctx) as ex:
-        futs = {name: ex.submit(_timed, fn, *args) for name, fn, args in stages}
-        return {name: f.result() for name, f in futs.items()}
+        futs = {ex.submit(_timed, fn, *args): name for name, fn, args in stages}
+        done: dict[str, tuple[Any, float, float]] = {}
+        # as each finishes, so that an hours-long full profile shows its progress
+        for f in as_completed(futs):
+            done[futs[f]] = f.result()
+            log.info("eval: stage %s finished (%d of %d)", futs[f], len(done), len(futs))
+        return {name: done[name] for name, _, _ in stages}
 
 
 def default_workers() -> int:
