@@ -36,7 +36,6 @@ import argparse
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -415,22 +414,10 @@ def measure(
 
 def _at_revision(rev: str, args: list[str]) -> dict[str, Any]:
     """This bench as git revision ``rev`` has it, run on that revision's agent and engine."""
-    with tempfile.TemporaryDirectory(prefix="skh-agentproc-rev-") as tmp:
-        tree = Path(tmp) / "tree"
-        tree.mkdir()
-        archive = subprocess.run(
-            ["git", "archive", rev], cwd=ROOT, capture_output=True, check=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-        build = subprocess.run(
-            [sys.executable, "setup.py", "build_ext", "--inplace"],
-            cwd=tree,
-            capture_output=True,
-            text=True,
-        )
-        if build.returncode:
-            raise SystemExit(f"{rev}: the extension did not build\n{build.stderr[-3000:]}")
-        shutil.rmtree(tree / "build", ignore_errors=True)
+    # imported here: skh/eval/agent_cost.py loads this file by path, without bench/ on sys.path
+    from _revision import revision_tree
+
+    with revision_tree(rev) as tree:
         out = subprocess.run(
             [sys.executable, str(tree / "bench" / "agent_process.py"), *args],
             cwd=tree,
@@ -438,9 +425,9 @@ def _at_revision(rev: str, args: list[str]) -> dict[str, Any]:
             text=True,
             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         )
-        if out.returncode:
-            raise SystemExit(f"{rev}: the bench failed\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+    if out.returncode:
+        raise SystemExit(f"{rev}: the bench failed\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:

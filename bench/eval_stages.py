@@ -37,10 +37,8 @@ import enum
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -166,21 +164,15 @@ def measure(seed: int, duration_s: float | None) -> dict:
 
 def _at_revision(rev: str, seed: int, duration_s: float | None) -> dict:
     """:func:`measure` on git revision ``rev``, exported to a temporary folder."""
-    with tempfile.TemporaryDirectory(prefix="skh-bench-") as tmp:
-        tree = Path(tmp) / "tree"
-        tree.mkdir()
-        archive = subprocess.run(
-            ["git", "archive", rev], cwd=ROOT, capture_output=True, check=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-        for so in (ROOT / "skh").glob("_fastprobe*.so"):  # built, not tracked
-            shutil.copy2(so, tree / "skh" / so.name)
+    from _revision import revision_tree  # bench/ is on sys.path when this runs as a script
+
+    with revision_tree(rev) as tree:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", str(tree)]
         cmd += ["--seed", str(seed)] + (["--duration", str(duration_s)] if duration_s else [])
         out = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env=os.environ.copy())
-        if out.returncode:
-            raise SystemExit(f"{rev}: the seed failed\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+    if out.returncode:
+        raise SystemExit(f"{rev}: the seed failed\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
