@@ -5,7 +5,9 @@
 
 Runs ``skh eval --full`` (4,096 hosts x 8 RNICs, five seeds of the field regime and one held-out
 seed of field-heavy; the stages run in ``--workers`` processes) into ``--out``
-(default ``build/results``), then regenerates ``docs/results.md`` and the README's results
+(default ``build/results``; each finished stage is kept in ``--out``/stages, so a run that is
+stopped resumes with the same seeds on the same commit: six seeds at 4,096 hosts are about an
+hour of CPU each), then regenerates ``docs/results.md`` and the README's results
 section from its ``eval.json`` (:func:`skh.eval.report.results_page`,
 :func:`skh.eval.report.readme_section`): no figure on either page is typed by hand. ``--from``
 regenerates the pages from an earlier run's ``eval.json`` without running anything.
@@ -30,6 +32,7 @@ from skh.eval.report import (  # noqa: E402
     to_html,
     to_markdown,
 )
+from skh.eval.stagestore import StageStore  # noqa: E402
 
 
 def write_pages(res: dict, root: Path = ROOT, docs: Path | None = None) -> list[str]:
@@ -60,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads(Path(a.src).read_text())
     else:
         name = "tiny" if a.quick else "full"
-        res = run_eval(profile(name), seeds=a.seed, workers=a.workers, agent=not a.quick)
+        store = None if a.quick else StageStore(out / "stages")
+        res = run_eval(
+            profile(name), seeds=a.seed, workers=a.workers, agent=not a.quick, store=store
+        )
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(res, indent=1) + "\n")
         (out / "eval.md").write_text(to_markdown(res))

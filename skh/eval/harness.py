@@ -42,6 +42,7 @@ import multiprocessing
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from skh.eval.plan import planned_probing
 from skh.eval.probing import random_sample_pairs, sweep_table
 from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events, summarize, wilson
+from skh.eval.stagestore import StageStore
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.probeplan import ProbePolicy
@@ -621,26 +623,52 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float, float]:
 
 
 def run_stages(
-    stages: list[tuple[str, Any, tuple]], workers: int
+    stages: list[tuple[str, Any, tuple]], workers: int, store: StageStore | None = None
 ) -> dict[str, tuple[Any, float, float]]:
     """Run the named stages (each a pure function of its arguments: the simulation and every
     draw are keyed by the seed) in ``workers`` processes, or here when ``workers`` is 1; the
     results come back by name, so what the evaluation reports does not depend on which
-    finished first. Stages should come longest first (they are handed out in order)."""
-    if not (workers > 1 and len(stages) > 1):
-        return {name: _timed(fn, *args) for name, fn, args in stages}
-    # fork where there is one: spawn would re-run the caller's main module in every worker (a
-    # script without a ``__main__`` guard breaks) and re-import numpy and scipy there
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(min(workers, len(stages)), mp_context=ctx) as ex:
-        futs = {ex.submit(_timed, fn, *args): name for name, fn, args in stages}
-        done: dict[str, tuple[Any, float, float]] = {}
-        # as each finishes, so that an hours-long full profile shows its progress
-        for f in as_completed(futs):
-            done[futs[f]] = f.result()
-            log.info("eval: stage %s finished (%d of %d)", futs[f], len(done), len(futs))
-        return {name: done[name] for name, _, _ in stages}
+    finished first. Stages should come longest first (they are handed out in order). With a
+    ``store``, stages it holds are not run again and each one that finishes is saved there."""
+    done: dict[str, tuple[Any, float, float]] = {}
+    if store is not None:
+        for name, _, _ in stages:
+            if (kept := store.load(name)) is not None:
+                done[name] = kept
+                log.info("eval: stage %s kept from %s", name, store.root)
+    todo = [st for st in stages if st[0] not in done]
+
+    failed: list[BaseException] = []
+
+    def settle(name: str, result: Callable[[], tuple[Any, float, float]]) -> None:
+        # a stage that fails does not cost the others: they finish (and are kept) first
+        try:
+            out = result()
+        except Exception as exc:
+            log.error("eval: stage %s failed: %r", name, exc)
+            failed.append(exc)
+            return
+        done[name] = out
+        if store is not None:
+            store.save(name, out)
+        log.info("eval: stage %s finished (%d of %d)", name, len(done), len(stages))
+
+    if not (workers > 1 and len(todo) > 1):
+        for name, fn, args in todo:
+            settle(name, functools.partial(_timed, fn, *args))
+    else:
+        # fork where there is one: spawn would re-run the caller's main module in every worker
+        # (a script without a ``__main__`` guard breaks) and re-import numpy and scipy there
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx) as ex:
+            futs = {ex.submit(_timed, fn, *args): name for name, fn, args in todo}
+            # as each finishes: an hours-long full profile shows (and keeps) its progress
+            for f in as_completed(futs):
+                settle(futs[f], f.result)
+    if failed:
+        raise failed[0]
+    return {name: done[name] for name, _, _ in stages}
 
 
 def default_workers() -> int:
@@ -659,26 +687,40 @@ def run_eval(
     noise: str = "field",
     agent: bool = True,
     workers: int | None = None,
+    store: StageStore | None = None,
 ) -> dict[str, Any]:
     """The whole evaluation; see the module doc. Headline keys at the top level. Seeds: the
     given ``seeds`` (or the one ``seed``), else ``profile.seeds`` drawn at run time. The
     seeds, the held-out seeds, the ramps, the oracle localization and the probing-cost sweep
     run as independent stages in ``workers`` processes (default: one per CPU); the result is
-    the same for any number of workers."""
+    the same for any number of workers. With a ``store``, a run that was stopped resumes: its
+    seeds and finished stages come from there (same commit, profile and regime only)."""
     timings: dict[str, float] = {}
     t_all, cpu_all = time.perf_counter(), time.process_time()
-    drawn = seed is None and seeds is None
-    seeds = list(seeds) if seeds is not None else ([seed] if seed is not None else None)
-    seeds = seeds or draw_seeds(profile.seeds)
     rg = regime(noise)
     heavy = REGIMES["field-heavy"]
-    hs: list[int] = []
-    if profile.heldout_seeds:
-        hs = (
-            draw_seeds(profile.heldout_seeds)
-            if drawn
-            else [s + 7919 for s in seeds][: profile.heldout_seeds]
-        )
+
+    def choose() -> dict[str, Any]:
+        drawn = seed is None and seeds is None
+        chosen = list(seeds) if seeds is not None else ([seed] if seed is not None else None)
+        chosen = chosen or draw_seeds(profile.seeds)
+        hs: list[int] = []
+        if profile.heldout_seeds:
+            hs = (
+                draw_seeds(profile.heldout_seeds)
+                if drawn
+                else [s + 7919 for s in chosen][: profile.heldout_seeds]
+            )
+        return {"seeds": chosen, "heldout_seeds": hs, "drawn": drawn}
+
+    if store is None:
+        plan = choose()
+    else:
+        key: dict[str, Any] = {"commit": commit_id(), "profile": profile.name, "noise": noise}
+        if seeds is not None or seed is not None:
+            key["seeds"] = list(seeds) if seeds is not None else [seed]
+        plan = store.manifest(key, choose)
+    seeds, hs, drawn = plan["seeds"], plan["heldout_seeds"], plan["drawn"]
 
     fabric = _fabric(profile.hosts)
     # longest first: a seed's field run is most of the CPU
@@ -692,16 +734,21 @@ def run_eval(
         ("probing", _probing_stage, (profile, seeds[0])),
     ]
     workers = default_workers() if workers is None else workers
-    pooled = workers > 1 and len(stages) > 1
-    done = run_stages(stages, workers)
+    kept = {name for name, _, _ in stages if store is not None and store.has(name)}
+    pooled = workers > 1 and len(stages) - len(kept) > 1  # as run_stages decides
+    done = run_stages(stages, workers, store)
+    # the CPU of stages that ran elsewhere: in the workers, or in the stopped run that kept them
     cpu_children = 0.0
     for name, (_, cpu_s, wall_s) in done.items():
         timings[f"{name} cpu"] = round(cpu_s, 2)
         timings[f"{name} wall"] = round(wall_s, 2)
-        cpu_children += cpu_s
+        if pooled or name in kept:
+            cpu_children += cpu_s
         log.info("eval: %s done in %.1f s (%.1f s CPU)", name, wall_s, cpu_s)
     timings["stages"] = round(time.perf_counter() - t_all, 2)
     timings["workers"] = workers if pooled else 1
+    if kept:
+        timings["stages kept"] = len(kept)
 
     runs = [done[f"seed {s}"][0] for s in seeds]
     main = {"runs": runs, "head": _pool(runs)}
@@ -794,9 +841,7 @@ def run_eval(
     timings["total"] = round(time.perf_counter() - t_all, 2)
     # CPU seconds of this process and its stages' workers: on a shared machine the wall time
     # says little
-    timings["total_cpu"] = round(
-        time.process_time() - cpu_all + (cpu_children if pooled else 0.0), 2
-    )
+    timings["total_cpu"] = round(time.process_time() - cpu_all + cpu_children, 2)
 
     scale = {
         "topology": "Alibaba Lingjun 2023 (847 hosts, 48 ToR groups, 3 PSW, 1 DSW), "

@@ -708,6 +708,11 @@ def _provenance(r: dict[str, Any]) -> str:
             f"{tm.get('total_cpu', 0) / 60:.0f} min of CPU ({n} worker "
             f"process{'es' if n != 1 else ''})."
         )
+        if tm.get("stages kept"):
+            cost += (
+                f" {tm['stages kept']} of its stages were kept from a run stopped earlier on the"
+                " same commit (their CPU is counted; the wall time is the last run's)."
+            )
     return (
         f"Profile **{meta['profile']}** on commit `{meta['commit'][:12]}`: "
         f"{sc['hosts']:,} hosts × {sc['rnics_per_host']} RNICs ({sc['topology']}), regime "

@@ -286,3 +286,56 @@ def test_stages_come_back_by_name_whichever_finishes_first():
         assert list(done) == ["slow", "fast", "sum"]
         assert [v[0] for v in done.values()] == [None, 2, 6]
         assert done["slow"][2] >= 0.5 and all(v[1] >= 0 for v in done.values())
+
+
+def _fails_unless(flag: str) -> str:
+    if not Path(flag).exists():
+        raise RuntimeError("stopped")
+    return "late"
+
+
+def _must_not_run() -> None:
+    raise AssertionError("a kept stage ran again")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stopped_run_keeps_its_finished_stages(tmp_path, monkeypatch, workers):
+    """The full profile takes hours: a run stopped after some stages resumes from its store
+    without running them again; a failing stage does not cost the ones that finished."""
+    from skh.eval import harness, stagestore
+
+    monkeypatch.setattr(stagestore, "_skh_is_clean", lambda: True)
+    store = stagestore.StageStore(tmp_path / "stages")
+    flag = tmp_path / "flag"
+    first = [("late", _fails_unless, (str(flag),)), ("early", abs, (-2,)), ("sum", sum, ((1, 2),))]
+    with pytest.raises(RuntimeError, match="stopped"):
+        harness.run_stages(first, workers, store)
+    assert store.has("early") and store.has("sum") and not store.has("late")
+    flag.touch()
+    again = [first[0], ("early", _must_not_run, ()), ("sum", _must_not_run, ())]
+    done = harness.run_stages(again, workers, store)
+    assert list(done) == ["late", "early", "sum"]
+    assert [v[0] for v in done.values()] == ["late", 2, 3]
+
+
+def test_stored_stages_belong_to_one_commit_profile_and_seed_set(tmp_path, monkeypatch):
+    """A resumed run takes the seeds drawn when it began; another commit, profile or regime, or
+    other given seeds, is refused with the reason, as is a tree whose code the commit does not
+    name."""
+    from skh.errors import ConfigError
+    from skh.eval import stagestore
+
+    monkeypatch.setattr(stagestore, "_skh_is_clean", lambda: True)
+    store = stagestore.StageStore(tmp_path / "stages")
+    key = {"commit": "a" * 40, "profile": "full", "noise": "field"}
+    draws = iter([{"seeds": [11, 12]}, {"seeds": [21, 22]}])
+    assert store.manifest(key, lambda: next(draws))["seeds"] == [11, 12]
+    assert store.manifest(key, lambda: next(draws))["seeds"] == [11, 12]
+    for k, v in (("commit", "b" * 40), ("profile", "quick"), ("noise", "lab"), ("seeds", [5])):
+        with pytest.raises(ConfigError, match=k):
+            store.manifest({**key, k: v}, lambda: next(draws))
+    with pytest.raises(ConfigError, match="keyed by commit"):
+        stagestore.StageStore(tmp_path / "other").manifest({**key, "commit": "unknown"}, dict)
+    monkeypatch.setattr(stagestore, "_skh_is_clean", lambda: False)
+    with pytest.raises(ConfigError, match="keyed by commit"):
+        stagestore.StageStore(tmp_path / "other").manifest(key, dict)
