@@ -486,3 +486,29 @@ def test_chain_ties_the_first_two_stages_of_an_interleaved_pipeline():
     assert [t.tolist() for t in c.tiers] == [[0], [1], [2], [3]] and not c.wrap, c
     # replicas of a stage (equal gaps beyond the first two) are no pipeline
     assert not pipeline_chain(_gapped([54, 60, 60, 66], [1.0] * 4), HZ, 10e6).tiers
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_numeric_helpers_give_numpys_values(seed):
+    """The skeleton's own median, quantile and standardize stand in for numpy's on every job;
+    the inferred skeletons stay the same only while their values do (ties and zeros too)."""
+    from skh.analysis.skeleton.model import median, quantile, standardize
+
+    rng = np.random.default_rng(seed)
+    for t in range(200):
+        shape = tuple(int(s) for s in rng.integers(1, 12, rng.integers(1, 4)))
+        x = rng.standard_normal(shape) * 10 ** rng.uniform(-3, 9)
+        x = (np.round(x) if t % 3 == 0 else x).astype(np.float32 if t % 2 else np.float64)
+        x[..., 0] = 0.0 if t % 5 == 0 else x[..., 0]
+        if t % 4 == 0:
+            x = x[..., ::2]  # a strided view, as the skeleton's slices are
+        z = x - x.mean(axis=-1, keepdims=True)
+        sd = z.std(axis=-1, keepdims=True)
+        assert standardize(x).tobytes() == (z / np.where(sd > 0, sd, 1.0)).tobytes()
+        for axis in range(x.ndim):
+            for keepdims in (False, True):
+                want = np.median(x, axis=axis, keepdims=keepdims)
+                got = median(x, axis=axis, keepdims=keepdims)
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+        for q in (0.0, 0.05, 0.25, 0.5, 0.7, 1.0):
+            assert quantile(x.ravel(), q) == float(np.quantile(x.ravel(), q))

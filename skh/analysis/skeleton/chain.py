@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skh.analysis.skeleton.model import robust_sd
+from skh.analysis.skeleton.model import median, robust_sd
 
 __all__ = ["Chain", "pipeline_chain"]
 
@@ -127,12 +127,12 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
     if gaps.shape[0]:
         # a gap that swallows two iterations (a checkpoint pause) would inflate the spread
         total = gaps.sum(axis=1)
-        gaps = gaps[total <= 1.5 * np.median(total)]
+        gaps = gaps[total <= 1.5 * median(total)]
     if gaps.shape[0] < _MIN_ITERATIONS:
         return _fail(f"idle gaps matched on every host in {gaps.shape[0]} iterations only")
-    order = np.argsort(np.median(gaps, axis=0), kind="stable")
+    order = np.argsort(median(gaps, axis=0), kind="stable")
     step = np.diff(gaps[:, order], axis=1)  # (iterations, n_h - 1), positive when ordered
-    med = np.median(step, axis=0)
+    med = median(step, axis=0)
     # robust: a gap matched to the wrong iteration now and then must not swamp the spread
     # (the standard error of a median is 1.25 sd / sqrt(n))
     sd = np.maximum(robust_sd(step, axis=0), 0.5)
@@ -164,12 +164,10 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
     # busiest when every host is in one)
     chunk = max(1, quartile.shape[1] // (gaps.shape[0] + 1))  # about an iteration or more
     n_chunks = max(1, quartile.shape[1] // chunk)
-    volume = np.median(
-        quartile[:, : n_chunks * chunk].reshape(n_h, n_chunks, -1).sum(axis=2), axis=1
-    )
+    volume = median(quartile[:, : n_chunks * chunk].reshape(n_h, n_chunks, -1).sum(axis=2), axis=1)
     first, last = tiers[0], tiers[-1]
     inner = np.concatenate(tiers[1:-1]) if len(tiers) > 2 else np.zeros(0, np.int64)
-    ref = float(np.median(volume[inner])) if inner.size else float(volume.max())
+    ref = float(median(volume[inner])) if inner.size else float(volume.max())
     quiet = volume <= _END_SHARE * ref
     wrap = True
     if last.size == 1 and quiet[last[0]] and int(quiet[first].sum()) == 1:

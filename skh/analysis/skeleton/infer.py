@@ -16,6 +16,7 @@ from skh.analysis.skeleton.model import (
     SkeletonParams,
     all_pairs,
     digest,
+    quantile,
     standardize,
     unique_pairs,
 )
@@ -118,8 +119,6 @@ def infer_skeleton(
     tx = None
     if tx_bytes is not None:
         tx = np.asarray(tx_bytes, np.float64)
-        if not np.isfinite(tx).all():
-            tx = np.nan_to_num(tx)
         if tx.shape != x.shape:
             raise ConfigError(
                 "The 'tx_bytes' parameter of infer_skeleton must have the shape of bytes_per_s "
@@ -180,8 +179,6 @@ def infer_skeleton(
         return fallback(MODE_SAME_RAIL, span, 0.0)
     # the span is whole seconds: its per-second sums are those of the whole series
     x, x1 = x[:, span[0]], x1[:, span[1]]
-    if tx is not None:
-        tx = np.clip(tx[:, span[0]], 0.0, x)
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
@@ -208,7 +205,7 @@ def infer_skeleton(
             a = np.broadcast_to(e[:, :, None], (e.shape[0], g, g))[:, off]
             b = np.broadcast_to(e[:, None, :], (e.shape[0], g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
-    coh = float(np.quantile(split.coherence, 0.05))
+    coh = quantile(split.coherence, 0.05)
     if max(ks) == 1 and hosts.size >= 3:
         # one group per rail: no DP group split. A pipeline without data parallelism still
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
@@ -261,7 +258,13 @@ def infer_skeleton(
     pp_chunks, ps = [], PairStats()
     if boundaries:
         fp, nw = fingerprints(x, group, hz, params)
-        sends = shared_sends(tx, x - tx, group, hz) if tx is not None else None
+        sends = None
+        if tx is not None:  # only pipeline partners read the sends: cleaned for them alone
+            tx = tx[:, span[0]]
+            if not np.isfinite(tx).all():
+                tx = np.nan_to_num(tx)
+            tx = np.clip(tx, 0.0, x)
+            sends = shared_sends(tx, x - tx, group, hz)
         pp_chunks, ps, evidence = pair_boundaries(
             boundaries,
             fp,
@@ -494,4 +497,4 @@ def _member_coherence(zb: np.ndarray, group: np.ndarray) -> float:
     if not keep.any():
         return 1.0
     _, label = np.unique(group[keep], return_inverse=True)
-    return float(np.quantile(coherence(zb[keep], label), 0.05))
+    return quantile(coherence(zb[keep], label), 0.05)

@@ -176,9 +176,43 @@ def pairs_coverage(used: np.ndarray, probed: np.ndarray) -> float:
 
 
 def standardize(x: np.ndarray) -> np.ndarray:
+    """Each series (last axis) less its mean, over its standard deviation (left as it is where
+    it has none): ``z / z.std()`` to the bit, as ``z.std()`` computes it (its own mean of ``z``,
+    the squares summed), in one temporary and in place, without a third copy of the series."""
     z = x - x.mean(axis=-1, keepdims=True)
-    sd = z.std(axis=-1, keepdims=True)
-    return z / np.where(sd > 0, sd, 1.0)
+    d = z - z.mean(axis=-1, keepdims=True)
+    np.multiply(d, d, out=d)
+    sd = np.sqrt(d.sum(axis=-1, keepdims=True) / x.shape[-1])
+    return np.divide(z, np.where(sd > 0, sd, 1.0), out=z)
+
+
+def median(a: np.ndarray, axis: int = -1, keepdims: bool = False) -> np.ndarray:
+    """``np.median(a, axis)`` of non-empty ``a`` without NaN: the same values (the middle one,
+    or the middle two summed and halved; a zero's sign aside) from one partition, without the
+    generic function's machinery, which costs more than the work on a job's few rows."""
+    n = a.shape[axis]
+    m = n // 2
+    if n % 2:
+        out = np.take(np.partition(a, m, axis=axis), [m], axis=axis)
+    else:
+        part = np.partition(a, (m - 1, m), axis=axis)
+        out = (np.take(part, [m - 1], axis=axis) + np.take(part, [m], axis=axis)) / 2
+    return out if keepdims else np.squeeze(out, axis)[()]
+
+
+def quantile(v: np.ndarray, q: float) -> float:
+    """``np.quantile(v, q)`` (linear interpolation) of a non-empty 1-D ``v`` without NaN, to
+    the bit (numpy's interpolation: from the upper neighbour when the fraction is one half or
+    more), from one partition."""
+    n = v.size
+    pos = (n - 1) * q
+    lo = int(np.floor(pos))
+    if pos >= n - 1:
+        return float(v.max())
+    part = np.partition(v, (lo, lo + 1))
+    a, b = part[lo], part[lo + 1]  # in v's precision, as numpy's
+    frac = pos - lo
+    return float(b - (b - a) * (1 - frac) if frac >= 0.5 else a + (b - a) * frac)
 
 
 def row_quantiles(a: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
@@ -194,8 +228,8 @@ def row_quantiles(a: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
 
 
 def robust_sd(v: np.ndarray, axis: int = -1) -> np.ndarray:
-    med = np.median(v, axis=axis, keepdims=True)
-    return 1.4826 * np.median(np.abs(v - med), axis=axis)
+    med = median(v, axis=axis, keepdims=True)
+    return 1.4826 * median(np.abs(v - med), axis=axis)
 
 
 def parabolic(y_m: np.ndarray, y_0: np.ndarray, y_p: np.ndarray) -> np.ndarray:

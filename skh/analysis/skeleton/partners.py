@@ -33,6 +33,7 @@ from skh.analysis.skeleton.model import (
     SkeletonParams,
     bipartite,
     both_ways,
+    median,
     robust_sd,
     row_quantiles,
     standardize,
@@ -74,9 +75,10 @@ def fingerprints(
     raw_means = np.add.reduceat(x[order], starts, axis=0) / sizes[:, None]
     z = standardize(np.minimum(x, _sync_cap(raw_means)[gid][:, None]))
     means = np.add.reduceat(z[order], starts, axis=0) / sizes[:, None]
-    resid = (z - means[gid])[:, : nw * w].reshape(n, nw, w)
+    # residual and its product with the derivative in z's place (no other use of it)
+    resid = np.subtract(z, means[gid], out=z)[:, : nw * w].reshape(n, nw, w)
     deriv = np.gradient(means, axis=1)[:, : nw * w].reshape(-1, nw, w)
-    num = (resid * deriv[gid]).sum(axis=2)
+    num = np.multiply(resid, deriv[gid], out=resid).sum(axis=2)
     den = (deriv**2).sum(axis=2)[gid] + 1e-12
     delta = -num / den
     delta[sizes[gid] < 2] = 0.0
@@ -101,8 +103,9 @@ def shared_sends(
     for v in (tx, rx):
         v = np.minimum(v, cap[:, None])  # the lockstep bursts carry no partner
         means = np.add.reduceat(v[order], starts, axis=0) / sizes[:, None]
-        r = v - means[gid]
-        out.append(standardize(r - uniform_filter1d(r, width, axis=1)))
+        r = np.subtract(v, means[gid], out=v)
+        slow = uniform_filter1d(r, width, axis=1)
+        out.append(standardize(np.subtract(r, slow, out=slow)))
     return out[0], out[1]
 
 
@@ -159,7 +162,7 @@ def _zscores(
         null = np.stack([pair(int(k)) for k in _shifts(t_len, min_shift, period)])
         return (c - null.mean()) / max(floor, float(null.std()))
     if c.size > 4:
-        return (c - np.median(c)) / max(floor, float(robust_sd(c.ravel())))
+        return (c - median(c.ravel())) / max(floor, float(robust_sd(c.ravel())))
     return c / floor
 
 
@@ -274,7 +277,7 @@ def pair_boundaries(
             zv = _accumulate(key, zv, host[ref.a], host[ref.b], seconds, prior, evidence)
             col, ok_find, ok_hint, sets, best = _decide(zv[0], params)
             sets, grown = _close_ties(sets, g)
-            st.null_z.append(float(np.median(best)))
+            st.null_z.append(float(median(best)))
             if zv.shape[0] > 1:
                 # The shared-sends statistic at 10 Hz carries the replicas' own timing too, with
                 # a sign set by the two stages' schedules: on TP = PP = DP = 8 it reads about -3

@@ -9,7 +9,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from scipy.fft import irfft, next_fast_len, rfft
 from scipy.signal import get_window
 
-from skh.analysis.skeleton.model import SkeletonParams, parabolic
+from skh.analysis.skeleton.model import SkeletonParams, median, parabolic
 
 __all__ = ["per_second", "period", "atypical"]
 
@@ -74,7 +74,7 @@ def atypical(x: np.ndarray, hz: float, params: SkeletonParams) -> np.ndarray:
     s = rfft(frames * win, axis=2) / win.sum()
     feat = np.log1p(np.abs(s[:, :, 1:]).reshape(x.shape[0], -1).astype(np.float32))
     feat -= feat.mean(axis=1, keepdims=True)
-    med = np.median(feat, axis=0)
+    med = median(feat, axis=0)
     med -= med.mean()
     num = feat @ med
     den = np.linalg.norm(feat, axis=1) * np.linalg.norm(med) + 1e-12

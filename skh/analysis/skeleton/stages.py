@@ -34,6 +34,7 @@ from scipy.spatial.distance import squareform
 from skh.analysis.skeleton.model import (
     SkeletonParams,
     clip01,
+    median,
     parabolic,
     robust_sd,
     row_quantiles,
@@ -110,7 +111,7 @@ def _onset_gap(a: np.ndarray, b: np.ndarray) -> float:
     """Median distance (samples) from each onset in ``a`` to the nearest one in ``b``."""
     if a.size == 0 or b.size == 0:
         return float("inf")
-    return float(np.median(_nearest(a, b)))
+    return float(median(_nearest(a, b)))
 
 
 def _row_onset_gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -172,7 +173,7 @@ def _same_timing(
     # how far a member's bursts start from its group's others (a group of two stages, as pairs
     # of stages of a one-replica pipeline would make, is as far apart as the stages)
     loo = (sums[label] - feat) / np.maximum(size[label] - 1, 1)[:, None]
-    jitter = np.median(_row_onset_gaps(feat, loo))
+    jitter = median(_row_onset_gaps(feat, loo))
     if jitter > _LOCKSTEP_S * hz:
         return True  # the members themselves are not in lockstep: not one DP group
     need = max(params.min_gap_s * hz, params.gap_ratio * float(jitter))
@@ -378,16 +379,22 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     step = max(1, int(hz))
     q = row_quantiles(x[:, ::step], (0.5, 0.99))
     level = np.maximum(3.0 * q[0], 0.5 * q[1])
-    y = np.maximum(x - level[:, None], 0.0)
+    y = x - level[:, None]
+    np.maximum(y, 0.0, out=y)
     width = int(round(_MIN_BURST_S * hz))
     if width > 1:
         # a flat opening along time: erosion then dilation (grey_opening with size (1, width),
         # without its n-d machinery)
-        opened = maximum_filter1d(minimum_filter1d(y, width, axis=1), width, axis=1)
+        eroded = minimum_filter1d(y, width, axis=1)
+        opened = maximum_filter1d(eroded, width, axis=1)
         # a series whose bursts are mostly shorter than that (a gradient sync at line rate may
-        # last a tenth of a second) is kept whole rather than erased
-        kept = (opened**2).sum(axis=1) >= 0.25 * (y**2).sum(axis=1)
-        y = np.where(kept[:, None], opened, y)
+        # last a tenth of a second) is kept whole rather than erased (the squares go where the
+        # erosion was: these series are a job's largest arrays)
+        energy = np.square(opened, out=eroded).sum(axis=1)
+        kept = energy >= 0.25 * np.square(y, out=eroded).sum(axis=1)
+        if not kept.all():
+            opened[~kept] = y[~kept]
+        y = opened
     return y
 
 
@@ -408,7 +415,7 @@ def _collective(part: np.ndarray) -> bool:
     """Whether burst parts (:func:`_burst_part`, one row per host) look like collectives: every
     host has some, and they fill at most ``_MAX_BURST_DUTY`` of the time."""
     return bool((part.max(axis=1) > 0).all()) and (
-        float(np.median((part > 0).mean(axis=1))) <= _MAX_BURST_DUTY
+        float(median((part > 0).mean(axis=1))) <= _MAX_BURST_DUTY
     )
 
 
