@@ -387,12 +387,17 @@ def _active_span(
 
 
 def _stages_in_rank_blocks(hint: np.ndarray, blocks: list[np.ndarray]) -> bool:
-    """Whether every stage holds one contiguous block of container ranks."""
+    """Whether every stage holds one contiguous block of container ranks (the rails' blocks of
+    one shape at once: stages whose lowest ranks tie overlap in either order)."""
+    shapes: dict[tuple[int, ...], list[np.ndarray]] = {}
     for b in blocks:
-        r = np.sort(hint[b], axis=1)
-        lo, hi = r[:, 0], r[:, -1]
-        order = np.argsort(lo)
-        if np.any(lo[order][1:] <= hi[order][:-1]):
+        shapes.setdefault(b.shape, []).append(b)
+    for same in shapes.values():
+        r = hint[np.stack(same)]  # (rails, stages, rows)
+        lo, hi = r.min(axis=2), r.max(axis=2)
+        order = np.argsort(lo, axis=1)
+        lo, hi = np.take_along_axis(lo, order, 1), np.take_along_axis(hi, order, 1)
+        if np.any(lo[:, 1:] <= hi[:, :-1]):
             return False
     return True
 

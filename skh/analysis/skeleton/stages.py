@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.cluster import _hierarchy
+from scipy.cluster.hierarchy import linkage
 from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
@@ -263,6 +264,14 @@ def _fits(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
     return own >= to.max(axis=1)
 
 
+def _maxclust(tree: np.ndarray, k: int) -> np.ndarray:
+    """``fcluster(tree, k, "maxclust") - 1``: its kernel, without its checks of the tree, which
+    cost more than the cut of a job's few hosts (``tree`` is what ``linkage`` just built)."""
+    label = np.zeros(tree.shape[0] + 1, np.intc)
+    _hierarchy.cluster_maxclust_dist(tree, label, label.size, k)
+    return label.astype(np.int64) - 1
+
+
 def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParams) -> _Clusters:
     """The finest clear split of items with similarity matrix ``sim`` into equal clusters that
     line up as a pipeline: average-linkage clusters, balanced when they come out unequal.
@@ -278,7 +287,7 @@ def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParam
     for k in range(n // 2, 1, -1):
         if n % k:
             continue
-        label = (fcluster(tree, k, "maxclust") - 1).astype(np.int64)
+        label = _maxclust(tree, k)
         if label.max() + 1 == k and np.bincount(label).min() != n // k:
             label = _balanced(sim, label, k)
         c = _candidate(sim, feat, label, k, hz, params)
