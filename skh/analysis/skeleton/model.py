@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,10 +180,12 @@ def standardize(x: np.ndarray) -> np.ndarray:
     """Each series (last axis) less its mean, over its standard deviation (left as it is where
     it has none): ``z / z.std()`` to the bit, as ``z.std()`` computes it (its own mean of ``z``,
     the squares summed), in one temporary and in place, without a third copy of the series."""
-    z = x - x.mean(axis=-1, keepdims=True)
-    d = z - z.mean(axis=-1, keepdims=True)
+    n = x.shape[-1]
+    # np.add.reduce is what mean, std and sum reduce with, without their wrappers
+    z = x - np.add.reduce(x, axis=-1, keepdims=True) / n
+    d = z - np.add.reduce(z, axis=-1, keepdims=True) / n
     np.multiply(d, d, out=d)
-    sd = np.sqrt(d.sum(axis=-1, keepdims=True) / x.shape[-1])
+    sd = np.sqrt(np.add.reduce(d, axis=-1, keepdims=True) / n)
     return np.divide(z, np.where(sd > 0, sd, 1.0), out=z)
 
 
@@ -219,11 +222,11 @@ def row_quantiles(a: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
     """``np.quantile(a, qs, axis=1)`` (linear interpolation) of a 2-D array from one partition:
     the generic function's machinery costs more than the work on a job's few rows."""
     m = a.shape[1]
-    pos = np.asarray(qs, np.float64) * (m - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, m - 1)
-    part = np.partition(a, np.unique(np.r_[lo, hi]), axis=1)
-    frac = pos - lo
+    pos = [q * (m - 1) for q in qs]  # a few numbers: Python's arithmetic, numpy's values
+    lo = [math.floor(p) for p in pos]
+    hi = [min(i + 1, m - 1) for i in lo]
+    part = np.partition(a, sorted({*lo, *hi}), axis=1)
+    frac = np.array([p - i for p, i in zip(pos, lo, strict=True)])
     return (part[:, lo] + (part[:, hi] - part[:, lo]) * frac).T
 
 

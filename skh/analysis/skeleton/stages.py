@@ -394,8 +394,9 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     if width > 1:
         # a flat opening along time: erosion then dilation (grey_opening with size (1, width),
         # without its n-d machinery)
-        eroded = minimum_filter1d(y, width, axis=1)
-        opened = maximum_filter1d(eroded, width, axis=1)
+        # (outputs given: left to the filters, they are zeroed first)
+        eroded = minimum_filter1d(y, width, axis=1, output=np.empty_like(y))
+        opened = maximum_filter1d(eroded, width, axis=1, output=np.empty_like(y))
         # a series whose bursts are mostly shorter than that (a gradient sync at line rate may
         # last a tenth of a second) is kept whole rather than erased (the squares go where the
         # erosion was: these series are a job's largest arrays)
