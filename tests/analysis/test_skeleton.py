@@ -512,3 +512,28 @@ def test_numeric_helpers_give_numpys_values(seed):
                 assert got.dtype == want.dtype and np.array_equal(got, want)
         for q in (0.0, 0.05, 0.25, 0.5, 0.7, 1.0):
             assert quantile(x.ravel(), q) == float(np.quantile(x.ravel(), q))
+
+
+def test_group_means_and_tree_cuts_give_numpys_and_scipys_values():
+    """partners._means stands in for np.add.reduceat (groups of every size, 128 and more
+    members included) and stages._maxclust for fcluster's maxclust cut, to the bit."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    from skh.analysis.skeleton.partners import _groups, _means
+    from skh.analysis.skeleton.stages import _maxclust
+
+    rng = np.random.default_rng(0)
+    for n, k in [(1, 1), (7, 3), (16, 2), (40, 4), (160, 1), (300, 2), (90, 30)]:
+        group = rng.integers(0, k, n) * 5 - 3
+        x = rng.standard_normal((n, 17)) * 10 ** rng.uniform(-3, 9, (n, 1))
+        x[rng.random(x.shape) < 0.1] = -0.0
+        order = np.argsort(group, kind="stable")
+        starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
+        want = np.add.reduceat(x[order], starts, axis=0) / np.diff(np.r_[starts, n])[:, None]
+        assert _means(x, _groups(group)).tobytes() == want.tobytes()
+    for n in (4, 9, 24):
+        d = np.round(rng.random((n, n)) * 8) / 8  # ties too
+        tree = linkage(squareform((d + d.T) / 2 * (1 - np.eye(n)), checks=False), "average")
+        for k in range(2, n // 2 + 1):
+            assert np.array_equal(_maxclust(tree, k), fcluster(tree, k, "maxclust") - 1)

@@ -55,7 +55,7 @@ def _validate(ep_id, host, rail, x, hz, container):
             f"The 'bytes_per_s' parameter of infer_skeleton must be an (n, T) array with n = {n}. "
             f"Got shape {x.shape} instead."
         )
-    if np.unique(ep_id).size != n:
+    if _repeats(ep_id):
         raise ConfigError("The 'ep_id' parameter of infer_skeleton must hold unique endpoint ids.")
     if not (isinstance(hz, int | float) and np.isfinite(hz) and hz > 0):
         raise ConfigError(
@@ -70,9 +70,16 @@ def _validate(ep_id, host, rail, x, hz, container):
                 f"Got shape {container.shape} instead."
             )
         _, container = np.unique(container, return_inverse=True)
-    if not np.isfinite(x).all():
+    # a finite sum means finite samples (one read, no mask); an infinite one may just be large
+    if not np.isfinite(np.add.reduce(x, axis=None)) and not np.isfinite(x).all():
         x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
     return ep_id.astype(np.uint32), host.astype(np.int64), rail.astype(np.int64), x, container
+
+
+def _repeats(a: np.ndarray) -> bool:
+    """Whether some value of ``a`` occurs twice (a sort, without np.unique's machinery)."""
+    s = np.sort(a, axis=None)
+    return bool((s[1:] == s[:-1]).any())
 
 
 def _registration_rank(ep_id: np.ndarray, host: np.ndarray) -> np.ndarray:
@@ -166,7 +173,7 @@ def infer_skeleton(
         return fallback(
             MODE_SAME_RAIL, "a single host: its traffic stays on NVLink/PCIe, no pair to probe", 1.0
         )
-    if n != hosts.size * rails.size or np.unique(host * rails.size + rail_inv).size != n:
+    if n != hosts.size * rails.size or _repeats(host * rails.size + rail_inv):
         return fallback(
             MODE_GROUP_WIDE,
             f"{hosts.size} hosts do not all bind the same {rails.size} rails once each: "
@@ -501,5 +508,7 @@ def _member_coherence(zb: np.ndarray, group: np.ndarray) -> float:
     keep = group >= 0
     if not keep.any():
         return 1.0
+    if keep.all() and np.bincount(group).all():  # labels 0..k-1 already (no copy of zb)
+        return quantile(coherence(zb, group), 0.05)
     _, label = np.unique(group[keep], return_inverse=True)
     return quantile(coherence(zb[keep], label), 0.05)

@@ -176,13 +176,14 @@ def pairs_coverage(used: np.ndarray, probed: np.ndarray) -> float:
     return float(np.isin(ku, kp).mean())
 
 
-def standardize(x: np.ndarray) -> np.ndarray:
+def standardize(x: np.ndarray, *, inplace: bool = False) -> np.ndarray:
     """Each series (last axis) less its mean, over its standard deviation (left as it is where
     it has none): ``z / z.std()`` to the bit, as ``z.std()`` computes it (its own mean of ``z``,
-    the squares summed), in one temporary and in place, without a third copy of the series."""
+    the squares summed), in one temporary and in place, without a third copy of the series.
+    ``inplace``: in ``x`` itself (a temporary of the caller's)."""
     n = x.shape[-1]
     # np.add.reduce is what mean, std and sum reduce with, without their wrappers
-    z = x - np.add.reduce(x, axis=-1, keepdims=True) / n
+    z = np.subtract(x, np.add.reduce(x, axis=-1, keepdims=True) / n, out=x if inplace else None)
     d = z - np.add.reduce(z, axis=-1, keepdims=True) / n
     np.multiply(d, d, out=d)
     sd = np.sqrt(np.add.reduce(d, axis=-1, keepdims=True) / n)

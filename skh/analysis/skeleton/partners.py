@@ -131,7 +131,7 @@ def fingerprints(
         return np.zeros((n, 0)), 0
     groups = _groups(group)
     gid, sizes = groups.gid, groups.sizes
-    z = standardize(np.minimum(x, _sync_cap(_means(x, groups))[gid][:, None]))
+    z = standardize(np.minimum(x, _sync_cap(_means(x, groups))[gid][:, None]), inplace=True)
     means = _means(z, groups)
     # residual and its product with the derivative in z's place (no other use of it)
     resid = np.subtract(z, means[gid], out=z)[:, : nw * w].reshape(n, nw, w)
@@ -158,7 +158,7 @@ def shared_sends(
         v = np.minimum(v, cap[:, None])  # the lockstep bursts carry no partner
         r = np.subtract(v, _means(v, groups)[gid], out=v)
         slow = uniform_filter1d(r, width, axis=1, output=np.empty_like(r))  # not zeroed first
-        out.append(standardize(np.subtract(r, slow, out=slow)))
+        out.append(standardize(np.subtract(r, slow, out=slow), inplace=True))
     return out[0], out[1]
 
 
@@ -227,8 +227,8 @@ def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: floa
     zs = []
     if nw:
         # a replica's TP ranks move together: its rails' offsets are one signal plus noise
-        da = standardize(sum(fp[a] for a in a_rows))
-        db = standardize(sum(fp[b] for b in b_rows))
+        da = standardize(sum(fp[a] for a in a_rows), inplace=True)
+        db = standardize(sum(fp[b] for b in b_rows), inplace=True)
 
         def fp_corr(k: int) -> np.ndarray:
             return da @ np.roll(db, k, axis=1).T / nw

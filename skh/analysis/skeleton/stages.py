@@ -363,7 +363,11 @@ def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
     sums = _group_sums(feat, label, k)
     size = np.bincount(label, minlength=k)
     keep = size[label] > 1
-    loo = standardize(sums[label[keep]] - feat[keep])
+    if keep.all():  # the usual case: no copy of the series
+        loo = sums[label]
+        loo = standardize(np.subtract(loo, feat, out=loo), inplace=True)
+        return (loo * feat).mean(axis=1)
+    loo = standardize(sums[label[keep]] - feat[keep], inplace=True)
     return (loo * feat[keep]).mean(axis=1) if keep.any() else np.ones(1)
 
 
