@@ -516,12 +516,13 @@ def test_numeric_helpers_give_numpys_values(seed):
 
 def test_group_means_and_tree_cuts_give_numpys_and_scipys_values():
     """partners._means stands in for np.add.reduceat (groups of every size, 128 and more
-    members included) and stages._maxclust for fcluster's maxclust cut, to the bit."""
+    members included), stages._average_linkage for linkage and stages._maxclust for
+    fcluster's maxclust cut, to the bit."""
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
 
     from skh.analysis.skeleton.partners import _groups, _means
-    from skh.analysis.skeleton.stages import _maxclust
+    from skh.analysis.skeleton.stages import _average_linkage, _maxclust
 
     rng = np.random.default_rng(0)
     for n, k in [(1, 1), (7, 3), (16, 2), (40, 4), (160, 1), (300, 2), (90, 30)]:
@@ -534,6 +535,8 @@ def test_group_means_and_tree_cuts_give_numpys_and_scipys_values():
         assert _means(x, _groups(group)).tobytes() == want.tobytes()
     for n in (4, 9, 24):
         d = np.round(rng.random((n, n)) * 8) / 8  # ties too
-        tree = linkage(squareform((d + d.T) / 2 * (1 - np.eye(n)), checks=False), "average")
+        y = squareform((d + d.T) / 2 * (1 - np.eye(n)), checks=False)
+        tree = linkage(y, "average")
+        assert _average_linkage(y, n).tobytes() == tree.tobytes()
         for k in range(2, n // 2 + 1):
             assert np.array_equal(_maxclust(tree, k), fcluster(tree, k, "maxclust") - 1)

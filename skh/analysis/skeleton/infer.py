@@ -69,11 +69,20 @@ def _validate(ep_id, host, rail, x, hz, container):
                 f"({n}). "
                 f"Got shape {container.shape} instead."
             )
-        _, container = np.unique(container, return_inverse=True)
-    # a finite sum means finite samples (one read, no mask); an infinite one may just be large
-    if not np.isfinite(np.add.reduce(x, axis=None)) and not np.isfinite(x).all():
+        _, container = _dense(container)
+    if not np.isfinite(x).all():
         x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
     return ep_id.astype(np.uint32), host.astype(np.int64), rail.astype(np.int64), x, container
+
+
+def _dense(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` of a 1-D ``a`` (its sorted values, and each entry's
+    index among them) from one sort and a search, without np.unique's machinery."""
+    s = np.sort(a)
+    first = np.ones(s.size, bool)
+    first[1:] = s[1:] != s[:-1]
+    values = s[first]
+    return values, np.searchsorted(values, a)
 
 
 def _repeats(a: np.ndarray) -> bool:
@@ -167,8 +176,8 @@ def infer_skeleton(
     # Structure: a rail-wise skeleton needs every host of the job on the same rails, one
     # endpoint per (host, rail); containers binding different rail sets (fewer than 8 RNICs) may
     # talk across rails.
-    rails, rail_inv = np.unique(rail, return_inverse=True)
-    hosts, hinv = np.unique(host, return_inverse=True)
+    rails, rail_inv = _dense(rail)
+    hosts, hinv = _dense(host)
     if hosts.size < 2:
         return fallback(
             MODE_SAME_RAIL, "a single host: its traffic stays on NVLink/PCIe, no pair to probe", 1.0
@@ -398,7 +407,8 @@ def _stages_in_rank_blocks(hint: np.ndarray, blocks: list[np.ndarray]) -> bool:
     one shape at once: stages whose lowest ranks tie overlap in either order)."""
     shapes: dict[tuple[int, ...], list[np.ndarray]] = {}
     for b in blocks:
-        shapes.setdefault(b.shape, []).append(b)
+        if b.shape[0] > 1:  # one stage is one block
+            shapes.setdefault(b.shape, []).append(b)
     for same in shapes.values():
         r = hint[np.stack(same)]  # (rails, stages, rows)
         lo, hi = r.min(axis=2), r.max(axis=2)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.cluster import _hierarchy
-from scipy.cluster.hierarchy import linkage
+from scipy.cluster.hierarchy import _LINKAGE_METHODS
 from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
@@ -264,6 +264,13 @@ def _fits(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
     return own >= to.max(axis=1)
 
 
+def _average_linkage(y: np.ndarray, n: int) -> np.ndarray:
+    """``linkage(y, "average")`` of the condensed distances ``y`` between ``n`` items: its
+    kernel, without its checks (finite distances of a similarity matrix) and array-API layers,
+    which cost more than the tree of a job's few hosts."""
+    return _hierarchy.nn_chain(np.ascontiguousarray(y, np.float64), n, _LINKAGE_METHODS["average"])
+
+
 def _maxclust(tree: np.ndarray, k: int) -> np.ndarray:
     """``fcluster(tree, k, "maxclust") - 1``: its kernel, without its checks of the tree, which
     cost more than the cut of a job's few hosts (``tree`` is what ``linkage`` just built)."""
@@ -283,7 +290,7 @@ def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParam
         return one
     dist = np.clip(1.0 - sim, 0.0, None)
     np.fill_diagonal(dist, 0.0)
-    tree = linkage(squareform((dist + dist.T) / 2, checks=False), "average")
+    tree = _average_linkage(squareform((dist + dist.T) / 2, checks=False), n)
     for k in range(n // 2, 1, -1):
         if n % k:
             continue
@@ -440,14 +447,19 @@ def host_quartile(x: np.ndarray, hinv: np.ndarray, rail_inv: np.ndarray) -> np.n
     n_r = x.shape[0] // n_h
     row = np.empty((n_h, n_r), np.int64)
     row[hinv, rail_inv] = np.arange(x.shape[0])
+    # a host's rails in consecutive rows (the usual order) are a view of each rail, else a copy
+    by_rail = (
+        x.reshape(n_h, n_r, -1).transpose(1, 0, 2)
+        if np.array_equal(row.ravel(), np.arange(x.shape[0]))
+        else x[row.T]
+    )
     q = 0.25 * (n_r - 1)
     lo, hi = int(np.floor(q)), int(np.ceil(q))
     # The hi + 1 smallest of each host's rails, kept sorted while the rails come in one by one
     # (an insertion, two elementwise passes per place): a sort along the rails, strided, costs
     # two to three times more; min and max pick values, so the result is the sort's to the bit.
     low = [np.full((n_h, x.shape[1]), np.inf) for _ in range(hi + 1)]
-    for r in range(n_r):
-        v = x[row[:, r]]
+    for v in by_rail:
         for j in range(hi, 0, -1):
             np.minimum(low[j], np.maximum(low[j - 1], v), out=low[j])
         np.minimum(low[0], v, out=low[0])
