@@ -517,12 +517,12 @@ def test_numeric_helpers_give_numpys_values(seed):
 def test_group_means_and_tree_cuts_give_numpys_and_scipys_values():
     """partners._means stands in for np.add.reduceat (groups of every size, 128 and more
     members included), stages._average_linkage for linkage and stages._maxclust for
-    fcluster's maxclust cut, to the bit."""
+    fcluster's maxclust cut, to the bit; host_quartile is the sort's lower quartile."""
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
 
     from skh.analysis.skeleton.partners import _groups, _means
-    from skh.analysis.skeleton.stages import _average_linkage, _maxclust
+    from skh.analysis.skeleton.stages import _average_linkage, _maxclust, host_quartile
 
     rng = np.random.default_rng(0)
     for n, k in [(1, 1), (7, 3), (16, 2), (40, 4), (160, 1), (300, 2), (90, 30)]:
@@ -533,6 +533,15 @@ def test_group_means_and_tree_cuts_give_numpys_and_scipys_values():
         starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
         want = np.add.reduceat(x[order], starts, axis=0) / np.diff(np.r_[starts, n])[:, None]
         assert _means(x, _groups(group)).tobytes() == want.tobytes()
+    for n_h, n_r in [(1, 1), (2, 2), (3, 8), (5, 4), (4, 12)]:
+        x = np.round(rng.random((n_h * n_r, 30)) * 5)  # ties too
+        mix = rng.permutation(n_h * n_r)  # rows in any order
+        hinv, rail_inv = np.repeat(np.arange(n_h), n_r)[mix], np.tile(np.arange(n_r), n_h)[mix]
+        s = np.sort(x[np.lexsort((rail_inv, hinv))].reshape(n_h, n_r, -1), axis=1)
+        q = 0.25 * (n_r - 1)
+        lo, hi = int(np.floor(q)), int(np.ceil(q))
+        want = s[:, lo] + (q - lo) * (s[:, hi] - s[:, lo])
+        assert host_quartile(x, hinv, rail_inv).tobytes() == want.tobytes()
     for n in (4, 9, 24):
         d = np.round(rng.random((n, n)) * 8) / 8  # ties too
         y = squareform((d + d.T) / 2 * (1 - np.eye(n)), checks=False)

@@ -192,43 +192,45 @@ def standardize(x: np.ndarray, *, inplace: bool = False) -> np.ndarray:
 
 def median(a: np.ndarray, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     """``np.median(a, axis)`` of non-empty ``a`` without NaN: the same values (the middle one,
-    or the middle two summed and halved; a zero's sign aside) from one partition, without the
-    generic function's machinery, which costs more than the work on a job's few rows."""
+    or the middle two summed and halved; a zero's sign aside) from one sort, without the
+    generic function's machinery, which costs more than the work on a job's few rows (on
+    their short series a vectorised sort beats numpy's partition, which median uses)."""
     n = a.shape[axis]
     m = n // 2
+    s = np.sort(a, axis=axis)
     if n % 2:
-        out = np.take(np.partition(a, m, axis=axis), [m], axis=axis)
+        out = np.take(s, [m], axis=axis)
     else:
-        part = np.partition(a, (m - 1, m), axis=axis)
-        out = (np.take(part, [m - 1], axis=axis) + np.take(part, [m], axis=axis)) / 2
+        out = (np.take(s, [m - 1], axis=axis) + np.take(s, [m], axis=axis)) / 2
     return out if keepdims else np.squeeze(out, axis)[()]
 
 
 def quantile(v: np.ndarray, q: float) -> float:
     """``np.quantile(v, q)`` (linear interpolation) of a non-empty 1-D ``v`` without NaN, to
     the bit (numpy's interpolation: from the upper neighbour when the fraction is one half or
-    more), from one partition."""
+    more), from one sort (as :func:`median`)."""
     n = v.size
     pos = (n - 1) * q
     lo = int(np.floor(pos))
     if pos >= n - 1:
         return float(v.max())
-    part = np.partition(v, (lo, lo + 1))
-    a, b = part[lo], part[lo + 1]  # in v's precision, as numpy's
+    s = np.sort(v)
+    a, b = s[lo], s[lo + 1]  # in v's precision, as numpy's
     frac = pos - lo
     return float(b - (b - a) * (1 - frac) if frac >= 0.5 else a + (b - a) * frac)
 
 
 def row_quantiles(a: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
-    """``np.quantile(a, qs, axis=1)`` (linear interpolation) of a 2-D array from one partition:
-    the generic function's machinery costs more than the work on a job's few rows."""
+    """``np.quantile(a, qs, axis=1)`` (linear interpolation) of a 2-D array from one sort (as
+    :func:`median`): the generic function's machinery costs more than the work on a job's few
+    rows."""
     m = a.shape[1]
     pos = [q * (m - 1) for q in qs]  # a few numbers: Python's arithmetic, numpy's values
     lo = [math.floor(p) for p in pos]
     hi = [min(i + 1, m - 1) for i in lo]
-    part = np.partition(a, sorted({*lo, *hi}), axis=1)
+    s = np.sort(a, axis=1)
     frac = np.array([p - i for p, i in zip(pos, lo, strict=True)])
-    return (part[:, lo] + (part[:, hi] - part[:, lo]) * frac).T
+    return (s[:, lo] + (s[:, hi] - s[:, lo]) * frac).T
 
 
 def robust_sd(v: np.ndarray, axis: int = -1) -> np.ndarray:

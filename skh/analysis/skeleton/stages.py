@@ -458,11 +458,17 @@ def host_quartile(x: np.ndarray, hinv: np.ndarray, rail_inv: np.ndarray) -> np.n
     # The hi + 1 smallest of each host's rails, kept sorted while the rails come in one by one
     # (an insertion, two elementwise passes per place): a sort along the rails, strided, costs
     # two to three times more; min and max pick values, so the result is the sort's to the bit.
-    low = [np.full((n_h, x.shape[1]), np.inf) for _ in range(hi + 1)]
+    # The first rails fill the places (what a minimum with infinity would give).
+    low: list[np.ndarray] = []
+    tmp = np.empty((n_h, x.shape[1]))
     for v in by_rail:
-        for j in range(hi, 0, -1):
-            np.minimum(low[j], np.maximum(low[j - 1], v), out=low[j])
-        np.minimum(low[0], v, out=low[0])
+        filled = len(low)
+        if filled <= hi:
+            low.append(np.maximum(low[-1], v) if low else v.copy())
+        for j in range(min(filled, hi + 1) - 1, 0, -1):
+            np.minimum(low[j], np.maximum(low[j - 1], v, out=tmp), out=low[j])
+        if filled:
+            np.minimum(low[0], v, out=low[0])
     return low[lo] + (q - lo) * (low[hi] - low[lo])
 
 
