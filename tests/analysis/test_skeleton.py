@@ -514,15 +514,21 @@ def test_numeric_helpers_give_numpys_values(seed):
             assert quantile(x.ravel(), q) == float(np.quantile(x.ravel(), q))
 
 
-def test_group_means_and_tree_cuts_give_numpys_and_scipys_values():
+@pytest.mark.parametrize("kernels", [True, False], ids=["scipy-kernels", "public-scipy"])
+def test_group_means_and_tree_cuts_give_numpys_and_scipys_values(kernels, monkeypatch):
     """partners._means stands in for np.add.reduceat (groups of every size, 128 and more
     members included), stages._average_linkage for linkage and stages._maxclust for
-    fcluster's maxclust cut, to the bit; host_quartile is the sort's lower quartile."""
+    fcluster's maxclust cut, to the bit, through scipy's private kernels and through the public
+    functions a scipy without them falls back to; host_quartile is the sort's lower quartile."""
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
 
+    from skh.analysis.skeleton import stages
     from skh.analysis.skeleton.partners import _groups, _means
     from skh.analysis.skeleton.stages import _average_linkage, _maxclust, host_quartile
+
+    if not kernels:
+        monkeypatch.setattr(stages, "_KERNELS", None)
 
     rng = np.random.default_rng(0)
     for n, k in [(1, 1), (7, 3), (16, 2), (40, 4), (160, 1), (300, 2), (90, 30)]:

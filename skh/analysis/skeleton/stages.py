@@ -24,10 +24,10 @@ not, and the farther apart their stages, the less alike. Hence:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
-from scipy.cluster import _hierarchy
-from scipy.cluster.hierarchy import _LINKAGE_METHODS
+from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
@@ -264,18 +264,45 @@ def _fits(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
     return own >= to.max(axis=1)
 
 
+def _kernels() -> tuple[Any, int] | None:
+    """scipy's private kernels of ``linkage(y, "average")`` and ``fcluster(.., "maxclust")``:
+    their public wrappers check the input and walk array-API layers that cost more than the tree
+    of a job's few hosts. Private, so used only while they still give the public functions'
+    results on a small tree (checked once here); otherwise the public functions are used."""
+    try:
+        from scipy.cluster import _hierarchy
+        from scipy.cluster.hierarchy import _LINKAGE_METHODS
+
+        average = _LINKAGE_METHODS["average"]
+        y = np.array([0.3, 0.9, 0.5, 0.8, 0.4, 0.2])
+        tree = _hierarchy.nn_chain(y, 4, average)
+        label = np.zeros(4, np.intc)
+        _hierarchy.cluster_maxclust_dist(tree, label, 4, 2)
+        ok = np.array_equal(tree, linkage(y, "average")) and np.array_equal(
+            label, fcluster(tree, 2, "maxclust")
+        )
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return (_hierarchy, average) if ok else None
+
+
+_KERNELS = _kernels()
+
+
 def _average_linkage(y: np.ndarray, n: int) -> np.ndarray:
-    """``linkage(y, "average")`` of the condensed distances ``y`` between ``n`` items: its
-    kernel, without its checks (finite distances of a similarity matrix) and array-API layers,
-    which cost more than the tree of a job's few hosts."""
-    return _hierarchy.nn_chain(np.ascontiguousarray(y, np.float64), n, _LINKAGE_METHODS["average"])
+    """``linkage(y, "average")`` of the condensed distances ``y`` between ``n`` items."""
+    if _KERNELS is None:
+        return linkage(y, "average")
+    hierarchy, average = _KERNELS
+    return hierarchy.nn_chain(np.ascontiguousarray(y, np.float64), n, average)
 
 
 def _maxclust(tree: np.ndarray, k: int) -> np.ndarray:
-    """``fcluster(tree, k, "maxclust") - 1``: its kernel, without its checks of the tree, which
-    cost more than the cut of a job's few hosts (``tree`` is what ``linkage`` just built)."""
+    """``fcluster(tree, k, "maxclust") - 1`` (``tree`` is what ``linkage`` just built)."""
+    if _KERNELS is None:
+        return (fcluster(tree, k, "maxclust") - 1).astype(np.int64)
     label = np.zeros(tree.shape[0] + 1, np.intc)
-    _hierarchy.cluster_maxclust_dist(tree, label, label.size, k)
+    _KERNELS[0].cluster_maxclust_dist(tree, label, label.size, k)
     return label.astype(np.int64) - 1
 
 
