@@ -486,3 +486,72 @@ def test_chain_ties_the_first_two_stages_of_an_interleaved_pipeline():
     assert [t.tolist() for t in c.tiers] == [[0], [1], [2], [3]] and not c.wrap, c
     # replicas of a stage (equal gaps beyond the first two) are no pipeline
     assert not pipeline_chain(_gapped([54, 60, 60, 66], [1.0] * 4), HZ, 10e6).tiers
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_numeric_helpers_give_numpys_values(seed):
+    """The skeleton's own median, quantile and standardize stand in for numpy's on every job;
+    the inferred skeletons stay the same only while their values do (ties and zeros too)."""
+    from skh.analysis.skeleton.model import median, quantile, standardize
+
+    rng = np.random.default_rng(seed)
+    for t in range(200):
+        shape = tuple(int(s) for s in rng.integers(1, 12, rng.integers(1, 4)))
+        x = rng.standard_normal(shape) * 10 ** rng.uniform(-3, 9)
+        x = (np.round(x) if t % 3 == 0 else x).astype(np.float32 if t % 2 else np.float64)
+        x[..., 0] = 0.0 if t % 5 == 0 else x[..., 0]
+        if t % 4 == 0:
+            x = x[..., ::2]  # a strided view, as the skeleton's slices are
+        z = x - x.mean(axis=-1, keepdims=True)
+        sd = z.std(axis=-1, keepdims=True)
+        assert standardize(x).tobytes() == (z / np.where(sd > 0, sd, 1.0)).tobytes()
+        for axis in range(x.ndim):
+            for keepdims in (False, True):
+                want = np.median(x, axis=axis, keepdims=keepdims)
+                got = median(x, axis=axis, keepdims=keepdims)
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+        for q in (0.0, 0.05, 0.25, 0.5, 0.7, 1.0):
+            assert quantile(x.ravel(), q) == float(np.quantile(x.ravel(), q))
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["scipy-kernels", "public-scipy"])
+def test_group_means_and_tree_cuts_give_numpys_and_scipys_values(kernels, monkeypatch):
+    """partners._means stands in for np.add.reduceat (groups of every size, 128 and more
+    members included), stages._average_linkage for linkage and stages._maxclust for
+    fcluster's maxclust cut, to the bit, through scipy's private kernels and through the public
+    functions a scipy without them falls back to; host_quartile is the sort's lower quartile."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    from skh.analysis.skeleton import stages
+    from skh.analysis.skeleton.partners import _groups, _means
+    from skh.analysis.skeleton.stages import _average_linkage, _maxclust, host_quartile
+
+    if not kernels:
+        monkeypatch.setattr(stages, "_KERNELS", None)
+
+    rng = np.random.default_rng(0)
+    for n, k in [(1, 1), (7, 3), (16, 2), (40, 4), (160, 1), (300, 2), (90, 30)]:
+        group = rng.integers(0, k, n) * 5 - 3
+        x = rng.standard_normal((n, 17)) * 10 ** rng.uniform(-3, 9, (n, 1))
+        x[rng.random(x.shape) < 0.1] = -0.0
+        order = np.argsort(group, kind="stable")
+        starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
+        want = np.add.reduceat(x[order], starts, axis=0) / np.diff(np.r_[starts, n])[:, None]
+        assert _means(x, _groups(group)).tobytes() == want.tobytes()
+    for n_h, n_r in [(1, 1), (2, 2), (3, 8), (5, 4), (4, 12)]:
+        x = np.round(rng.random((n_h * n_r, 30)) * 5)  # ties too
+        mix = rng.permutation(n_h * n_r)  # rows in any order
+        hinv, rail_inv = np.repeat(np.arange(n_h), n_r)[mix], np.tile(np.arange(n_r), n_h)[mix]
+        s = np.sort(x[np.lexsort((rail_inv, hinv))].reshape(n_h, n_r, -1), axis=1)
+        q = 0.25 * (n_r - 1)
+        lo, hi = int(np.floor(q)), int(np.ceil(q))
+        want = s[:, lo] + (q - lo) * (s[:, hi] - s[:, lo])
+        assert host_quartile(x, hinv, rail_inv).tobytes() == want.tobytes()
+    for n in (4, 9, 24):
+        d = np.round(rng.random((n, n)) * 8) / 8  # ties too
+        y = squareform((d + d.T) / 2 * (1 - np.eye(n)), checks=False)
+        tree = linkage(y, "average")
+        assert _average_linkage(y, n).tobytes() == tree.tobytes()
+        for k in range(2, n // 2 + 1):
+            assert np.array_equal(_maxclust(tree, k), fcluster(tree, k, "maxclust") - 1)

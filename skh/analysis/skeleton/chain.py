@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skh.analysis.skeleton.model import robust_sd
+from skh.analysis.skeleton.model import median, robust_sd
 
 __all__ = ["Chain", "pipeline_chain"]
 
@@ -62,46 +62,53 @@ class Chain:
     why: str = ""
 
 
-def _idle_runs(active: np.ndarray, min_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(start, stop) sample indices of runs of ``False`` in ``active`` at least ``min_len`` long,
-    inside the series (a run touching either end is cut short and not counted)."""
-    d = np.diff(np.r_[1, active.astype(np.int8), 1])
-    start = np.flatnonzero(d == -1)
-    stop = np.flatnonzero(d == 1)
-    keep = (stop - start >= min_len) & (start > 0) & (stop < active.size)
-    return start[keep], stop[keep]
+def _idle_runs(active: np.ndarray, min_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, start, stop) of the runs of ``False`` along each row of ``active`` at least
+    ``min_len`` long, inside the series (a run touching either end is cut short and not
+    counted), row by row, each row's runs in time order."""
+    d = np.diff(active.astype(np.int8), axis=1, prepend=1, append=1)
+    row, start = np.nonzero(d == -1)
+    stop = np.nonzero(d == 1)[1]  # every row has as many ends as starts, in the same order
+    keep = (stop - start >= min_len) & (start > 0) & (stop < active.shape[1])
+    return row[keep], start[keep], stop[keep]
 
 
 def _gaps(active: np.ndarray, min_len: int) -> np.ndarray:
     """(iterations, hosts): each host's idle gap of the iterations every host has one in."""
-    runs = [_idle_runs(a, min_len) for a in active]
-    if any(s.size == 0 for s, _ in runs):
-        return np.zeros((0, active.shape[0]))
+    n_h, t_len = active.shape
+    row, start, stop = _idle_runs(active, min_len)
+    count = np.bincount(row, minlength=n_h)
+    if count.min() == 0:
+        return np.zeros((0, n_h))
     # each host idles once per iteration between drain and fill; pauses inside the steady
     # phase can last seconds too when a job's operations are long. The iteration gaps are the
     # runs of the least length at which every host has as many (within one) as the others
-    lengths = [e - s for s, e in runs]
-    for cut in np.unique(np.concatenate(lengths)):
-        counts = [int((ln >= cut).sum()) for ln in lengths]
-        if min(counts) < _MIN_ITERATIONS:
-            return np.zeros((0, active.shape[0]))
-        if max(counts) - min(counts) <= 1:
-            break
-    runs = [(s[ln >= cut], e[ln >= cut]) for (s, e), ln in zip(runs, lengths, strict=True)]
+    length = stop - start
+    cuts = np.unique(length)
+    first = np.r_[0, np.cumsum(count)[:-1]]
+    n_long = np.add.reduceat(length >= cuts[:, None], first, axis=1, dtype=np.int64)
+    lo, hi = n_long.min(axis=1), n_long.max(axis=1)
+    done = np.flatnonzero((lo < _MIN_ITERATIONS) | (hi - lo <= 1))
+    i = done[0] if done.size else cuts.size - 1
+    if lo[i] < _MIN_ITERATIONS:
+        return np.zeros((0, n_h))
+    long = length >= cuts[i]
+    row, start, stop = row[long], start[long], stop[long]
     # every host's gap of one iteration contains the first stage's, the shortest: take each
-    # host's gaps in turn as the reference and keep the one that matches most iterations
-    best = np.zeros((0, active.shape[0]))
-    for ref_start, ref_stop in runs:
-        mids = (ref_start + ref_stop) // 2
-        rows = np.zeros((mids.size, len(runs)))
-        ok = np.ones(mids.size, bool)
-        for h, (s, e) in enumerate(runs):
-            j = np.searchsorted(s, mids, side="right") - 1
-            jj = np.maximum(j, 0)
-            ok &= (j >= 0) & (e[jj] > mids)
-            rows[:, h] = e[jj] - s[jj]
+    # host's gaps in turn as the reference and keep the one that matches most iterations. The
+    # gap of each host around a reference's midpoint is the last one starting before it: one
+    # search over every host's starts, each host's a series length apart
+    span = t_len + 2
+    key = row * span + start
+    hosts = np.arange(n_h)[:, None]
+    best = np.zeros((0, n_h))
+    for h in range(n_h):
+        mids = (start[row == h] + stop[row == h]) // 2
+        j = np.searchsorted(key, hosts * span + mids, side="right") - 1  # (hosts, mids)
+        jj = np.maximum(j, 0)
+        ok = ((j >= 0) & (row[jj] == hosts) & (stop[jj] > mids)).all(axis=0)
         if ok.sum() > best.shape[0]:
-            best = rows[ok]
+            best = (stop[jj] - start[jj]).T[ok].astype(np.float64)
     return best
 
 
@@ -127,12 +134,12 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
     if gaps.shape[0]:
         # a gap that swallows two iterations (a checkpoint pause) would inflate the spread
         total = gaps.sum(axis=1)
-        gaps = gaps[total <= 1.5 * np.median(total)]
+        gaps = gaps[total <= 1.5 * median(total)]
     if gaps.shape[0] < _MIN_ITERATIONS:
         return _fail(f"idle gaps matched on every host in {gaps.shape[0]} iterations only")
-    order = np.argsort(np.median(gaps, axis=0), kind="stable")
+    order = np.argsort(median(gaps, axis=0), kind="stable")
     step = np.diff(gaps[:, order], axis=1)  # (iterations, n_h - 1), positive when ordered
-    med = np.median(step, axis=0)
+    med = median(step, axis=0)
     # robust: a gap matched to the wrong iteration now and then must not swamp the spread
     # (the standard error of a median is 1.25 sd / sqrt(n))
     sd = np.maximum(robust_sd(step, axis=0), 0.5)
@@ -164,12 +171,10 @@ def pipeline_chain(quartile: np.ndarray, hz: float, idle_bytes_per_s: float) -> 
     # busiest when every host is in one)
     chunk = max(1, quartile.shape[1] // (gaps.shape[0] + 1))  # about an iteration or more
     n_chunks = max(1, quartile.shape[1] // chunk)
-    volume = np.median(
-        quartile[:, : n_chunks * chunk].reshape(n_h, n_chunks, -1).sum(axis=2), axis=1
-    )
+    volume = median(quartile[:, : n_chunks * chunk].reshape(n_h, n_chunks, -1).sum(axis=2), axis=1)
     first, last = tiers[0], tiers[-1]
     inner = np.concatenate(tiers[1:-1]) if len(tiers) > 2 else np.zeros(0, np.int64)
-    ref = float(np.median(volume[inner])) if inner.size else float(volume.max())
+    ref = float(median(volume[inner])) if inner.size else float(volume.max())
     quiet = volume <= _END_SHARE * ref
     wrap = True
     if last.size == 1 and quiet[last[0]] and int(quiet[first].sum()) == 1:

@@ -16,6 +16,7 @@ from skh.analysis.skeleton.model import (
     SkeletonParams,
     all_pairs,
     digest,
+    quantile,
     standardize,
     unique_pairs,
 )
@@ -54,7 +55,7 @@ def _validate(ep_id, host, rail, x, hz, container):
             f"The 'bytes_per_s' parameter of infer_skeleton must be an (n, T) array with n = {n}. "
             f"Got shape {x.shape} instead."
         )
-    if np.unique(ep_id).size != n:
+    if _repeats(ep_id):
         raise ConfigError("The 'ep_id' parameter of infer_skeleton must hold unique endpoint ids.")
     if not (isinstance(hz, int | float) and np.isfinite(hz) and hz > 0):
         raise ConfigError(
@@ -68,10 +69,26 @@ def _validate(ep_id, host, rail, x, hz, container):
                 f"({n}). "
                 f"Got shape {container.shape} instead."
             )
-        _, container = np.unique(container, return_inverse=True)
+        _, container = _dense(container)
     if not np.isfinite(x).all():
         x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
     return ep_id.astype(np.uint32), host.astype(np.int64), rail.astype(np.int64), x, container
+
+
+def _dense(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` of a 1-D ``a`` (its sorted values, and each entry's
+    index among them) from one sort and a search, without np.unique's machinery."""
+    s = np.sort(a)
+    first = np.ones(s.size, bool)
+    first[1:] = s[1:] != s[:-1]
+    values = s[first]
+    return values, np.searchsorted(values, a)
+
+
+def _repeats(a: np.ndarray) -> bool:
+    """Whether some value of ``a`` occurs twice (a sort, without np.unique's machinery)."""
+    s = np.sort(a, axis=None)
+    return bool((s[1:] == s[:-1]).any())
 
 
 def _registration_rank(ep_id: np.ndarray, host: np.ndarray) -> np.ndarray:
@@ -118,8 +135,6 @@ def infer_skeleton(
     tx = None
     if tx_bytes is not None:
         tx = np.asarray(tx_bytes, np.float64)
-        if not np.isfinite(tx).all():
-            tx = np.nan_to_num(tx)
         if tx.shape != x.shape:
             raise ConfigError(
                 "The 'tx_bytes' parameter of infer_skeleton must have the shape of bytes_per_s "
@@ -161,13 +176,13 @@ def infer_skeleton(
     # Structure: a rail-wise skeleton needs every host of the job on the same rails, one
     # endpoint per (host, rail); containers binding different rail sets (fewer than 8 RNICs) may
     # talk across rails.
-    rails, rail_inv = np.unique(rail, return_inverse=True)
-    hosts, hinv = np.unique(host, return_inverse=True)
+    rails, rail_inv = _dense(rail)
+    hosts, hinv = _dense(host)
     if hosts.size < 2:
         return fallback(
             MODE_SAME_RAIL, "a single host: its traffic stays on NVLink/PCIe, no pair to probe", 1.0
         )
-    if n != hosts.size * rails.size or np.unique(host * rails.size + rail_inv).size != n:
+    if n != hosts.size * rails.size or _repeats(host * rails.size + rail_inv):
         return fallback(
             MODE_GROUP_WIDE,
             f"{hosts.size} hosts do not all bind the same {rails.size} rails once each: "
@@ -180,8 +195,6 @@ def infer_skeleton(
         return fallback(MODE_SAME_RAIL, span, 0.0)
     # the span is whole seconds: its per-second sums are those of the whole series
     x, x1 = x[:, span[0]], x1[:, span[1]]
-    if tx is not None:
-        tx = np.clip(tx[:, span[0]], 0.0, x)
     period_s, periodicity = period(standardize(x1), hz1, params)
     scores: dict[str, float] = {"periodicity": periodicity}
     rank = hint if hint is not None else _registration_rank(ep_id, host)
@@ -208,7 +221,7 @@ def infer_skeleton(
             a = np.broadcast_to(e[:, :, None], (e.shape[0], g, g))[:, off]
             b = np.broadcast_to(e[:, None, :], (e.shape[0], g, g))[:, off]
             dp_chunks.append(np.stack([a.ravel(), b.ravel()], axis=1))
-    coh = float(np.quantile(split.coherence, 0.05))
+    coh = quantile(split.coherence, 0.05)
     if max(ks) == 1 and hosts.size >= 3:
         # one group per rail: no DP group split. A pipeline without data parallelism still
         # orders its hosts by their fill-and-drain gaps (:mod:`.chain`), which refuses hosts
@@ -261,7 +274,13 @@ def infer_skeleton(
     pp_chunks, ps = [], PairStats()
     if boundaries:
         fp, nw = fingerprints(x, group, hz, params)
-        sends = shared_sends(tx, x - tx, group, hz) if tx is not None else None
+        sends = None
+        if tx is not None:  # only pipeline partners read the sends: cleaned for them alone
+            tx = tx[:, span[0]]
+            if not np.isfinite(tx).all():
+                tx = np.nan_to_num(tx)
+            tx = np.clip(tx, 0.0, x)
+            sends = shared_sends(tx, x - tx, group, hz)
         pp_chunks, ps, evidence = pair_boundaries(
             boundaries,
             fp,
@@ -384,12 +403,18 @@ def _active_span(
 
 
 def _stages_in_rank_blocks(hint: np.ndarray, blocks: list[np.ndarray]) -> bool:
-    """Whether every stage holds one contiguous block of container ranks."""
+    """Whether every stage holds one contiguous block of container ranks (the rails' blocks of
+    one shape at once: stages whose lowest ranks tie overlap in either order)."""
+    shapes: dict[tuple[int, ...], list[np.ndarray]] = {}
     for b in blocks:
-        r = np.sort(hint[b], axis=1)
-        lo, hi = r[:, 0], r[:, -1]
-        order = np.argsort(lo)
-        if np.any(lo[order][1:] <= hi[order][:-1]):
+        if b.shape[0] > 1:  # one stage is one block
+            shapes.setdefault(b.shape, []).append(b)
+    for same in shapes.values():
+        r = hint[np.stack(same)]  # (rails, stages, rows)
+        lo, hi = r.min(axis=2), r.max(axis=2)
+        order = np.argsort(lo, axis=1)
+        lo, hi = np.take_along_axis(lo, order, 1), np.take_along_axis(hi, order, 1)
+        if np.any(lo[:, 1:] <= hi[:, :-1]):
             return False
     return True
 
@@ -493,5 +518,7 @@ def _member_coherence(zb: np.ndarray, group: np.ndarray) -> float:
     keep = group >= 0
     if not keep.any():
         return 1.0
+    if keep.all() and np.bincount(group).all():  # labels 0..k-1 already (no copy of zb)
+        return quantile(coherence(zb, group), 0.05)
     _, label = np.unique(group[keep], return_inverse=True)
-    return float(np.quantile(coherence(zb[keep], label), 0.05))
+    return quantile(coherence(zb[keep], label), 0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,27 +176,66 @@ def pairs_coverage(used: np.ndarray, probed: np.ndarray) -> float:
     return float(np.isin(ku, kp).mean())
 
 
-def standardize(x: np.ndarray) -> np.ndarray:
-    z = x - x.mean(axis=-1, keepdims=True)
-    sd = z.std(axis=-1, keepdims=True)
-    return z / np.where(sd > 0, sd, 1.0)
+def standardize(x: np.ndarray, *, inplace: bool = False) -> np.ndarray:
+    """Each series (last axis) less its mean, over its standard deviation (left as it is where
+    it has none): ``z / z.std()`` to the bit, as ``z.std()`` computes it (its own mean of ``z``,
+    the squares summed), in one temporary and in place, without a third copy of the series.
+    ``inplace``: in ``x`` itself (a temporary of the caller's)."""
+    n = x.shape[-1]
+    # np.add.reduce is what mean, std and sum reduce with, without their wrappers
+    z = np.subtract(x, np.add.reduce(x, axis=-1, keepdims=True) / n, out=x if inplace else None)
+    d = z - np.add.reduce(z, axis=-1, keepdims=True) / n
+    np.multiply(d, d, out=d)
+    sd = np.sqrt(np.add.reduce(d, axis=-1, keepdims=True) / n)
+    return np.divide(z, np.where(sd > 0, sd, 1.0), out=z)
+
+
+def median(a: np.ndarray, axis: int = -1, keepdims: bool = False) -> np.ndarray:
+    """``np.median(a, axis)`` of non-empty ``a`` without NaN: the same values (the middle one,
+    or the middle two summed and halved; a zero's sign aside) from one sort, without the
+    generic function's machinery, which costs more than the work on a job's few rows (on
+    their short series a vectorised sort beats numpy's partition, which median uses)."""
+    n = a.shape[axis]
+    m = n // 2
+    s = np.sort(a, axis=axis)
+    if n % 2:
+        out = np.take(s, [m], axis=axis)
+    else:
+        out = (np.take(s, [m - 1], axis=axis) + np.take(s, [m], axis=axis)) / 2
+    return out if keepdims else np.squeeze(out, axis)[()]
+
+
+def quantile(v: np.ndarray, q: float) -> float:
+    """``np.quantile(v, q)`` (linear interpolation) of a non-empty 1-D ``v`` without NaN, to
+    the bit (numpy's interpolation: from the upper neighbour when the fraction is one half or
+    more), from one sort (as :func:`median`)."""
+    n = v.size
+    pos = (n - 1) * q
+    lo = int(np.floor(pos))
+    if pos >= n - 1:
+        return float(v.max())
+    s = np.sort(v)
+    a, b = s[lo], s[lo + 1]  # in v's precision, as numpy's
+    frac = pos - lo
+    return float(b - (b - a) * (1 - frac) if frac >= 0.5 else a + (b - a) * frac)
 
 
 def row_quantiles(a: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
-    """``np.quantile(a, qs, axis=1)`` (linear interpolation) of a 2-D array from one partition:
-    the generic function's machinery costs more than the work on a job's few rows."""
+    """``np.quantile(a, qs, axis=1)`` (linear interpolation) of a 2-D array from one sort (as
+    :func:`median`): the generic function's machinery costs more than the work on a job's few
+    rows."""
     m = a.shape[1]
-    pos = np.asarray(qs, np.float64) * (m - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, m - 1)
-    part = np.partition(a, np.unique(np.r_[lo, hi]), axis=1)
-    frac = pos - lo
-    return (part[:, lo] + (part[:, hi] - part[:, lo]) * frac).T
+    pos = [q * (m - 1) for q in qs]  # a few numbers: Python's arithmetic, numpy's values
+    lo = [math.floor(p) for p in pos]
+    hi = [min(i + 1, m - 1) for i in lo]
+    s = np.sort(a, axis=1)
+    frac = np.array([p - i for p, i in zip(pos, lo, strict=True)])
+    return (s[:, lo] + (s[:, hi] - s[:, lo]) * frac).T
 
 
 def robust_sd(v: np.ndarray, axis: int = -1) -> np.ndarray:
-    med = np.median(v, axis=axis, keepdims=True)
-    return 1.4826 * np.median(np.abs(v - med), axis=axis)
+    med = median(v, axis=axis, keepdims=True)
+    return 1.4826 * median(np.abs(v - med), axis=axis)
 
 
 def parabolic(y_m: np.ndarray, y_0: np.ndarray, y_p: np.ndarray) -> np.ndarray:

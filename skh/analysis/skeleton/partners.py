@@ -33,6 +33,7 @@ from skh.analysis.skeleton.model import (
     SkeletonParams,
     bipartite,
     both_ways,
+    median,
     robust_sd,
     row_quantiles,
     standardize,
@@ -46,6 +47,68 @@ def _sync_cap(means: np.ndarray) -> np.ndarray:
     its median rate, or a tenth of its peak (99th percentile) when it idles between bursts."""
     q = row_quantiles(means, (0.5, 0.99))
     return np.maximum(3.0 * q[0], 0.1 * q[1])
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """The RNICs' groups: a dense index per RNIC, each group's size, and per group size the
+    groups of that size with their members (``(groups, size)`` rows, in row order)."""
+
+    gid: np.ndarray
+    sizes: np.ndarray
+    by_size: list[tuple[np.ndarray, np.ndarray]]
+
+
+def _groups(group: np.ndarray) -> _Groups:
+    order = np.argsort(group, kind="stable")
+    starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
+    sizes = np.diff(np.r_[starts, group.size])
+    gid = np.empty(group.size, np.int64)
+    gid[order] = np.repeat(np.arange(starts.size), sizes)
+    by_size = []
+    for s in np.unique(sizes).tolist():
+        which = np.flatnonzero(sizes == s)
+        by_size.append((which, order[starts[which][:, None] + np.arange(s)]))
+    return _Groups(gid, sizes, by_size)
+
+
+def _pairwise(v: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    """numpy's pairwise sum (``pairwise_sum`` in its add loop: in order below 8 terms, eight
+    running sums in blocks of 128, halves above) of the rows ``v[rows[i]]``, element by
+    element, in whole-row passes."""
+    n = len(rows)
+    if n < 8:
+        out = v[rows[0]]  # numpy starts from -0.0, which changes no term
+        for r in rows[1:]:
+            out += v[r]
+        return out
+    if n <= 128:
+        acc = [v[r] for r in rows[:8]]
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                acc[j] += v[rows[i + j]]
+            i += 8
+        out = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+        for r in rows[i:]:
+            out += v[r]
+        return out
+    half = n // 2 - (n // 2) % 8
+    return _pairwise(v, rows[:half]) + _pairwise(v, rows[half:])
+
+
+def _means(v: np.ndarray, groups: _Groups) -> np.ndarray:
+    """Each group's mean series: ``np.add.reduceat`` over its members' rows in row order, over
+    its size, to the bit. reduceat adds the first row to numpy's pairwise sum of the others
+    column by column, a strided pass per column (and its members gathered first); here the
+    same sums in whole-row passes over the members."""
+    out = np.empty((groups.sizes.size, v.shape[1]))
+    for which, members in groups.by_size:
+        first = v[members[:, 0]]
+        if members.shape[1] > 1:
+            first += _pairwise(v, list(members[:, 1:].T))
+        out[which] = first / members.shape[1]
+    return out
 
 
 def fingerprints(
@@ -66,17 +129,14 @@ def fingerprints(
     nw = t_len // w
     if nw < 3:
         return np.zeros((n, 0)), 0
-    order = np.argsort(group, kind="stable")
-    starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
-    sizes = np.diff(np.r_[starts, n])
-    gid = np.empty(n, np.int64)
-    gid[order] = np.repeat(np.arange(starts.size), sizes)
-    raw_means = np.add.reduceat(x[order], starts, axis=0) / sizes[:, None]
-    z = standardize(np.minimum(x, _sync_cap(raw_means)[gid][:, None]))
-    means = np.add.reduceat(z[order], starts, axis=0) / sizes[:, None]
-    resid = (z - means[gid])[:, : nw * w].reshape(n, nw, w)
+    groups = _groups(group)
+    gid, sizes = groups.gid, groups.sizes
+    z = standardize(np.minimum(x, _sync_cap(_means(x, groups))[gid][:, None]), inplace=True)
+    means = _means(z, groups)
+    # residual and its product with the derivative in z's place (no other use of it)
+    resid = np.subtract(z, means[gid], out=z)[:, : nw * w].reshape(n, nw, w)
     deriv = np.gradient(means, axis=1)[:, : nw * w].reshape(-1, nw, w)
-    num = (resid * deriv[gid]).sum(axis=2)
+    num = np.multiply(resid, deriv[gid], out=resid).sum(axis=2)
     den = (deriv**2).sum(axis=2)[gid] + 1e-12
     delta = -num / den
     delta[sizes[gid] < 2] = 0.0
@@ -89,20 +149,16 @@ def shared_sends(
     """Each RNIC's sent and received bytes with its group's mean and everything slower than
     ~0.3 s removed, standardized: a pipeline send is one pulse on the sender's TX and the
     receiver's RX in the same sample, so partners' series share spikes nobody else has."""
-    n, t_len = tx.shape
-    order = np.argsort(group, kind="stable")
-    starts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]
-    sizes = np.diff(np.r_[starts, n])
-    gid = np.empty(n, np.int64)
-    gid[order] = np.repeat(np.arange(starts.size), sizes)
+    groups = _groups(group)
+    gid = groups.gid
     width = max(3, int(round(0.3 * hz)) | 1)
     out = []
-    cap = _sync_cap(np.add.reduceat((tx + rx)[order], starts, axis=0) / sizes[:, None])[gid]
+    cap = _sync_cap(_means(tx + rx, groups))[gid]
     for v in (tx, rx):
         v = np.minimum(v, cap[:, None])  # the lockstep bursts carry no partner
-        means = np.add.reduceat(v[order], starts, axis=0) / sizes[:, None]
-        r = v - means[gid]
-        out.append(standardize(r - uniform_filter1d(r, width, axis=1)))
+        r = np.subtract(v, _means(v, groups)[gid], out=v)
+        slow = uniform_filter1d(r, width, axis=1, output=np.empty_like(r))  # not zeroed first
+        out.append(standardize(np.subtract(r, slow, out=slow), inplace=True))
     return out[0], out[1]
 
 
@@ -159,7 +215,7 @@ def _zscores(
         null = np.stack([pair(int(k)) for k in _shifts(t_len, min_shift, period)])
         return (c - null.mean()) / max(floor, float(null.std()))
     if c.size > 4:
-        return (c - np.median(c)) / max(floor, float(robust_sd(c.ravel())))
+        return (c - median(c.ravel())) / max(floor, float(robust_sd(c.ravel())))
     return c / floor
 
 
@@ -171,8 +227,8 @@ def _evidence(a_rows, b_rows, fp, nw, window_s, sends, hz: float, period_s: floa
     zs = []
     if nw:
         # a replica's TP ranks move together: its rails' offsets are one signal plus noise
-        da = standardize(sum(fp[a] for a in a_rows))
-        db = standardize(sum(fp[b] for b in b_rows))
+        da = standardize(sum(fp[a] for a in a_rows), inplace=True)
+        db = standardize(sum(fp[b] for b in b_rows), inplace=True)
 
         def fp_corr(k: int) -> np.ndarray:
             return da @ np.roll(db, k, axis=1).T / nw
@@ -274,7 +330,7 @@ def pair_boundaries(
             zv = _accumulate(key, zv, host[ref.a], host[ref.b], seconds, prior, evidence)
             col, ok_find, ok_hint, sets, best = _decide(zv[0], params)
             sets, grown = _close_ties(sets, g)
-            st.null_z.append(float(np.median(best)))
+            st.null_z.append(float(median(best)))
             if zv.shape[0] > 1:
                 # The shared-sends statistic at 10 Hz carries the replicas' own timing too, with
                 # a sign set by the two stages' schedules: on TP = PP = DP = 8 it reads about -3

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 from scipy.fft import irfft, next_fast_len, rfft
 from scipy.signal import get_window
 
-from skh.analysis.skeleton.model import SkeletonParams, parabolic
+from skh.analysis.skeleton.model import SkeletonParams, median, parabolic
 
 __all__ = ["per_second", "period", "atypical"]
 
@@ -68,13 +68,16 @@ def atypical(x: np.ndarray, hz: float, params: SkeletonParams) -> np.ndarray:
     # removed, spectrum scaling): the same values without its per-call machinery, which cost
     # more than the FFTs on the small series of a job. The frequency-by-segment order of the
     # features does not matter to the correlation below, as long as every RNIC has the same.
-    frames = sliding_window_view(x, nper, axis=1)[:, ::hop]
+    # every hop-th window of nper samples, as a view (sliding_window_view's, without its checks)
+    n_seg = (x.shape[1] - nper) // hop + 1
+    step = x.strides[1]
+    frames = as_strided(x, (x.shape[0], n_seg, nper), (x.strides[0], hop * step, step))
     frames = frames - frames.mean(axis=2, keepdims=True)
     win = _hann(nper)
     s = rfft(frames * win, axis=2) / win.sum()
     feat = np.log1p(np.abs(s[:, :, 1:]).reshape(x.shape[0], -1).astype(np.float32))
     feat -= feat.mean(axis=1, keepdims=True)
-    med = np.median(feat, axis=0)
+    med = median(feat, axis=0)
     med -= med.mean()
     num = feat @ med
     den = np.linalg.norm(feat, axis=1) * np.linalg.norm(med) + 1e-12

@@ -24,6 +24,7 @@ not, and the farther apart their stages, the less alike. Hence:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -34,6 +35,7 @@ from scipy.spatial.distance import squareform
 from skh.analysis.skeleton.model import (
     SkeletonParams,
     clip01,
+    median,
     parabolic,
     robust_sd,
     row_quantiles,
@@ -110,7 +112,7 @@ def _onset_gap(a: np.ndarray, b: np.ndarray) -> float:
     """Median distance (samples) from each onset in ``a`` to the nearest one in ``b``."""
     if a.size == 0 or b.size == 0:
         return float("inf")
-    return float(np.median(_nearest(a, b)))
+    return float(median(_nearest(a, b)))
 
 
 def _row_onset_gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -172,7 +174,7 @@ def _same_timing(
     # how far a member's bursts start from its group's others (a group of two stages, as pairs
     # of stages of a one-replica pipeline would make, is as far apart as the stages)
     loo = (sums[label] - feat) / np.maximum(size[label] - 1, 1)[:, None]
-    jitter = np.median(_row_onset_gaps(feat, loo))
+    jitter = median(_row_onset_gaps(feat, loo))
     if jitter > _LOCKSTEP_S * hz:
         return True  # the members themselves are not in lockstep: not one DP group
     need = max(params.min_gap_s * hz, params.gap_ratio * float(jitter))
@@ -262,6 +264,48 @@ def _fits(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
     return own >= to.max(axis=1)
 
 
+def _kernels() -> tuple[Any, int] | None:
+    """scipy's private kernels of ``linkage(y, "average")`` and ``fcluster(.., "maxclust")``:
+    their public wrappers check the input and walk array-API layers that cost more than the tree
+    of a job's few hosts. Private, so used only while they still give the public functions'
+    results on a small tree (checked once here); otherwise the public functions are used."""
+    try:
+        from scipy.cluster import _hierarchy
+        from scipy.cluster.hierarchy import _LINKAGE_METHODS
+
+        average = _LINKAGE_METHODS["average"]
+        y = np.array([0.3, 0.9, 0.5, 0.8, 0.4, 0.2])
+        tree = _hierarchy.nn_chain(y, 4, average)
+        label = np.zeros(4, np.intc)
+        _hierarchy.cluster_maxclust_dist(tree, label, 4, 2)
+        ok = np.array_equal(tree, linkage(y, "average")) and np.array_equal(
+            label, fcluster(tree, 2, "maxclust")
+        )
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return (_hierarchy, average) if ok else None
+
+
+_KERNELS = _kernels()
+
+
+def _average_linkage(y: np.ndarray, n: int) -> np.ndarray:
+    """``linkage(y, "average")`` of the condensed distances ``y`` between ``n`` items."""
+    if _KERNELS is None:
+        return linkage(y, "average")
+    hierarchy, average = _KERNELS
+    return hierarchy.nn_chain(np.ascontiguousarray(y, np.float64), n, average)
+
+
+def _maxclust(tree: np.ndarray, k: int) -> np.ndarray:
+    """``fcluster(tree, k, "maxclust") - 1`` (``tree`` is what ``linkage`` just built)."""
+    if _KERNELS is None:
+        return (fcluster(tree, k, "maxclust") - 1).astype(np.int64)
+    label = np.zeros(tree.shape[0] + 1, np.intc)
+    _KERNELS[0].cluster_maxclust_dist(tree, label, label.size, k)
+    return label.astype(np.int64) - 1
+
+
 def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParams) -> _Clusters:
     """The finest clear split of items with similarity matrix ``sim`` into equal clusters that
     line up as a pipeline: average-linkage clusters, balanced when they come out unequal.
@@ -273,11 +317,11 @@ def _cluster(sim: np.ndarray, feat: np.ndarray, hz: float, params: SkeletonParam
         return one
     dist = np.clip(1.0 - sim, 0.0, None)
     np.fill_diagonal(dist, 0.0)
-    tree = linkage(squareform((dist + dist.T) / 2, checks=False), "average")
+    tree = _average_linkage(squareform((dist + dist.T) / 2, checks=False), n)
     for k in range(n // 2, 1, -1):
         if n % k:
             continue
-        label = (fcluster(tree, k, "maxclust") - 1).astype(np.int64)
+        label = _maxclust(tree, k)
         if label.max() + 1 == k and np.bincount(label).min() != n // k:
             label = _balanced(sim, label, k)
         c = _candidate(sim, feat, label, k, hz, params)
@@ -353,7 +397,11 @@ def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
     sums = _group_sums(feat, label, k)
     size = np.bincount(label, minlength=k)
     keep = size[label] > 1
-    loo = standardize(sums[label[keep]] - feat[keep])
+    if keep.all():  # the usual case: no copy of the series
+        loo = sums[label]
+        loo = standardize(np.subtract(loo, feat, out=loo), inplace=True)
+        return (loo * feat).mean(axis=1)
+    loo = standardize(sums[label[keep]] - feat[keep], inplace=True)
     return (loo * feat[keep]).mean(axis=1) if keep.any() else np.ones(1)
 
 
@@ -378,16 +426,23 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
     step = max(1, int(hz))
     q = row_quantiles(x[:, ::step], (0.5, 0.99))
     level = np.maximum(3.0 * q[0], 0.5 * q[1])
-    y = np.maximum(x - level[:, None], 0.0)
+    y = x - level[:, None]
+    np.maximum(y, 0.0, out=y)
     width = int(round(_MIN_BURST_S * hz))
     if width > 1:
         # a flat opening along time: erosion then dilation (grey_opening with size (1, width),
         # without its n-d machinery)
-        opened = maximum_filter1d(minimum_filter1d(y, width, axis=1), width, axis=1)
+        # (outputs given: left to the filters, they are zeroed first)
+        eroded = minimum_filter1d(y, width, axis=1, output=np.empty_like(y))
+        opened = maximum_filter1d(eroded, width, axis=1, output=np.empty_like(y))
         # a series whose bursts are mostly shorter than that (a gradient sync at line rate may
-        # last a tenth of a second) is kept whole rather than erased
-        kept = (opened**2).sum(axis=1) >= 0.25 * (y**2).sum(axis=1)
-        y = np.where(kept[:, None], opened, y)
+        # last a tenth of a second) is kept whole rather than erased (the squares go where the
+        # erosion was: these series are a job's largest arrays)
+        energy = np.square(opened, out=eroded).sum(axis=1)
+        kept = energy >= 0.25 * np.square(y, out=eroded).sum(axis=1)
+        if not kept.all():
+            opened[~kept] = y[~kept]
+        y = opened
     return y
 
 
@@ -408,7 +463,7 @@ def _collective(part: np.ndarray) -> bool:
     """Whether burst parts (:func:`_burst_part`, one row per host) look like collectives: every
     host has some, and they fill at most ``_MAX_BURST_DUTY`` of the time."""
     return bool((part.max(axis=1) > 0).all()) and (
-        float(np.median((part > 0).mean(axis=1))) <= _MAX_BURST_DUTY
+        float(median((part > 0).mean(axis=1))) <= _MAX_BURST_DUTY
     )
 
 
@@ -419,17 +474,28 @@ def host_quartile(x: np.ndarray, hinv: np.ndarray, rail_inv: np.ndarray) -> np.n
     n_r = x.shape[0] // n_h
     row = np.empty((n_h, n_r), np.int64)
     row[hinv, rail_inv] = np.arange(x.shape[0])
+    # a host's rails in consecutive rows (the usual order) are a view of each rail, else a copy
+    by_rail = (
+        x.reshape(n_h, n_r, -1).transpose(1, 0, 2)
+        if np.array_equal(row.ravel(), np.arange(x.shape[0]))
+        else x[row.T]
+    )
     q = 0.25 * (n_r - 1)
     lo, hi = int(np.floor(q)), int(np.ceil(q))
     # The hi + 1 smallest of each host's rails, kept sorted while the rails come in one by one
     # (an insertion, two elementwise passes per place): a sort along the rails, strided, costs
     # two to three times more; min and max pick values, so the result is the sort's to the bit.
-    low = [np.full((n_h, x.shape[1]), np.inf) for _ in range(hi + 1)]
-    for r in range(n_r):
-        v = x[row[:, r]]
-        for j in range(hi, 0, -1):
-            np.minimum(low[j], np.maximum(low[j - 1], v), out=low[j])
-        np.minimum(low[0], v, out=low[0])
+    # The first rails fill the places (what a minimum with infinity would give).
+    low: list[np.ndarray] = []
+    tmp = np.empty((n_h, x.shape[1]))
+    for v in by_rail:
+        filled = len(low)
+        if filled <= hi:
+            low.append(np.maximum(low[-1], v) if low else v.copy())
+        for j in range(min(filled, hi + 1) - 1, 0, -1):
+            np.minimum(low[j], np.maximum(low[j - 1], v, out=tmp), out=low[j])
+        if filled:
+            np.minimum(low[0], v, out=low[0])
     return low[lo] + (q - lo) * (low[hi] - low[lo])
 
 
