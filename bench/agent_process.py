@@ -284,10 +284,12 @@ def measure(
     warmup_s: float = 4.0,
     inbound: bool = True,
     spread: bool = True,
+    agent_set: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair;
     with ``inbound`` its endpoints also answer the peers' probes at that rate (its responder's
-    tables are part of what it costs)."""
+    tables are part of what it costs). ``agent_set``: ``KEY=VALUE`` settings of the agent's
+    ``[agent]`` section (``skh agent --set agent.KEY=VALUE``)."""
     per_ep = rate / endpoints
     per_pair = max(2.0, paths / 8.0)  # above the coverage floor (paths / probe_coverage_s)
     peers = max(1, round(per_ep / per_pair))
@@ -344,7 +346,8 @@ def measure(
                 + ["--name", "measured", "--host", "measuredhost", "--job", "train"]
                 + ["--container", "measured", "--controller", addrs["router"]]
                 + ["--controller-pub", addrs["pub"], "--analyzer", f"tcp://127.0.0.1:{sink_port}"]
-                + [x for r in range(endpoints) for x in ("--endpoint", f"rail={r},ip=127.0.0.1")],
+                + [x for r in range(endpoints) for x in ("--endpoint", f"rail={r},ip=127.0.0.1")]
+                + [f"--set=agent.{kv}" for kv in agent_set],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=open(f"{tmp}/agent.log", "wb"),  # noqa: SIM115
@@ -407,6 +410,7 @@ def measure(
         "planned_probes_per_s": round(rate, 1),
         "inbound_probes_per_s": round(rate, 1) if inbound else 0.0,
         "inbound_phases": ("spread" if spread else "burst") if inbound else "",
+        "agent_set": list(agent_set),
         "probes_per_s": round((n1["sent"] - n0["sent"]) / wall, 1),
         # what the engines handled per second, all endpoints together: answers to our probes
         # (two each), peers' probes answered, send stamps, and the engine loops' wake-ups
@@ -478,6 +482,13 @@ def main() -> int:
         action="store_true",
         help="the peers' probes arrive in one burst per interval (default: spread, one by one)",
     )
+    ap.add_argument(
+        "--agent-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an [agent] setting of this tree's agent (not --against's), e.g. engine_tick_s=0.002",
+    )
     ap.add_argument("--against", metavar="REV", help="also measure git revision REV, first")
     a = ap.parse_args()
     before = None
@@ -493,6 +504,7 @@ def main() -> int:
         endpoints=a.endpoints,
         inbound=not a.no_inbound,
         spread=not a.inbound_burst,
+        agent_set=tuple(a.agent_set),
     )
     if before is not None:
         keys = ("rss_mb", "rss_anon_mb", "uss_mb", "cpu_pct_one_core", "probes_per_s")

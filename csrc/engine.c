@@ -157,6 +157,7 @@ struct skh_engine {
     const struct skh_transport_ops *ops;
     struct skh_transport *tr;
     unsigned caps;
+    int64_t tick_ns; /* cfg.tick_ns where the transport stamps on the wire, else 0 */
     int wake_fd;
     uint32_t session;
     int64_t grid_ns; /* origin of the batching grid (random) */
@@ -1140,6 +1141,7 @@ static void *engine_main(void *arg)
         {.fd = e->ops->pollfd(e->tr), .events = POLLIN},
         {.fd = e->wake_fd, .events = POLLIN},
     };
+    int64_t woke = mono(); /* when the last sleep ended */
 
     while (atomic_load_explicit(&e->running, memory_order_acquire)) {
         inc(e, SKH_STAT_wakeups, 1);
@@ -1174,6 +1176,15 @@ static void *engine_main(void *arg)
          * limit is free, so they leave (and come back) in batches rather than one per wake-up. */
         if (busy || (e->blocked && e->pending <= e->cfg.max_in_flight / 2 && e->next_seq - e->tail_seq <= e->slot_mask))
             continue;
+        if (e->tick_ns) {
+            /* the rest of the tick first: what arrives meanwhile is read in one turn after it */
+            int64_t until = woke + e->tick_ns;
+            if (mono() < until) {
+                struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+                while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+                    ;
+            }
+        }
         if (e->ops->arm) {
             int a = e->ops->arm(e->tr);
             if (a > 0)
@@ -1192,6 +1203,7 @@ static void *engine_main(void *arg)
             uint64_t v;
             (void)!read(e->wake_fd, &v, sizeof(v));
         }
+        woke = mono();
     }
     return NULL;
 }
@@ -1211,7 +1223,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (!ops)
         return -EPROTONOSUPPORT;
     if (cfg->timeout_ns <= 0 || cfg->batch_window_ns < 0 || cfg->batch_window_ns >= cfg->timeout_ns ||
-        cfg->direction_wait_ns < 0 ||
+        cfg->direction_wait_ns < 0 || cfg->tick_ns < 0 || cfg->tick_ns > SKH_MAX_TICK_NS ||
         cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
         cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT ||
         cfg->answer_slots > SKH_MAX_ANSWER_SLOTS)
@@ -1261,6 +1273,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (rc)
         goto fail;
     e->caps = ops->caps(e->tr);
+    e->tick_ns = (e->caps & SKH_TCAP_WIRE_STAMPS) ? cfg->tick_ns : 0;
     *out = e;
     return 0;
 fail:
