@@ -1141,7 +1141,7 @@ static void *engine_main(void *arg)
         {.fd = e->ops->pollfd(e->tr), .events = POLLIN},
         {.fd = e->wake_fd, .events = POLLIN},
     };
-    int64_t woke = mono(); /* when the last sleep ended */
+    int64_t woke = mono(); /* when the last sleep ended: a tick's wait or ppoll */
 
     while (atomic_load_explicit(&e->running, memory_order_acquire)) {
         inc(e, SKH_STAT_wakeups, 1);
@@ -1183,6 +1183,9 @@ static void *engine_main(void *arg)
                 struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
                 while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
                     ;
+                /* a new tick: what verbs' arm() finds now is handled without a ppoll, then the
+                 * thread waits out this tick before it looks again */
+                woke = mono();
             }
         }
         if (e->ops->arm) {
