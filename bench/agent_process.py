@@ -32,7 +32,10 @@ both come out side by side (``before``, ``after`` and the headline figures of ea
 Measured (``--rate 800 --paths 19 --duration 20 --against ae0b790``: the busiest container's
 100 probes/s on each of 8 endpoints, answering as many; a 2-core machine shared with other
 sessions, load ~5; 5 runs): VmRSS 46.5-47.1 -> 28.1 MB, CPU 2.58 -> 2.76 % of a core on average
-(2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9).
+(2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9). Session 10, peers
+one by one (load 3-4): 7.36 % without the engine's tick, 5.92 % with ``--agent-set
+engine_tick_s=0.005`` (six interleaved pairs); peers in bursts 3.85-4.05 % (docs/engine.md,
+"Wake-ups").
 """
 
 from __future__ import annotations
