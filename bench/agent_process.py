@@ -11,8 +11,9 @@ Its endpoints are probed as they are in a job (pairs are probed both ways): one 
 probes each endpoint for its ``peers`` at the same interval and path rotation, so the agent's
 responder work and tables are measured too (``--no-inbound``: the agent only probes). Those
 streams' phases are spread over the interval, as independent peers' are, so the probes arrive one
-by one (``--inbound-burst``: all on one grid, one burst per interval, the way this bench sent
-them before session 10: it hid the cost of waking up for each peer's probe). After a
+by one (``--inbound burst``: all on one grid, one burst per interval, the way this bench sent
+them before session 10: it hid the cost of waking up for each peer's probe; ``--inbound wall``:
+in a burst on the wall clock's grid, as peers with ``agent.engine_wall_grid`` send). After a
 warm-up the agent's CPU time is read over ``duration`` seconds, the probes it sent from
 its ``stats`` command (through the controller) with what its engines handled per second
 (``engine_per_s``: answers, peers' probes, send stamps, loop wake-ups), its CPU by thread, and
@@ -256,17 +257,25 @@ def _agent_ports(admin: zmq.Socket, codec: Codec, endpoints: int) -> list[int]:
     raise RuntimeError("the agent did not register its endpoints")
 
 
-def _inbound(ports: list[int], peers: int, interval_s: float, paths: int, spread: bool) -> Any:
+#: how the peers' probes reach the agent (``--inbound``)
+INBOUND_PHASES = ("spread", "burst", "wall")
+
+
+def _inbound(ports: list[int], peers: int, interval_s: float, paths: int, phases: str) -> Any:
     """The peers' probes of the agent: each of its endpoints answers ``peers`` probers at the
     pair interval, rotating over ``paths`` source ports, as its skeleton partners probe it (the
     pairs are probed both ways). One engine here stands for all of them; each target is a
-    probe stream of its own, as each peer's is. ``spread``: the streams' phases spread evenly
-    over the interval, as independent peers' are (each engine has its own grid origin), so the
-    probes arrive one by one; else they leave here on one grid and arrive in one burst per
-    interval."""
+    probe stream of its own, as each peer's is. ``phases``: ``spread``, the streams' phases
+    spread evenly over the interval, as independent peers' are (each engine has its own grid
+    origin), so the probes arrive one by one; ``burst``, they leave here on one grid and arrive
+    in one burst per interval; ``wall``, on the wall clock's grid (``Engine`` ``wall_grid``:
+    peers whose agents have ``engine_wall_grid`` on), in one burst at wall-clock multiples of
+    the interval."""
     from skh.probe import Engine
 
-    eng = Engine(bind="127.0.0.1", ring_records=256, batch_window_s=0.0 if spread else 500e-6)
+    spread = phases == "spread"
+    kw = {"wall_grid": True} if phases == "wall" else {}
+    eng = Engine(bind="127.0.0.1", ring_records=256, batch_window_s=0.0 if spread else 500e-6, **kw)
     eng.start()
     n = len(ports) * peers
     t0 = time.monotonic()
@@ -286,7 +295,7 @@ def measure(
     endpoints: int = 8,
     warmup_s: float = 4.0,
     inbound: bool = True,
-    spread: bool = True,
+    phases: str = "spread",
     agent_set: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair;
@@ -363,7 +372,7 @@ def measure(
             codec = Codec()
             if inbound:
                 ports = _agent_ports(admin, codec, endpoints)
-                probers = _inbound(ports, peers, interval_s, paths, spread)
+                probers = _inbound(ports, peers, interval_s, paths, phases)
             time.sleep(warmup_s)
 
             def counters() -> dict[str, int]:
@@ -412,7 +421,7 @@ def measure(
         "paths": paths,
         "planned_probes_per_s": round(rate, 1),
         "inbound_probes_per_s": round(rate, 1) if inbound else 0.0,
-        "inbound_phases": ("spread" if spread else "burst") if inbound else "",
+        "inbound_phases": phases if inbound else "",
         "agent_set": list(agent_set),
         "probes_per_s": round((n1["sent"] - n0["sent"]) / wall, 1),
         # what the engines handled per second, all endpoints together: answers to our probes
@@ -481,9 +490,12 @@ def main() -> int:
         "--no-inbound", action="store_true", help="nobody probes the agent (it only probes)"
     )
     ap.add_argument(
-        "--inbound-burst",
-        action="store_true",
-        help="the peers' probes arrive in one burst per interval (default: spread, one by one)",
+        "--inbound",
+        choices=INBOUND_PHASES,
+        default="spread",
+        help="the peers' probes arrive one by one (spread), in one burst per interval (burst), "
+        "or in one burst on the wall clock's grid (wall: pair with --agent-set "
+        "engine_wall_grid=true)",
     )
     ap.add_argument(
         "--agent-set",
@@ -498,7 +510,7 @@ def main() -> int:
     if a.against:
         args = ["--rate", str(a.rate), "--duration", str(a.duration), "--paths", str(a.paths)]
         args += ["--endpoints", str(a.endpoints)] + (["--no-inbound"] if a.no_inbound else [])
-        args += ["--inbound-burst"] if a.inbound_burst else []
+        args += ["--inbound", a.inbound]
         before = _at_revision(a.against, args) | {"revision": a.against}
     r = measure(
         a.rate,
@@ -506,7 +518,7 @@ def main() -> int:
         paths=a.paths,
         endpoints=a.endpoints,
         inbound=not a.no_inbound,
-        spread=not a.inbound_burst,
+        phases=a.inbound,
         agent_set=tuple(a.agent_set),
     )
     if before is not None:

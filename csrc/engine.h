@@ -105,6 +105,12 @@ struct skh_engine_cfg {
      * when a datagram is read, the wait would be in the RTT, so the tick is not applied. 0 (the
      * default) = wake up for every event; at most SKH_MAX_TICK_NS. */
     int64_t tick_ns;
+    /* Nonzero: the batching grid starts at the wall clock's epoch (CLOCK_REALTIME), not at a
+     * random point of this engine's, so engines on hosts whose clocks agree send their batches at
+     * the same instants and a responder gets its peers' probes of one interval together, in one
+     * wake-up, instead of one by one. Every such engine probes in step with every other: the
+     * network is sampled at the same instants everywhere. Needs batch_window_ns > 0. */
+    int wall_grid;
 };
 
 #define SKH_DEFAULT_DIRECTION_WAIT_NS 0LL

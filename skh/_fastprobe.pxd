@@ -104,6 +104,7 @@ cdef extern from "engine.h" nogil:
         int64_t batch_window_ns
         int64_t direction_wait_ns
         int64_t tick_ns
+        int wall_grid
 
     struct skh_engine:
         pass

@@ -223,6 +223,11 @@ class Engine:
     times and timeout decisions may, by up to a tick. Applied only where the stamps are taken
     on the wire (``tick_s`` says whether: 0 with user-clock stamps, which a late read would put
     in the RTT). 0: wake up for every event. See docs/engine.md, "Wake-ups".
+
+    ``wall_grid=True`` starts the batching grid at the wall clock's epoch instead of a random
+    point of this engine's: engines on hosts whose clocks agree send at the same instants, so a
+    responder gets its peers' probes of one interval together, answered in one wake-up, not one
+    by one. Every such engine then probes in step with all others. Needs ``batch_window_s`` > 0.
     """
 
     def __init__(
@@ -248,6 +253,7 @@ class Engine:
         address_handles: int = 0,
         answer_slots: int = 0,
         tick_s: float = 0.0,
+        wall_grid: bool = False,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -285,6 +291,8 @@ class Engine:
         tick_s = _check_seconds(tick_s, "tick_s", owner, 0.0)
         if tick_s > MAX_TICK_S:
             raise _bad("tick_s", owner, f"at most {MAX_TICK_S:g} s", tick_s)
+        if wall_grid and batch_window_s == 0:
+            raise _bad("wall_grid", owner, "batch_window_s > 0 (a grid to align)", wall_grid)
         if batch_window_s >= timeout_s:
             raise _bad(
                 "batch_window_s", owner, f"shorter than timeout_s ({timeout_s:g} s)", batch_window_s
@@ -308,6 +316,7 @@ class Engine:
         self.timeout_s = timeout_s
         self.traffic_class = traffic_class
         self.priority = priority
+        self.wall_grid = bool(wall_grid)
         try:
             self._fe = _fastprobe.FastEngine(
                 endpoint_id=endpoint_id,
@@ -330,6 +339,7 @@ class Engine:
                 address_handles=address_handles,
                 answer_slots=answer_slots,
                 tick_ns=round(tick_s * 1e9),
+                wall_grid=bool(wall_grid),
             )
         except EngineError as exc:
             # the machine lacks what was asked: an RDMA device/GID (any verbs open failure), NIC

@@ -149,6 +149,7 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         traffic_class=cfg.traffic_class,
         priority=cfg.priority,
         tick_s=cfg.engine_tick_s,
+        wall_grid=cfg.engine_wall_grid,
     )
 
 

@@ -219,6 +219,11 @@ class AgentConfig:
     #: host-side rises smaller than about a tick. 0 = a wake-up per event (docs/engine.md,
     #: "Wake-ups": the CPU it saves)
     engine_tick_s: float = 0.0
+    #: overlay: the engines' batching grids start at the wall clock's epoch (``Engine``
+    #: ``wall_grid``), so every agent whose clock agrees probes at the same instants and an
+    #: endpoint answers its peers' probes of an interval in one wake-up instead of one by one
+    #: (docs/engine.md, "Wake-ups"); the network is then sampled in step everywhere
+    engine_wall_grid: bool = False
     #: underlay: counters are sampled this far into each sampling interval (as a share of it:
     #: 0.5 s into each second at 1 Hz), on every host alike on the wall clock's grid (see
     #: :mod:`skh.orchestrator.agent_underlay` for why)

@@ -1,5 +1,6 @@
-"""The engine's tick: at most one wake-up per tick, what arrived meanwhile handled together, and
-RTTs that do not move (docs/engine.md, "Wake-ups")."""
+"""The engine's wake-ups (docs/engine.md, "Wake-ups"): the tick (at most one wake-up per tick,
+what arrived meanwhile handled together, RTTs that do not move) and the wall-clock grid
+(engines everywhere send in step, so peers' probes arrive together)."""
 
 from __future__ import annotations
 
@@ -90,16 +91,45 @@ def test_tick_validation(make_engine):
     assert make_engine(tick_s=MAX_TICK_S).tick_s == MAX_TICK_S
 
 
-def test_agent_config_sets_the_engines_tick():
+def test_wall_grid_engines_send_in_step_on_the_wall_clock(make_engine):
+    # engines with their own clocks' random grid origins send at their own phases; on the wall
+    # clock's grid every engine's batches leave at wall-clock multiples of the interval
+    interval_ns, n = 100_000_000, 5
+    sink = make_engine()  # never started: the probes are only sent (and recorded lost)
+    probers = [make_engine(wall_grid=True, timeout_s=0.05) for _ in range(3)]
+    for p in probers:
+        p.start()
+        p.add_target(1, "127.0.0.1", sink.local_port, interval_s=interval_ns / 1e9, count=n)
+        time.sleep(0.037)  # added at different phases
+    for p in probers:
+        assert wait_for(lambda p=p: p.stats().decided >= n, timeout_s=5), p.stats()
+    phases = []
+    for p in probers:
+        rows = p.drain()
+        assert len(rows) == n
+        later = rows[rows["seq"] > 0]["t_wall_ns"]  # the first probe leaves at once
+        phases += [int(t % interval_ns) for t in later]
+    off = [min(ph, interval_ns - ph) for ph in phases]
+    assert max(off) < 10_000_000, sorted(off)  # random phases: 12 within 10 ms by chance ~1e-8
+
+
+def test_wall_grid_validation(make_engine):
+    with pytest.raises(InvalidProbeSpec, match="'wall_grid' parameter of Engine"):
+        make_engine(wall_grid=True, batch_window_s=0.0)
+
+
+def test_agent_config_sets_the_engines_tick_and_grid():
     from skh.errors import ConfigError
     from skh.orchestrator.agent_overlay import default_engine_factory
     from skh.orchestrator.config import EndpointSpec, load_config
 
     spec = EndpointSpec(rail=0, ip="127.0.0.1")
-    for over, tick_s in (({}, 0.0), ({"agent.engine_tick_s": 0.002}, 0.002)):
+    cases = (({}, 0.0, False), ({"agent.engine_tick_s": 0.002}, 0.002, False))
+    cases += (({"agent.engine_wall_grid": True}, 0.0, True),)
+    for over, tick_s, wall_grid in cases:
         eng = default_engine_factory(spec, load_config(None, over).agent)
         try:
-            assert eng.tick_s == tick_s
+            assert (eng.tick_s, eng.wall_grid) == (tick_s, wall_grid)
         finally:
             eng.close()
     for bad in (-0.001, 0.01):
