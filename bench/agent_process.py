@@ -295,13 +295,22 @@ def measure(
     endpoints: int = 8,
     warmup_s: float = 4.0,
     inbound: bool = True,
-    phases: str = "spread",
+    phases: str | None = None,
     agent_set: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair;
     with ``inbound`` its endpoints also answer the peers' probes at that rate (its responder's
-    tables are part of what it costs). ``agent_set``: ``KEY=VALUE`` settings of the agent's
+    tables are part of what it costs), arriving as ``phases`` says (``_inbound``; None: as
+    peers with the agent's own settings send them, ``wall`` where its engines are on the wall
+    clock's grid, else ``spread``). ``agent_set``: ``KEY=VALUE`` settings of the agent's
     ``[agent]`` section (``skh agent --set agent.KEY=VALUE``)."""
+    if phases is None:
+        from skh.orchestrator.config import load_config, parse_override
+
+        sets = dict(parse_override(f"agent.{kv}") for kv in agent_set)
+        # (an agent older than the setting: its engines' grids start at random points)
+        wall = getattr(load_config(None, sets).agent, "engine_wall_grid", False)
+        phases = "wall" if wall else "spread"
     per_ep = rate / endpoints
     per_pair = max(2.0, paths / 8.0)  # above the coverage floor (paths / probe_coverage_s)
     peers = max(1, round(per_ep / per_pair))
@@ -492,10 +501,9 @@ def main() -> int:
     ap.add_argument(
         "--inbound",
         choices=INBOUND_PHASES,
-        default="spread",
         help="the peers' probes arrive one by one (spread), in one burst per interval (burst), "
-        "or in one burst on the wall clock's grid (wall: pair with --agent-set "
-        "engine_wall_grid=true)",
+        "or in one burst on the wall clock's grid (wall); default: as peers with the agent's "
+        "settings send them (wall with --agent-set engine_wall_grid=true, else spread)",
     )
     ap.add_argument(
         "--agent-set",
@@ -510,7 +518,7 @@ def main() -> int:
     if a.against:
         args = ["--rate", str(a.rate), "--duration", str(a.duration), "--paths", str(a.paths)]
         args += ["--endpoints", str(a.endpoints)] + (["--no-inbound"] if a.no_inbound else [])
-        args += ["--inbound", a.inbound]
+        args += ["--inbound", a.inbound] if a.inbound else []
         before = _at_revision(a.against, args) | {"revision": a.against}
     r = measure(
         a.rate,
