@@ -9,9 +9,15 @@ endpoint per rail, report ready and heartbeat, all pointing at one C responder
 over ``paths`` path ids (``probe_max_paths``). Its result batches go to a PULL socket here.
 Its endpoints are probed as they are in a job (pairs are probed both ways): one engine here
 probes each endpoint for its ``peers`` at the same interval and path rotation, so the agent's
-responder work and tables are measured too (``--no-inbound``: the agent only probes). After a
+responder work and tables are measured too (``--no-inbound``: the agent only probes). Those
+streams' phases are spread over the interval, as independent peers' are, so the probes arrive one
+by one (``--inbound burst``: all on one grid, one burst per interval, the way this bench sent
+them before session 10: it hid the cost of waking up for each peer's probe; ``--inbound wall``:
+in a burst on the wall clock's grid, as peers with ``agent.engine_wall_grid`` send). After a
 warm-up the agent's CPU time is read over ``duration`` seconds, the probes it sent from
-its ``stats`` command (through the controller), and its memory from ``/proc``: VmRSS (what the
+its ``stats`` command (through the controller) with what its engines handled per second
+(``engine_per_s``: answers, peers' probes, send stamps, loop wake-ups), its CPU by thread, and
+its memory from ``/proc``: VmRSS (what the
 paper's "RSS" is), RssAnon, and USS/PSS (smaps_rollup: its own pages, and its share of pages
 shared with other processes: numpy's and libzmq's code, which every sidecar on a host maps
 once). Where the VmRSS is: ``rss_by_mapping_mb`` (numpy's libraries, libpython, libzmq...,
@@ -21,13 +27,16 @@ the agent's modules layer by layer (``rss_running_mb``: the rest, the running ag
     python bench/agent_process.py --rate 400 --duration 20 --paths 19 [--against REV]
 
 Prints one JSON object. With ``--against REV`` the agent of git revision ``REV`` (exported to a
-temporary folder, its extension built there: ~30 s) is measured first, the same way, and both
-come out side by side (``before``, ``after`` and the headline figures of each).
+temporary folder, its extension built there: ~30 s) is measured first by this same script, and
+both come out side by side (``before``, ``after`` and the headline figures of each).
 
 Measured (``--rate 800 --paths 19 --duration 20 --against ae0b790``: the busiest container's
 100 probes/s on each of 8 endpoints, answering as many; a 2-core machine shared with other
 sessions, load ~5; 5 runs): VmRSS 46.5-47.1 -> 28.1 MB, CPU 2.58 -> 2.76 % of a core on average
-(2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9).
+(2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9). Session 10, peers
+one by one (load 3-4): 7.36 % without the engine's tick, 5.92 % with ``--agent-set
+engine_tick_s=0.005`` (six interleaved pairs); peers in bursts 3.85-4.05 % (docs/engine.md,
+"Wake-ups").
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -247,18 +257,33 @@ def _agent_ports(admin: zmq.Socket, codec: Codec, endpoints: int) -> list[int]:
     raise RuntimeError("the agent did not register its endpoints")
 
 
-def _inbound(ports: list[int], peers: int, interval_s: float, paths: int) -> Any:
+#: how the peers' probes reach the agent (``--inbound``)
+INBOUND_PHASES = ("spread", "burst", "wall")
+
+
+def _inbound(ports: list[int], peers: int, interval_s: float, paths: int, phases: str) -> Any:
     """The peers' probes of the agent: each of its endpoints answers ``peers`` probers at the
     pair interval, rotating over ``paths`` source ports, as its skeleton partners probe it (the
     pairs are probed both ways). One engine here stands for all of them; each target is a
-    probe stream of its own, as each peer's is."""
+    probe stream of its own, as each peer's is. ``phases``: ``spread``, the streams' phases
+    spread evenly over the interval, as independent peers' are (each engine has its own grid
+    origin), so the probes arrive one by one; ``burst``, they leave here on one grid and arrive
+    in one burst per interval; ``wall``, on the wall clock's grid (``Engine`` ``wall_grid``:
+    peers whose agents have ``engine_wall_grid`` on), in one burst at wall-clock multiples of
+    the interval."""
     from skh.probe import Engine
 
-    eng = Engine(bind="127.0.0.1", ring_records=256)
+    spread = phases == "spread"
+    kw = {"wall_grid": True} if phases == "wall" else {}
+    eng = Engine(bind="127.0.0.1", ring_records=256, batch_window_s=0.0 if spread else 500e-6, **kw)
     eng.start()
-    for i, port in enumerate(ports):
-        for k in range(peers):
-            eng.add_target(i * peers + k, "127.0.0.1", port, interval_s=interval_s, paths=paths)
+    n = len(ports) * peers
+    t0 = time.monotonic()
+    for j in range(n):
+        i, k = divmod(j, peers)
+        if spread:  # a target's first probe leaves at once, the next ones an interval apart
+            time.sleep(max(0.0, t0 + j * interval_s / n - time.monotonic()))
+        eng.add_target(i * peers + k, "127.0.0.1", ports[i], interval_s=interval_s, paths=paths)
     return eng
 
 
@@ -270,10 +295,22 @@ def measure(
     endpoints: int = 8,
     warmup_s: float = 4.0,
     inbound: bool = True,
+    phases: str | None = None,
+    agent_set: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair;
     with ``inbound`` its endpoints also answer the peers' probes at that rate (its responder's
-    tables are part of what it costs)."""
+    tables are part of what it costs), arriving as ``phases`` says (``_inbound``; None: as
+    peers with the agent's own settings send them, ``wall`` where its engines are on the wall
+    clock's grid, else ``spread``). ``agent_set``: ``KEY=VALUE`` settings of the agent's
+    ``[agent]`` section (``skh agent --set agent.KEY=VALUE``)."""
+    if phases is None:
+        from skh.orchestrator.config import load_config, parse_override
+
+        sets = dict(parse_override(f"agent.{kv}") for kv in agent_set)
+        # (an agent older than the setting: its engines' grids start at random points)
+        wall = getattr(load_config(None, sets).agent, "engine_wall_grid", False)
+        phases = "wall" if wall else "spread"
     per_ep = rate / endpoints
     per_pair = max(2.0, paths / 8.0)  # above the coverage floor (paths / probe_coverage_s)
     peers = max(1, round(per_ep / per_pair))
@@ -330,7 +367,8 @@ def measure(
                 + ["--name", "measured", "--host", "measuredhost", "--job", "train"]
                 + ["--container", "measured", "--controller", addrs["router"]]
                 + ["--controller-pub", addrs["pub"], "--analyzer", f"tcp://127.0.0.1:{sink_port}"]
-                + [x for r in range(endpoints) for x in ("--endpoint", f"rail={r},ip=127.0.0.1")],
+                + [x for r in range(endpoints) for x in ("--endpoint", f"rail={r},ip=127.0.0.1")]
+                + [f"--set=agent.{kv}" for kv in agent_set],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=open(f"{tmp}/agent.log", "wb"),  # noqa: SIM115
@@ -342,20 +380,22 @@ def measure(
             admin.connect(addrs["router"])
             codec = Codec()
             if inbound:
-                probers = _inbound(_agent_ports(admin, codec, endpoints), peers, interval_s, paths)
+                ports = _agent_ports(admin, codec, endpoints)
+                probers = _inbound(ports, peers, interval_s, paths, phases)
             time.sleep(warmup_s)
 
-            def sent() -> int:
+            def counters() -> dict[str, int]:
                 st = _command(admin, codec, "measured", "stats", int(time.monotonic() * 1e3))
                 if st is None:
                     raise RuntimeError(f"no stats from the agent: {Path(tmp, 'agent.log')}")
-                return sum(int(e["sent"]) for e in st["engines"])
+                keys = ("sent", "probes_received", "acks_received", "tx_stamps", "wakeups")
+                return {k: sum(int(e[k]) for e in st["engines"]) for k in keys}
 
             plan = _command(admin, codec, "measured", "pinglist", 1) or {}
-            s0, c0, t0 = sent(), _cpu_s(agent.pid), time.monotonic()
+            n0, c0, t0 = counters(), _cpu_s(agent.pid), time.monotonic()
             threads0 = _thread_cpu_s(agent.pid)
             time.sleep(duration_s)
-            s1, c1, t1 = sent(), _cpu_s(agent.pid), time.monotonic()
+            n1, c1, t1 = counters(), _cpu_s(agent.pid), time.monotonic()
             threads1 = _thread_cpu_s(agent.pid)
             mem = _proc_memory_kb(agent.pid)
             mapped = smaps_rss_mb(agent.pid)
@@ -390,7 +430,12 @@ def measure(
         "paths": paths,
         "planned_probes_per_s": round(rate, 1),
         "inbound_probes_per_s": round(rate, 1) if inbound else 0.0,
-        "probes_per_s": round((s1 - s0) / wall, 1),
+        "inbound_phases": phases if inbound else "",
+        "agent_set": list(agent_set),
+        "probes_per_s": round((n1["sent"] - n0["sent"]) / wall, 1),
+        # what the engines handled per second, all endpoints together: answers to our probes
+        # (two each), peers' probes answered, send stamps, and the engine loops' wake-ups
+        "engine_per_s": {k: round((n1[k] - n0[k]) / wall, 1) for k in n0 if k != "sent"},
         "cpu_pct_one_core": round(100.0 * (c1 - c0) / wall, 2),
         # by thread: the engines' C threads, ZeroMQ's I/O threads, the Python main thread
         "cpu_pct_by_thread": {
@@ -413,11 +458,13 @@ def measure(
 
 
 def _at_revision(rev: str, args: list[str]) -> dict[str, Any]:
-    """This bench as git revision ``rev`` has it, run on that revision's agent and engine."""
+    """This bench, run on git revision ``rev``'s agent and engine (this file replaces that
+    revision's copy, so both sides are measured and reported the same way)."""
     # imported here: skh/eval/agent_cost.py loads this file by path, without bench/ on sys.path
     from _revision import revision_tree
 
     with revision_tree(rev) as tree:
+        shutil.copy(Path(__file__), tree / "bench" / "agent_process.py")
         out = subprocess.run(
             [sys.executable, str(tree / "bench" / "agent_process.py"), *args],
             cwd=tree,
@@ -439,14 +486,37 @@ def main() -> int:
     ap.add_argument(
         "--no-inbound", action="store_true", help="nobody probes the agent (it only probes)"
     )
+    ap.add_argument(
+        "--inbound",
+        choices=INBOUND_PHASES,
+        help="the peers' probes arrive one by one (spread), in one burst per interval (burst), "
+        "or in one burst on the wall clock's grid (wall); default: as peers with the agent's "
+        "settings send them (wall with --agent-set engine_wall_grid=true, else spread)",
+    )
+    ap.add_argument(
+        "--agent-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an [agent] setting of this tree's agent (not --against's), e.g. engine_tick_s=0.002",
+    )
     ap.add_argument("--against", metavar="REV", help="also measure git revision REV, first")
     a = ap.parse_args()
     before = None
     if a.against:
         args = ["--rate", str(a.rate), "--duration", str(a.duration), "--paths", str(a.paths)]
         args += ["--endpoints", str(a.endpoints)] + (["--no-inbound"] if a.no_inbound else [])
+        args += ["--inbound", a.inbound] if a.inbound else []
         before = _at_revision(a.against, args) | {"revision": a.against}
-    r = measure(a.rate, a.duration, paths=a.paths, endpoints=a.endpoints, inbound=not a.no_inbound)
+    r = measure(
+        a.rate,
+        a.duration,
+        paths=a.paths,
+        endpoints=a.endpoints,
+        inbound=not a.no_inbound,
+        phases=a.inbound,
+        agent_set=tuple(a.agent_set),
+    )
     if before is not None:
         keys = ("rss_mb", "rss_anon_mb", "uss_mb", "cpu_pct_one_core", "probes_per_s")
         r = {k: {"before": before[k], "after": r[k]} for k in keys} | {

@@ -157,9 +157,10 @@ struct skh_engine {
     const struct skh_transport_ops *ops;
     struct skh_transport *tr;
     unsigned caps;
+    int64_t tick_ns; /* cfg.tick_ns where the transport stamps on the wire, else 0 */
     int wake_fd;
     uint32_t session;
-    int64_t grid_ns; /* origin of the batching grid (random) */
+    int64_t grid_ns; /* origin of the batching grid (random, or the wall clock's epoch) */
 
     pthread_t thread;
     int thread_started;
@@ -715,7 +716,8 @@ static void retry_deferred(struct skh_engine *e, int64_t now)
 /* When probes are batched, a target's schedule sits on the grid of its interval (multiples of it
  * from the engine's grid_ns), so targets that share an interval fall due together however far apart
  * they were added, and one wake-up sends them all. The step onto the grid is at least half an
- * interval. Each engine's grid has its own random origin: engines on one host do not burst in step. */
+ * interval. Each engine's grid has its own random origin, so engines do not burst in step; with
+ * wall_grid every engine's is the wall clock's epoch, so they do (see skh_engine_cfg). */
 static int64_t next_slot(const struct skh_engine *e, const struct target *t, int64_t now)
 {
     if (e->cfg.batch_window_ns == 0)
@@ -1140,6 +1142,7 @@ static void *engine_main(void *arg)
         {.fd = e->ops->pollfd(e->tr), .events = POLLIN},
         {.fd = e->wake_fd, .events = POLLIN},
     };
+    int64_t woke = mono(); /* when the last sleep ended: a tick's wait or ppoll */
 
     while (atomic_load_explicit(&e->running, memory_order_acquire)) {
         inc(e, SKH_STAT_wakeups, 1);
@@ -1174,6 +1177,18 @@ static void *engine_main(void *arg)
          * limit is free, so they leave (and come back) in batches rather than one per wake-up. */
         if (busy || (e->blocked && e->pending <= e->cfg.max_in_flight / 2 && e->next_seq - e->tail_seq <= e->slot_mask))
             continue;
+        if (e->tick_ns) {
+            /* the rest of the tick first: what arrives meanwhile is read in one turn after it */
+            int64_t until = woke + e->tick_ns;
+            if (mono() < until) {
+                struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+                while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+                    ;
+                /* a new tick: what verbs' arm() finds now is handled without a ppoll, then the
+                 * thread waits out this tick before it looks again */
+                woke = mono();
+            }
+        }
         if (e->ops->arm) {
             int a = e->ops->arm(e->tr);
             if (a > 0)
@@ -1192,6 +1207,7 @@ static void *engine_main(void *arg)
             uint64_t v;
             (void)!read(e->wake_fd, &v, sizeof(v));
         }
+        woke = mono();
     }
     return NULL;
 }
@@ -1211,7 +1227,8 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (!ops)
         return -EPROTONOSUPPORT;
     if (cfg->timeout_ns <= 0 || cfg->batch_window_ns < 0 || cfg->batch_window_ns >= cfg->timeout_ns ||
-        cfg->direction_wait_ns < 0 ||
+        cfg->direction_wait_ns < 0 || cfg->tick_ns < 0 || cfg->tick_ns > SKH_MAX_TICK_NS ||
+        (cfg->wall_grid && cfg->batch_window_ns == 0) ||
         cfg->probe_len < SKH_PROBE_MIN_LEN || cfg->probe_len > SKH_PROBE_MAX_LEN ||
         cfg->ring_records == 0 || cfg->max_in_flight > SKH_MAX_IN_FLIGHT ||
         cfg->answer_slots > SKH_MAX_ANSWER_SLOTS)
@@ -1249,6 +1266,12 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (e->session == 0)
         e->session = 1;
     e->grid_ns = (int64_t)e->session; /* a random point within ~4 s */
+    if (cfg->wall_grid) {
+        /* CLOCK_REALTIME's epoch on the monotonic clock: slots fall on wall-clock multiples of
+         * each interval (a later step of the realtime clock does not move them) */
+        struct rt_off off = rt_offset(NULL, NULL, NULL);
+        e->grid_ns = -(off.lo / 2 + off.hi / 2);
+    }
     /* start wire seqs at a random point so a restarted prober's old replies cannot match */
     e->next_seq = e->tail_seq = (uint32_t)now_ns(CLOCK_MONOTONIC);
     e->next_stream = e->session * 2654435761u;
@@ -1261,6 +1284,7 @@ int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out)
     if (rc)
         goto fail;
     e->caps = ops->caps(e->tr);
+    e->tick_ns = (e->caps & SKH_TCAP_WIRE_STAMPS) ? cfg->tick_ns : 0;
     *out = e;
     return 0;
 fail:

@@ -95,9 +95,28 @@ struct skh_engine_cfg {
      * are -- and LOST otherwise; agents need their records at the analyzer within its allowed
      * lateness, which a wait would eat into. */
     int64_t direction_wait_ns;
+    /* The engine thread wakes up at most once per tick: what arrives within a tick of its last
+     * wake-up (peers' probes, answers, send stamps) waits for the tick's end and is handled in one
+     * turn, with one receive and one send call per socket, not one wake-up per datagram. RTTs do
+     * not move (their stamps are taken by the kernel or the NIC as the datagrams pass); what does
+     * move, by up to a tick: the responder delay (ACK1 leaves later), the prober delay (ACK1 is
+     * read later), send times (a due probe waits) and decisions at timeouts. Only with stamps
+     * taken on the wire (transport cap SKH_TCAP_WIRE_STAMPS): with user-clock stamps, taken
+     * when a datagram is read, the wait would be in the RTT, so the tick is not applied. 0 (the
+     * default) = wake up for every event; at most SKH_MAX_TICK_NS. */
+    int64_t tick_ns;
+    /* Nonzero: the batching grid starts at the wall clock's epoch (CLOCK_REALTIME), not at a
+     * random point of this engine's, so engines on hosts whose clocks agree send their batches at
+     * the same instants and a responder gets its peers' probes of one interval together, in one
+     * wake-up, instead of one by one. Every such engine probes in step with every other: the
+     * network is sampled at the same instants everywhere. Needs batch_window_ns > 0. */
+    int wall_grid;
 };
 
 #define SKH_DEFAULT_DIRECTION_WAIT_NS 0LL
+/* Half the 10 ms a responder waits for its ACK1's send stamp before answering ACK2 without it:
+ * a stamp that comes a tick after its datagram left is still awaited. */
+#define SKH_MAX_TICK_NS (5LL * 1000LL * 1000LL)
 
 /* Probes one engine keeps undecided, the default and the most. The in-flight table is sized from it
  * and decided in send order, so it must hold probes/s x timeout_s (a lost probe keeps its place until

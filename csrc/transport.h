@@ -144,6 +144,9 @@ struct skh_transport; /* each transport defines its own struct */
 /* Capability bits a transport reports through caps(). */
 #define SKH_TCAP_TX_STAMPS 0x1u /* stamps() will deliver send stamps */
 #define SKH_TCAP_RX_STAMPS 0x2u /* recv() fills ts_ns */
+/* The stamps are taken by the kernel or the NIC as a datagram passes (SO_TIMESTAMPING, CQE
+ * timestamps), not when the engine reads it: reading later moves none of them (engine tick_ns). */
+#define SKH_TCAP_WIRE_STAMPS 0x4u
 
 struct skh_transport_ops {
     const char *name;

@@ -349,7 +349,7 @@ static int udp_open(const struct skh_transport_cfg *cfg, struct skh_transport **
             flags |= SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RAW_HARDWARE;
         if (setsockopt(fd0, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof(flags)) == 0) {
             t->tsflags = flags; /* path sockets get the same */
-            t->caps = SKH_TCAP_TX_STAMPS | SKH_TCAP_RX_STAMPS;
+            t->caps = SKH_TCAP_TX_STAMPS | SKH_TCAP_RX_STAMPS | SKH_TCAP_WIRE_STAMPS;
         } else if (t->hw) {
             rc = -errno;
             goto fail;

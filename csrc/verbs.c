@@ -206,7 +206,11 @@ int skh_verbs_info(struct skh_transport *t, struct skh_verbs_info *out)
     return 0;
 }
 
-static unsigned verbs_caps(struct skh_transport *t) { return SKH_TCAP_TX_STAMPS | SKH_TCAP_RX_STAMPS; }
+/* Without completion timestamps the stamps are read from the clock as completions are polled. */
+static unsigned verbs_caps(struct skh_transport *t)
+{
+    return SKH_TCAP_TX_STAMPS | SKH_TCAP_RX_STAMPS | (t->info.hw_stamps ? SKH_TCAP_WIRE_STAMPS : 0);
+}
 
 static int verbs_pollfd(struct skh_transport *t) { return t->channel->fd; }
 

@@ -69,6 +69,7 @@ cdef extern from "transport.h" nogil:
     enum:
         SKH_TCAP_TX_STAMPS
         SKH_TCAP_RX_STAMPS
+        SKH_TCAP_WIRE_STAMPS
         SKH_TSTAT__COUNT
     const char *const skh_tstat_names[]
 
@@ -87,6 +88,7 @@ cdef extern from "engine.h" nogil:
         SKH_DEFAULT_IN_FLIGHT
         SKH_MAX_ANSWER_SLOTS
     int64_t SKH_DEFAULT_DIRECTION_WAIT_NS
+    int64_t SKH_MAX_TICK_NS
 
     const char *const skh_stat_names[]
 
@@ -101,6 +103,8 @@ cdef extern from "engine.h" nogil:
         uint32_t answer_slots
         int64_t batch_window_ns
         int64_t direction_wait_ns
+        int64_t tick_ns
+        int wall_grid
 
     struct skh_engine:
         pass

@@ -13,6 +13,8 @@ ACK_LEN = SKH_ACK_LEN
 HDR_LEN = SKH_PROTO_HDR_LEN
 CAP_TX_STAMPS = SKH_TCAP_TX_STAMPS
 CAP_RX_STAMPS = SKH_TCAP_RX_STAMPS
+CAP_WIRE_STAMPS = SKH_TCAP_WIRE_STAMPS
+MAX_TICK_NS = SKH_MAX_TICK_NS
 MAX_IN_FLIGHT = SKH_MAX_IN_FLIGHT
 DEFAULT_IN_FLIGHT = SKH_DEFAULT_IN_FLIGHT
 MAX_ANSWER_SLOTS = SKH_MAX_ANSWER_SLOTS
@@ -115,7 +117,8 @@ cdef class FastEngine:
                   int64_t timeout_ns, uint32_t ring_records, uint32_t probe_len, uint32_t max_in_flight=0,
                   int64_t batch_window_ns=0, uint8_t traffic_class=0, uint8_t priority=0,
                   int64_t direction_wait_ns=SKH_DEFAULT_DIRECTION_WAIT_NS,
-                  uint32_t address_handles=0, uint32_t answer_slots=0):
+                  uint32_t address_handles=0, uint32_t answer_slots=0, int64_t tick_ns=0,
+                  bint wall_grid=False):
         cdef skh_engine_cfg cfg
         cdef bytes b_transport = transport.encode()
         cdef bytes b_bind = bind.encode()
@@ -143,6 +146,8 @@ cdef class FastEngine:
         cfg.answer_slots = answer_slots
         cfg.batch_window_ns = batch_window_ns
         cfg.direction_wait_ns = direction_wait_ns
+        cfg.tick_ns = tick_ns
+        cfg.wall_grid = wall_grid
         rc = skh_engine_create(&cfg, &self._e)
         if rc < 0:
             self._e = NULL

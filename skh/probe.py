@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_DIRECTION_WAIT_S",
     "DEFAULT_PORT",
     "DEFAULT_PROBE_BYTES",
+    "MAX_TICK_S",
     "PROBE_MAX_BYTES",
     "PROBE_MIN_BYTES",
     "Engine",
@@ -58,6 +59,8 @@ DEFAULT_BATCH_WINDOW_S = 500e-6
 #: which direction lost it (REQUEST_LOST / REPLY_LOST); then it is LOST. 0: decide at the timeout
 #: with the receipts at hand, so records reach an analyzer as early as before (docs/engine.md).
 DEFAULT_DIRECTION_WAIT_S = _fastprobe.DEFAULT_DIRECTION_WAIT_NS / 1e9
+#: The longest ``Engine`` tick: half the 10 ms a responder waits for its first reply's send stamp.
+MAX_TICK_S = _fastprobe.MAX_TICK_NS / 1e9
 
 _TRANSPORTS = ("udp", "verbs")
 _U32 = 2**32 - 1
@@ -212,6 +215,19 @@ class Engine:
     added, and a probe due within the window of a batch joins it; a round of a target list then
     costs one wake-up and one send call instead of one per target. 0: each probe exactly on the
     schedule the target was added with.
+
+    ``tick_s`` (0 .. ``MAX_TICK_S``, 5 ms) bounds the engine thread's wake-ups to one per tick:
+    what arrives within a tick of the last one (peers' probes, answers, send stamps) is handled
+    together at its end, with one receive and one send call per socket. RTTs do not move (the
+    kernel or the NIC stamps the datagrams as they pass); the responder and prober delays, send
+    times and timeout decisions may, by up to a tick. Applied only where the stamps are taken
+    on the wire (``tick_s`` says whether: 0 with user-clock stamps, which a late read would put
+    in the RTT). 0: wake up for every event. See docs/engine.md, "Wake-ups".
+
+    ``wall_grid=True`` starts the batching grid at the wall clock's epoch instead of a random
+    point of this engine's: engines on hosts whose clocks agree send at the same instants, so a
+    responder gets its peers' probes of one interval together, answered in one wake-up, not one
+    by one. Every such engine then probes in step with all others. Needs ``batch_window_s`` > 0.
     """
 
     def __init__(
@@ -236,6 +252,8 @@ class Engine:
         direction_wait_s: float = DEFAULT_DIRECTION_WAIT_S,
         address_handles: int = 0,
         answer_slots: int = 0,
+        tick_s: float = 0.0,
+        wall_grid: bool = False,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -270,6 +288,11 @@ class Engine:
         answer_slots = _check_int(
             answer_slots, "answer_slots", owner, 0, _fastprobe.MAX_ANSWER_SLOTS
         )
+        tick_s = _check_seconds(tick_s, "tick_s", owner, 0.0)
+        if tick_s > MAX_TICK_S:
+            raise _bad("tick_s", owner, f"at most {MAX_TICK_S:g} s", tick_s)
+        if wall_grid and batch_window_s == 0:
+            raise _bad("wall_grid", owner, "batch_window_s > 0 (a grid to align)", wall_grid)
         if batch_window_s >= timeout_s:
             raise _bad(
                 "batch_window_s", owner, f"shorter than timeout_s ({timeout_s:g} s)", batch_window_s
@@ -293,6 +316,7 @@ class Engine:
         self.timeout_s = timeout_s
         self.traffic_class = traffic_class
         self.priority = priority
+        self.wall_grid = bool(wall_grid)
         try:
             self._fe = _fastprobe.FastEngine(
                 endpoint_id=endpoint_id,
@@ -314,6 +338,8 @@ class Engine:
                 direction_wait_ns=int(direction_wait_s * 1e9),
                 address_handles=address_handles,
                 answer_slots=answer_slots,
+                tick_ns=round(tick_s * 1e9),
+                wall_grid=bool(wall_grid),
             )
         except EngineError as exc:
             # the machine lacks what was asked: an RDMA device/GID (any verbs open failure), NIC
@@ -327,6 +353,8 @@ class Engine:
             raise
         addr = self.local_address()
         self.local_port: int = addr["port"] if "port" in addr else addr["qpn"]
+        #: the tick applied: ``tick_s``, or 0 where the stamps are read from the user clock
+        self.tick_s: float = tick_s if self._fe.caps & _fastprobe.CAP_WIRE_STAMPS else 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

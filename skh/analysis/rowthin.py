@@ -63,26 +63,38 @@ class RowThinner:
         keep = [False] * len(rows)
         out: list[int] = []  # rows by (pair id, send time, batch position)
         newest: dict[int, int] = {}  # prober -> its newest row
-        for pid, k in sorted((pid_of[k], k) for k in runs):
+        state = self._state
+        for k in sorted(runs, key=pid_of.__getitem__):
             run = runs[k]
             recs = [rows[i] for i in run]
-            if any(a[_T] > b[_T] for a, b in zip(recs, recs[1:], strict=False)):
+            # one pass for what the pair's rows need: their order and whether all are OK (a
+            # few rows per pair and batch: the calls of any()/all() over generators cost more)
+            ordered, all_ok, t = True, True, recs[0][_T]
+            for r in recs:
+                if r[_T] < t:
+                    ordered = False
+                t = r[_T]
+                if r[_STATUS]:
+                    all_ok = False
+            if not ordered:
                 run.sort(key=lambda i: rows[i][_T])  # stable: ties stay in batch order
                 recs = [rows[i] for i in run]
-            self._pair(self._state[pid], recs, run, keep)
+            self._pair(state[pid_of[k]], recs, run, keep, all_ok)
             out += run
             last = run[-1]
-            src = rows[last][_SRC]
-            if src not in newest or rows[last][_T] >= rows[newest[src]][_T]:
+            src = k >> 32
+            if src not in newest or recs[-1][_T] >= rows[newest[src]][_T]:
                 newest[src] = last
         for i in newest.values():
             keep[i] = True
         return [rows[i] for i in out if keep[i]]
 
-    def _pair(self, st: list[int], recs: list[tuple], idx: list[int], keep: list[bool]) -> None:
-        """One pair's rows of a batch (in send-time order): failures and the OKs after them,
-        per pair and per flow, then the latency sample."""
-        if not st[_FAILED] and not st[_FLOWS] and all(r[_STATUS] == 0 for r in recs):
+    def _pair(
+        self, st: list[int], recs: list[tuple], idx: list[int], keep: list[bool], all_ok: bool
+    ) -> None:
+        """One pair's rows of a batch (in send-time order; ``all_ok``: every one is OK):
+        failures and the OKs after them, per pair and per flow, then the latency sample."""
+        if all_ok and not st[_FAILED] and not st[_FLOWS]:
             # the usual pair: all well before and now, so only its latency sample is kept
             for k in self._samples(st, recs):
                 keep[idx[k]] = True
@@ -114,7 +126,11 @@ class RowThinner:
         first, last = oks[0], oks[-1]
         if st[_PHASE] == NO_PHASE:
             st[_PHASE] = first[_T] - period // 2
-        st[_ROT] = max(st[_ROT], max(r[_PATH] for r in oks) + 1)
+        rot = st[_ROT]  # the rotation's length: past the largest path id seen
+        for r in oks:
+            if r[_PATH] >= rot:
+                rot = r[_PATH] + 1
+        st[_ROT] = rot
         # the interval: send-time span over seq span, from the pair's newest OK seen before
         # (seqs are u32 serial numbers; a restarted prober's new numbering is skipped)
         had = st[_LAST_SEQ] >= 0

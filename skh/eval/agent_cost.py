@@ -54,6 +54,9 @@ def agent_cost(
         "endpoints": endpoints,
         "probes_per_s": r["probes_per_s"],
         "inbound_probes_per_s": r["inbound_probes_per_s"],
+        # the peers' probes one by one, as independent peers send them (bench/agent_process.py)
+        "inbound_phases": r["inbound_phases"],
+        "engine_wakeups_per_s": r["engine_per_s"]["wakeups"],
         "cpu_pct_one_core": r["cpu_pct_one_core"],
         "rss_mb": r["rss_mb"],
         "rss_anon_mb": r["rss_anon_mb"],

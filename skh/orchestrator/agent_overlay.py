@@ -148,6 +148,8 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         gid_index=None if spec.gid_index < 0 else spec.gid_index,
         traffic_class=cfg.traffic_class,
         priority=cfg.priority,
+        tick_s=cfg.engine_tick_s,
+        wall_grid=cfg.engine_wall_grid,
     )
 
 

@@ -212,6 +212,18 @@ class AgentConfig:
     #: ``detector.latency_sample_s`` (it keeps no more); 0 forwards every OK
     ok_sample_s: float = 1.0
     batch_interval_s: float = 1.0
+    #: overlay: each engine thread wakes up at most once per this many seconds (``Engine``
+    #: ``tick_s``, at most 5 ms): the peers' probes that arrive within it are answered together.
+    #: RTTs stay as they are; responder and prober delays grow by up to this much, so the
+    #: analyzer's delay health check (skh.analysis.health: 3x its learnt baseline) misses
+    #: host-side rises smaller than about a tick. 0 = a wake-up per event (docs/engine.md,
+    #: "Wake-ups": the CPU it saves)
+    engine_tick_s: float = 0.0
+    #: overlay: the engines' batching grids start at the wall clock's epoch (``Engine``
+    #: ``wall_grid``), so every agent whose clock agrees probes at the same instants and an
+    #: endpoint answers its peers' probes of an interval in one wake-up instead of one by one
+    #: (docs/engine.md, "Wake-ups"); the network is then sampled in step everywhere
+    engine_wall_grid: bool = False
     #: underlay: counters are sampled this far into each sampling interval (as a share of it:
     #: 0.5 s into each second at 1 Hz), on every host alike on the wall clock's grid (see
     #: :mod:`skh.orchestrator.agent_underlay` for why)
@@ -384,6 +396,11 @@ def _validate(cfg: Config) -> None:
     if not g.ok_sample_s >= 0:
         raise ConfigError(
             f"The 'agent.ok_sample_s' setting must be >= 0. Got {g.ok_sample_s!r} instead."
+        )
+    if not 0 <= g.engine_tick_s <= 0.005:  # skh.probe.MAX_TICK_S (the C engine's limit)
+        raise ConfigError(
+            "The 'agent.engine_tick_s' setting must be in [0, 0.005]."
+            f" Got {g.engine_tick_s!r} instead."
         )
     if not (isinstance(g.counter_hz, int) and 1 <= g.counter_hz <= 100):
         raise ConfigError(

@@ -128,6 +128,42 @@ def test_hw_stamped_rtt_is_the_injected_delay(standin, clocks):
             assert res["counters_before"][dev] + ticks > mask, "the counters must wrap in the run"
 
 
+def test_a_tick_moves_no_hw_stamped_rtt(standin):
+    # both ends wake up at most every 5 ms: probes due every 1 ms leave five at a time, and
+    # their answers and stamps wait for a tick too; the NIC's completion stamps are the same
+    # whenever they are polled
+    tick_s = 0.005
+    clocks = CLOCKS["625MHz"]
+    both = {"tick_s": tick_s}
+    res = run(
+        standin, "rtt", two_devices(**clocks), n=400, interval_s=0.001, prober=both, responder=both
+    )
+    assert res["tick_s"] == [tick_s, tick_s]
+    rows = rows_of(res["rows"])
+    counts = dict(zip(*np.unique(rows["status"], return_counts=True), strict=True))
+    assert counts == {ProbeStatus.OK: 400}, (counts, res["prober"], res["responder"])
+    assert (rows["ts_source"] == TsSource.HW).all()
+    tick = max(tick_ns(clocks["p_khz"]), tick_ns(clocks["r_khz"]))
+    err = rows["rtt_ns"] - (FWD_NS + REV_NS)
+    assert np.abs(err).max() <= tick, np.unique(err)
+    assert res["responder"]["replies_user_stamps"] == 0  # each ACK1's stamp still awaited
+    # one wake-up per tick at most, not one per probe (400 probes and their stamps in 0.4 s)
+    for side in ("prober", "responder"):
+        assert res[side]["wakeups"] <= res["elapsed_ns"] / (tick_s * 1e9) + 5, res[side]
+    # without completion timestamps the stamps are read as completions are polled: no tick
+    soft = run(
+        standin,
+        "rtt",
+        two_devices(p_khz=0, r_khz=0),
+        n=20,
+        interval_s=0.005,
+        prober={"tick_s": tick_s, "hw_timestamps": False},
+        responder={"tick_s": tick_s, "hw_timestamps": False},
+    )
+    assert soft["tick_s"] == [0.0, 0.0]
+    assert (rows_of(soft["rows"])["status"] == ProbeStatus.OK).sum() >= 19
+
+
 def truth_by_tseq(log: list[dict], session: int, timeout_ns: int) -> dict[int, str]:
     """What really happened to each probe, from the stand-in's own log: "request" or "reply" lost,
     "ok", or "late" when an answer reached the prober around or after the probe's timeout (the

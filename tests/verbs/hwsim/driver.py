@@ -117,7 +117,14 @@ def scenario_rtt(a: dict) -> dict:
         )
         settle(p, r, decided=a["n"], timeout_s=a["n"] * a["interval_s"] + 10)
         elapsed_ns = time.monotonic_ns() - t_before
-        return result(p, r, counters_before=before, elapsed_ns=elapsed_ns, log=sim_log())
+        return result(
+            p,
+            r,
+            counters_before=before,
+            elapsed_ns=elapsed_ns,
+            log=sim_log(),
+            tick_s=[p.tick_s, r.tick_s],
+        )
 
 
 def scenario_loss(a: dict) -> dict:
