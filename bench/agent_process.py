@@ -45,9 +45,9 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 import time
