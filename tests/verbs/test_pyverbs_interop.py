@@ -75,12 +75,17 @@ def test_engine_probes_a_pyverbs_responder_and_names_each_loss_direction():
     want |= dict.fromkeys(done["muted"], ProbeStatus.REPLY_LOST)
     got = {int(r["seq"]): int(r["status"]) for r in rows}
     last_answered = max(done["answered"])
+    # a request the peer never received (UD drops it when the peer's receive queue is empty: a
+    # loaded VM's responder reposts late) was lost on its way there, and the engine must say so
+    unseen = set(got) - set(want)
+    want |= dict.fromkeys(unseen, ProbeStatus.REQUEST_LOST)
     wrong = {
         q: (ProbeStatus(s).name, ProbeStatus(want[q]).name)
         for q, s in got.items()
         if s != want[q] and not (s == ProbeStatus.LOST and q > last_answered)
     }
     assert not wrong, (wrong, rows[np.isin(rows["seq"], list(wrong))])
+    assert len(unseen) <= 5, sorted(unseen)
     assert len(done["skipped"]) == 10 and len(done["muted"]) >= 10
     ok = rows[rows["status"] == ProbeStatus.OK]
     assert (ok["ts_source"] == TsSource.USER).all() and (ok["rtt_ns"] > 0).all()
