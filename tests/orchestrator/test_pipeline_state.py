@@ -72,7 +72,12 @@ class Harness:
             overlay_endpoint=sim_overlay_endpoint,
             overlay_component=sim_overlay_component,
         )
-        members = [
+        assert pipe.set_endpoints(self.members(), dict(self.controller_versions))
+        return pipe
+
+    def members(self) -> list[dict[str, Any]]:
+        """The controller's member list (its ids)."""
+        return [
             {
                 "ep": int(_ctl(e.ep_id)),
                 "job": e.job,
@@ -83,8 +88,6 @@ class Harness:
             }
             for e in self.sim.cluster.endpoints
         ]
-        assert pipe.set_endpoints(members, dict(self.controller_versions))
-        return pipe
 
     def restart(self) -> None:
         """A new analyzer: the alerts still open in the log go to the new pipeline."""
@@ -255,17 +258,10 @@ def test_the_detector_keeps_an_rnics_link_id_as_jobs_come_and_go():
 
     pipe.set_endpoints([ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "a", "host1", 1)])
     pipe.set_endpoints([ep(2, "a", "host1", 1), ep(7, "b", "host0", 0), ep(9, "b", "host0", 1)])
-    # model ids: 0, 1, 2, then 2 -> 0, 7 -> 1, 9 -> 2
-    assert seen == [[0, 1, 2], [2, 0, 3]]
+    # model ids: 0, 1, 2, then 2 keeps 2, 7 -> 3, 9 -> 4; 0 and 1 are gone (no link)
+    assert seen == [[0, 1, 2], [-1, -1, 2, 0, 3]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (found in session 10): set_endpoints renumbers model ids densely, so after a job "
-    "stops the survivors take the stopped job's retired ids and the detector drops their records "
-    "for good; the fix (stable model ids, departed endpoints released from the model, the shard "
-    "localizer given the coordinator's numbering) is the next step",
-)
 def test_a_job_keeps_being_watched_after_another_job_stops():
     """The analyzer hears ENDPOINTS_DOWN for a stopped job (retire), then the controller's new
     member list: the jobs still running must stay visible to detection, under their own ids."""
@@ -293,3 +289,62 @@ def test_a_job_keeps_being_watched_after_another_job_stops():
     probe(2, 3, t0 + 2 * 10**9)
     assert pipe.detector.stats.records_in == 2
     assert pipe.detector.stats.retired_rows == 0
+
+
+def test_an_alert_open_on_a_job_keeps_naming_its_endpoints_when_another_job_stops():
+    """A job stops (ENDPOINTS_DOWN, then the controller's list without it) while an alert is
+    open on another job: the alert goes on naming its own endpoints (controller ids), stays one
+    alert and resolves after its fault, and detection keeps watching the job."""
+    h = Harness()
+    hosts: dict[str, set[str]] = {}
+    for e in h.sim.cluster.endpoints:
+        hosts.setdefault(e.job, set()).add(e.host)
+    # the faulted RNIC serves job00001 alone (jobs sit on hosts of their own)
+    assert [j for j, hs in hosts.items() if "host2" in hs] == ["job00001"]
+    h.sim.inject(Fault(FailureType.RNIC_PORT_DOWN, "host2:rnic3", start_s=130.0, end_s=175.0))
+    h.run(150)
+    opened = {a["alert_id"]: a for a in h.faults("fault") if a["state"] == "open"}
+    assert opened, "the fault was not detected"
+    # the stopped job holds the lowest ids: each survivor's would move if ids were renumbered
+    ids = h.pipe.jobs["job00001"].ep_id.copy()  # its model ids
+    stopped = [m["ep"] for m in h.members() if m["job"] == "job00000"]
+    h.pipe.retire(stopped)
+    h.pipe.set_endpoints([m for m in h.members() if m["job"] != "job00000"])
+    h.run(90)  # the fault ends at 175 s; the alert resolves 20 s after detection lets it go
+    mine = {m["ep"] for m in h.members() if m["job"] == "job00001"}
+    after = {}
+    for a in h.faults("fault"):
+        assert {e for p in a["pairs"] for e in p} <= mine, (a["alert_id"], a["pairs"])
+        after.setdefault(a["alert_id"], []).append(a["state"])
+    assert set(after) == set(opened)
+    assert all(states == ["open", "resolved"] for states in after.values()), after
+    assert "job00000" not in h.pipe.jobs
+    assert (h.pipe.jobs["job00001"].ep_id == ids).all()
+    assert not h.pipe.detector.health.is_retired(ids.astype(np.int64)).any()
+
+
+def test_a_pipeline_given_model_ids_numbers_its_endpoints_as_the_one_that_gave_them():
+    """The sharded analyzer's actors (a restarted one included) get the coordinator's member
+    rows with their model ids: whatever changes they missed, they number as it does."""
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping())
+
+    def pipeline():
+        return Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+
+    def ep(i, job, host, rail):
+        return {"ep": i, "job": job, "container": host, "host": host, "rail": rail, "ip": ""}
+
+    coord, actor = pipeline(), pipeline()
+    coord.set_endpoints([ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "b", "host0", 1)])
+    # job a stops; b's endpoint 2 registers again on another host under its controller id
+    rows = [ep(2, "b", "host1", 1), ep(5, "c", "host0", 0)]
+    coord.set_endpoints(rows)
+    assert sorted(coord.cluster.gone) == [0, 1, 2]
+    numbered = [m | {"model": int(coord._model(np.array([m["ep"]]))[0])} for m in rows]
+    assert [m["model"] for m in numbered] == [3, 4]
+    actor.set_endpoints(numbered)
+    assert [e.name for e in actor.cluster.live_endpoints] == ["b/host1/1", "c/host0/0"]
+    assert [e.ep_id for e in actor.cluster.live_endpoints] == [3, 4]
+    assert actor._model(np.array([0, 1, 2, 5])).tolist() == [-1, -1, 3, 4]
+    assert {j: st.ep_id.tolist() for j, st in actor.jobs.items()} == {"b": [3], "c": [4]}
