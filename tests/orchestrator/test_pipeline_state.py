@@ -348,3 +348,60 @@ def test_a_pipeline_given_model_ids_numbers_its_endpoints_as_the_one_that_gave_t
     assert [e.ep_id for e in actor.cluster.live_endpoints] == [3, 4]
     assert actor._model(np.array([0, 1, 2, 5])).tolist() == [-1, -1, 3, 4]
     assert {j: st.ep_id.tolist() for j, st in actor.jobs.items()} == {"b": [3], "c": [4]}
+
+
+def test_a_gone_model_id_is_given_again_only_once_nothing_names_it():
+    """Ids of endpoints gone for REUSE_AFTER_S go to new endpoints (the model stays as big as
+    the endpoints alive), except ids an open alert still names; an actor given the
+    coordinator's rows numbers as it does."""
+    from skh.orchestrator.pipeline.rounds import REUSE_AFTER_S
+
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=REUSE_AFTER_S + 200)
+
+    def pipeline():
+        return Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+
+    def ep(i, job, host, rail):
+        return {"ep": i, "job": job, "container": job + host, "host": host, "rail": rail, "ip": ""}
+
+    pipe, actor = pipeline(), pipeline()
+    s, t0 = 10**9, 1_700_000_000 * 10**9
+
+    def at(t_ns, rows, src=None, dst=None):
+        pipe.process(empty_probes(), np.zeros(0, COUNTER_DTYPE), t_ns)
+        pipe.set_endpoints(rows)
+        actor.set_endpoints([m | {"model": int(pipe._model(np.array([m["ep"]]))[0])} for m in rows])
+        assert actor._to_model.tolist() == pipe._to_model.tolist()
+        if src is not None:
+            r = empty_probes(1)
+            r["src_ep"], r["dst_ep"], r["t_wall_ns"], r["rtt_ns"] = src, dst, t_ns, 10_000
+            pipe.process(r, np.zeros(0, COUNTER_DTYPE), t_ns + s)
+
+    at(t0, [ep(0, "a", "host0", 0), ep(1, "a", "host1", 0)] + [ep(2, "b", "host0", 1)])
+    alert = {
+        "kind": "fault",
+        "state": "open",
+        "alert_id": "rnic|host0:rnic1|1",
+        "layer": "rnic",
+        "component": "host0:rnic1",
+        "failure_type_id": int(FailureType.RNIC_PORT_DOWN),
+        "first_seen_ns": t0,
+        "detected_at_ns": t0,
+        "pairs": [[2, 1]],
+    }
+    pipe.restore([{"seq": 1, "ts_ns": t0, "alert": alert}])  # open, naming 1 and 2
+    at(t0 + s, [ep(3, "c", "host0", 0)])  # a and b stop, c starts: a new id
+    assert pipe._model(np.array([3])).tolist() == [3]
+    late = t0 + int(REUSE_AFTER_S * s) + 2 * s
+    at(late, [ep(3, "c", "host0", 0), ep(4, "d", "host1", 0), ep(5, "d", "host1", 1)], 4, 3)
+    # 0 is free again; 1 and 2 are named by the open alert: d's second endpoint gets a new id
+    assert pipe._model(np.array([3, 4, 5])).tolist() == [3, 0, 4]
+    assert pipe.detector.stats.records_in == 1 and pipe.detector.stats.retired_rows == 0
+    assert pipe.tracker.open and pipe.tracker.open[0].pairs == ((2, 1),)
+    end = late + 300 * s  # the alert resolves; its ids are free then
+    at(end, [ep(3, "c", "host0", 0), ep(6, "e", "host1", 1)])
+    assert not pipe.tracker.open
+    assert pipe._model(np.array([3, 6])).tolist() == [3, 1]
+    assert len(pipe.cluster.endpoints) == 5 and sorted(pipe.cluster.gone) == [0, 2, 4]
+    assert [e.name for e in actor.cluster.live_endpoints] == ["e/ehost1/1", "c/chost0/0"]

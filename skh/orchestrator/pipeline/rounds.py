@@ -2,9 +2,9 @@
 detection on probe records, localizes what detection suspects and tracks the alerts' life cycle.
 
 The controller numbers endpoints for good (a removed job leaves a gap); the localizer's model
-numbers them in the order they joined it, also for good (an endpoint keeps its model id while it
-lives, so state kept under model ids across rounds goes on naming it; one that leaves is
-released, its id never given again). :meth:`Pipeline.set_endpoints` maps one onto the other, and
+numbers them as they join it (an endpoint keeps its model id while it lives, so state kept
+under model ids across rounds goes on naming it; one that leaves is released, and its id given
+again only once nothing names it). :meth:`Pipeline.set_endpoints` maps one onto the other, and
 everything crossing the pipeline's edge is translated: records, heartbeats and retirements in,
 skeletons and alerts out (controller ids outside, model ids inside). What survives an analyzer
 restart comes back from outside: skeleton versions from the controller
@@ -41,13 +41,17 @@ from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
 from skh.records import LOSS_STATUSES, PROBE_DTYPE, ProbeStatus, empty_probes, pair_keys
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "REUSE_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str, int]
 #: statuses of a probe that failed on the network (its request or its reply)
 _FAILED = np.array([*LOSS_STATUSES, ProbeStatus.UNREACHABLE], np.uint8)
+#: a gone model id is given to a new endpoint after this long at the earliest: past everything
+#: kept by time under it (the detector's idle pairs, recent probes, counters), though each is
+#: also told when its endpoint leaves (see Pipeline.set_endpoints)
+REUSE_AFTER_S = 600.0
 #: a pair's reverse failing this long before the pair's own first failure is the same fault (the
 #: two probers ship their results at different moments)
 _REVERSE_SLACK_NS = 2_000_000_000
@@ -131,6 +135,9 @@ class Pipeline:
         self._live: dict[int, int] = {}
         self._to_model = np.zeros(0, np.int64)
         self._to_ctl = np.zeros(0, np.int64)
+        #: model id -> when it left (the pipeline's clock: the last round's ``now_ns``)
+        self._gone_at: dict[int, int] = {}
+        self._now_ns = 0
         self._restored: list[Mapping[str, Any]] = []  # open alerts waiting for the model
         self._versions: dict[str, int] = {}  # skeleton version per job at the controller
         #: (host, rail) -> access link id: the detector keeps each link's loss history under
@@ -154,11 +161,15 @@ class Pipeline:
         whatever gaps their ids have, and the skeleton version each job has there (a restarted
         analyzer goes on from it).
 
-        An endpoint keeps its model id while it lives: a new one gets the next id, one that left
-        (or registered again elsewhere under its controller id: left, then new) is retired and
-        released from the model, its id never given again. A row's ``model`` key, when there,
-        is the id it must have (the sharded analyzer's actors follow the coordinator's
-        numbering, whatever they missed)."""
+        An endpoint keeps its model id while it lives. One that left (or registered again
+        elsewhere under its controller id: left, then new) is retired and released from the
+        model. A new one gets an id gone for :data:`REUSE_AFTER_S` that no open alert or
+        pending verdict names (the detector forgets what is left of it), else the next id: the
+        model holds at most the endpoints alive, those gone in the last
+        :data:`REUSE_AFTER_S` and those open alerts name (an entry each: the endpoint, its
+        RNIC and ToR, its health, ~300 bytes). A row's ``model`` key, when there, is the id it
+        must have (the sharded analyzer's actors follow the coordinator's numbering, whatever
+        they missed)."""
         rows = sorted(members, key=lambda m: int(m["ep"]))
         for job, v in (skeleton_versions or {}).items():
             st = self.jobs.get(job)
@@ -188,8 +199,15 @@ class Pipeline:
         departed += live.values()  # left the controller's list
         if departed:
             self._depart(departed)
+        free = self._free_ids() if any(int(m.get("model", -1)) < 0 for m in new) else []
         for m in new:
             want = int(m.get("model", -1))
+            if want < 0 and free:
+                want = free.pop(0)
+            if want in cluster.gone:
+                self.detector.reuse([want])
+                self._gone_at.pop(want, None)
+                self.stats["ids_reused"] = self.stats.get("ids_reused", 0) + 1
             e = cluster.add_endpoint(
                 ep_id=None if want < 0 else want,
                 job=str(m["job"]),
@@ -239,16 +257,36 @@ class Pipeline:
         self.detector.retire(eps)
         for e in eps:
             self.cluster.release(e)
+            self._gone_at[e] = self._now_ns
         gone = np.array(eps, np.int64)
+        left = set(eps)
+        self.counters.forget(gone)
         self._recent = [
             (t, p[~(np.isin(p["src_ep"], gone) | np.isin(p["dst_ep"], gone))])
             for t, p in self._recent
         ]
         if self._pending is not None:
             v, ev, since = self._pending
-            pairs = tuple(p for p in v.pairs if not set(p) & set(eps))
+            pairs = tuple(p for p in v.pairs if not set(p) & left)
             self._pending = (replace(v, pairs=pairs), ev, since) if pairs else None
-        self._live = {c: m for c, m in self._live.items() if m not in set(eps)}
+        self._live = {c: m for c, m in self._live.items() if m not in left}
+
+    def _free_ids(self) -> list[int]:
+        """Gone ids that may be given again, lowest first: gone for :data:`REUSE_AFTER_S` and
+        named by no open alert nor the pending verdict (an alert goes on naming its endpoints
+        until it resolves)."""
+        due = self._now_ns - int(REUSE_AFTER_S * 1e9)
+        free = {e for e, t in self._gone_at.items() if t <= due}
+        if not free:
+            return []
+        named: set[int] = set()
+        for v in self.tracker.open:
+            named |= {e for p in v.pairs for e in p}
+        for pairs, eps in self._watch.values():
+            named |= {e for p in pairs for e in p} | eps
+        if self._pending is not None:
+            named |= {e for p in self._pending[0].pairs for e in p}
+        return sorted(free - named)
 
     def _set_jobs(self, cluster: Cluster) -> None:
         """The per-job state of the jobs with live endpoints (a job none is left of goes; its
@@ -397,6 +435,7 @@ class Pipeline:
         simulator's; the daemon's hook passes the analyzer's through
         :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
+        self._now_ns = max(self._now_ns, int(now_ns))
         if self._restored:  # the tracker's side: a shard's observe never has any
             self._reopen(now_ns)
         alerts, events = self.observe(probes, counters, now_ns, heartbeats)

@@ -104,6 +104,10 @@ class _Detection:
         """Nothing to do: endpoints that left the members are retired by each shard's own
         :meth:`Pipeline.set_endpoints` (and those stopped, by :meth:`ShardedPipeline.retire`)."""
 
+    def reuse(self, eps: Sequence[int]) -> None:
+        """Nothing to do: each shard's own :meth:`Pipeline.set_endpoints` has its detector
+        forget a gone id given again (the member rows carry it)."""
+
 
 class ShardedPipeline(Pipeline):
     """A :class:`Pipeline` whose detection runs on ``options.shards`` Ray actors (Ray must be
