@@ -59,7 +59,7 @@ _REVERSE_SLACK_NS = 2_000_000_000
 
 @dataclass(slots=True)
 class _JobState:
-    ep_id: np.ndarray  # sorted
+    ep_id: np.ndarray  # in controller id order
     host: np.ndarray
     rail: np.ndarray
     rank: np.ndarray
@@ -293,7 +293,9 @@ class Pipeline:
         skeleton version stays known, for a job of that name again)."""
         hosts = {h: i for i, h in enumerate(self.fabric.hosts)}
         by_job: dict[str, list[Any]] = {}
-        for e in cluster.live_endpoints:
+        # in the controller's order (its ids grow as endpoints register; a given-again model
+        # id does not): containers are ranked by it
+        for e in sorted(cluster.live_endpoints, key=lambda e: int(self._to_ctl[e.ep_id])):
             by_job.setdefault(e.job, []).append(e)
         jobs = {}
         for job in [*(j for j in self.jobs if j in by_job), *by_job]:
