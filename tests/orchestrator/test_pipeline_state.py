@@ -405,3 +405,22 @@ def test_a_gone_model_id_is_given_again_only_once_nothing_names_it():
     assert pipe._model(np.array([3, 6])).tolist() == [3, 1]
     assert len(pipe.cluster.endpoints) == 5 and sorted(pipe.cluster.gone) == [0, 2, 4]
     assert [e.name for e in actor.cluster.live_endpoints] == ["e/ehost1/1", "c/chost0/0"]
+
+
+def test_a_job_none_is_left_of_goes_and_its_skeleton_version_stays_known():
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    pipe = Pipeline(
+        PipelineConfig(fabric=fabric.to_mapping()),
+        source_factory=lambda _c: None,
+        apply_skeleton=lambda *_a: True,
+    )
+
+    def ep(i, job, host):
+        return {"ep": i, "job": job, "container": host, "host": host, "rail": 0, "ip": ""}
+
+    pipe.set_endpoints([ep(0, "a", "host0"), ep(1, "a", "host1"), ep(2, "b", "host0")])
+    pipe.jobs["a"].skeleton_version = 9  # installed here since the controller's last status
+    pipe.set_endpoints([ep(2, "b", "host0")])
+    assert list(pipe.jobs) == ["b"]
+    pipe.set_endpoints([ep(2, "b", "host0"), ep(3, "a", "host1")])  # a name used again
+    assert list(pipe.jobs) == ["b", "a"] and pipe.jobs["a"].skeleton_version == 9

@@ -297,6 +297,8 @@ class Pipeline:
         # id does not): containers are ranked by it
         for e in sorted(cluster.live_endpoints, key=lambda e: int(self._to_ctl[e.ep_id])):
             by_job.setdefault(e.job, []).append(e)
+        for job, st in self.jobs.items():
+            self._versions[job] = max(int(self._versions.get(job, 0)), st.skeleton_version)
         jobs = {}
         for job in [*(j for j in self.jobs if j in by_job), *by_job]:
             if job in jobs:
@@ -307,8 +309,6 @@ class Pipeline:
                 first.setdefault(e.container, e.ep_id)
             rank_of = {c: i for i, c in enumerate(sorted(first, key=first.__getitem__))}
             old = self.jobs.get(job)
-            if old is not None:
-                self._versions[job] = max(int(self._versions.get(job, 0)), old.skeleton_version)
             jobs[job] = _JobState(
                 np.array([e.ep_id for e in eps], np.uint32),
                 np.array([hosts[e.host] for e in eps], np.int64),
