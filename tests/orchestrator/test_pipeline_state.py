@@ -291,36 +291,72 @@ def test_a_job_keeps_being_watched_after_another_job_stops():
     assert pipe.detector.stats.retired_rows == 0
 
 
-def test_an_alert_open_on_a_job_keeps_naming_its_endpoints_when_another_job_stops():
-    """A job stops (ENDPOINTS_DOWN, then the controller's list without it) while an alert is
-    open on another job: the alert goes on naming its own endpoints (controller ids), stays one
-    alert and resolves after its fault, and detection keeps watching the job."""
-    h = Harness()
+def _another_job_stops(h: Harness, then: Callable[[], None] = lambda: None) -> set[str]:
+    """An RNIC port down on job00001's RNIC (it serves that job alone) opens an alert; job00000,
+    which holds the lowest ids (each survivor's would move if ids were renumbered), stops
+    (ENDPOINTS_DOWN, then the controller's list without it); ``then``; the fault ends, and the
+    alert with it. Returns the ids of the alerts open when the job stopped."""
     hosts: dict[str, set[str]] = {}
     for e in h.sim.cluster.endpoints:
         hosts.setdefault(e.job, set()).add(e.host)
-    # the faulted RNIC serves job00001 alone (jobs sit on hosts of their own)
     assert [j for j, hs in hosts.items() if "host2" in hs] == ["job00001"]
     h.sim.inject(Fault(FailureType.RNIC_PORT_DOWN, "host2:rnic3", start_s=130.0, end_s=175.0))
     h.run(150)
-    opened = {a["alert_id"]: a for a in h.faults("fault") if a["state"] == "open"}
-    assert opened, "the fault was not detected"
-    # the stopped job holds the lowest ids: each survivor's would move if ids were renumbered
-    ids = h.pipe.jobs["job00001"].ep_id.copy()  # its model ids
-    stopped = [m["ep"] for m in h.members() if m["job"] == "job00000"]
-    h.pipe.retire(stopped)
+    opened = {a["alert_id"] for a in h.faults("fault") if a["state"] == "open"}
+    h.pipe.retire([m["ep"] for m in h.members() if m["job"] == "job00000"])
     h.pipe.set_endpoints([m for m in h.members() if m["job"] != "job00000"])
+    then()
     h.run(90)  # the fault ends at 175 s; the alert resolves 20 s after detection lets it go
+    # the alerts went on naming job00001's endpoints (controller ids): one alert each, resolved
+    assert opened, "the fault was not detected"
     mine = {m["ep"] for m in h.members() if m["job"] == "job00001"}
-    after = {}
+    after: dict[str, list[str]] = {}
     for a in h.faults("fault"):
         assert {e for p in a["pairs"] for e in p} <= mine, (a["alert_id"], a["pairs"])
         after.setdefault(a["alert_id"], []).append(a["state"])
-    assert set(after) == set(opened)
+    assert set(after) == opened
     assert all(states == ["open", "resolved"] for states in after.values()), after
+    return opened
+
+
+def test_an_alert_open_on_a_job_keeps_naming_its_endpoints_when_another_job_stops():
+    """The alert goes on naming its own endpoints (controller ids), stays one alert and
+    resolves after its fault, and detection keeps watching the job under its model ids."""
+    h = Harness()
+    ids = h.pipe.jobs["job00001"].ep_id.copy()
+    _another_job_stops(h)
     assert "job00000" not in h.pipe.jobs
     assert (h.pipe.jobs["job00001"].ep_id == ids).all()
     assert not h.pipe.detector.health.is_retired(ids.astype(np.int64)).any()
+
+
+@pytest.mark.slow
+def test_the_sharded_pipeline_numbers_as_the_single_one_when_a_job_stops():
+    # its shards follow the coordinator's model ids (the member rows carry them), a shard killed
+    # after the job stopped and restored included: the same alerts as the single process
+    import functools
+    import os
+    import signal
+
+    from skh.orchestrator.shard import ShardedPipeline, ShardOptions, connect
+    from skh.orchestrator.shard.merge import alert_key
+
+    single = Harness()
+    _another_job_stops(single)
+    connect("local", min_cpus=2)
+    make = functools.partial(
+        ShardedPipeline, options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=20)
+    )
+    try:
+        s = Harness(make_pipeline=make)
+        _another_job_stops(s, lambda: os.kill(s.pipe.shard_pids()[0], signal.SIGKILL))
+        assert s.pipe.stats["restores"] >= 1
+        s.pipe.close()
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert [alert_key(r["alert"]) for r in s.log] == [alert_key(r["alert"]) for r in single.log]
 
 
 def test_a_pipeline_given_model_ids_numbers_its_endpoints_as_the_one_that_gave_them():
