@@ -443,12 +443,19 @@ class Job:
 
 
 class Cluster:
-    """A fabric plus the jobs and endpoints living on it, with dense endpoint ids."""
+    """A fabric plus the jobs and endpoints living on it. An endpoint's id is its index in
+    :attr:`endpoints`, kept while it lives: one that leaves is released (:meth:`release`: marked
+    gone, its name free for a new registration), and its id names no other endpoint unless the
+    owner gives it again explicitly (:meth:`add_endpoint`), once no state it keeps names it."""
 
     def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
         self.jobs: dict[str, Job] = {}
         self.endpoints: list[Endpoint] = []
+        #: ids of endpoints that left (and of ids skipped: see :meth:`add_endpoint`)
+        self.gone: set[int] = set()
+        #: moves on whenever an id leaves or is given again (indexes over ids rebuild then)
+        self.generation = 0
         self._by_name: dict[str, int] = {}
 
     def add_job(self, job: Job) -> list[Endpoint]:
@@ -466,23 +473,54 @@ class Cluster:
                 )
         return added
 
-    def add_endpoint(self, **fields: Any) -> Endpoint:
-        ep = Endpoint(ep_id=len(self.endpoints), **fields)
+    def add_endpoint(self, *, ep_id: int | None = None, **fields: Any) -> Endpoint:
+        """Register an endpoint under the next id, or under ``ep_id``: a gone id given again
+        (the caller knows nothing it keeps names it any more), or one past the end (another
+        model's numbering, which this one follows: the ids skipped are gone)."""
+        n = len(self.endpoints)
+        ep_id = n if ep_id is None else int(ep_id)
+        if ep_id < n and ep_id not in self.gone:
+            raise TopologyError(f"endpoint id {ep_id} is taken by {self.endpoints[ep_id].name}")
+        ep = Endpoint(ep_id=ep_id, **fields)
         if ep.name in self._by_name:
             raise TopologyError(f"endpoint {ep.name} already registered")
-        self.endpoints.append(ep)
+        if ep_id < n:
+            self.endpoints[ep_id] = ep
+            self.gone.discard(ep_id)
+            self.generation += 1
+        else:
+            for skipped in range(n, ep_id):
+                self.endpoints.append(Endpoint(skipped, job="", container="", host="", rail=-1))
+                self.gone.add(skipped)
+            self.endpoints.append(ep)
         self._by_name[ep.name] = ep.ep_id
         return ep
+
+    def release(self, ep_id: int) -> None:
+        """Endpoint ``ep_id`` left: it is gone, its name free for a new registration."""
+        ep = self.endpoints[ep_id]
+        if self._by_name.get(ep.name) == ep_id:
+            del self._by_name[ep.name]
+        self.gone.add(ep_id)
+        self.generation += 1
+
+    @property
+    def live_endpoints(self) -> list[Endpoint]:
+        """The endpoints that have not left, by id."""
+        if not self.gone:
+            return self.endpoints
+        return [e for e in self.endpoints if e.ep_id not in self.gone]
 
     def endpoint(self, name: str) -> Endpoint:
         return self.endpoints[self._by_name[name]]
 
     def job_endpoints(self, job: str) -> list[Endpoint]:
-        return [e for e in self.endpoints if e.job == job]
+        return [e for e in self.live_endpoints if e.job == job]
 
     def endpoint_arrays(self, eps: Iterable[Endpoint] | None = None) -> dict[str, np.ndarray]:
-        """Columnar view: ep_id, rail, host index (dense), for vectorised algorithms."""
-        eps = list(self.endpoints if eps is None else eps)
+        """Columnar view: ep_id, rail, host index (dense), for vectorised algorithms (default:
+        the live endpoints)."""
+        eps = list(self.live_endpoints if eps is None else eps)
         hosts = {h: i for i, h in enumerate(self.fabric.hosts)}
         return {
             "ep_id": np.fromiter((e.ep_id for e in eps), np.uint32, len(eps)),

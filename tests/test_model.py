@@ -116,6 +116,29 @@ def test_same_rail_pairs_never_same_host():
         cl.add_job(job)
 
 
+def test_an_endpoints_id_is_kept_while_it_lives_and_given_again_only_when_asked():
+    f = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cl = Cluster(f)
+    a = cl.add_endpoint(job="j", container="c", host="host0", rail=0)
+    b = cl.add_endpoint(job="j", container="c", host="host0", rail=1)
+    cl.release(a.ep_id)
+    # its name is free again, under a new id; the old one stays gone
+    again = cl.add_endpoint(job="j", container="c", host="host1", rail=0)
+    assert (a.ep_id, b.ep_id, again.ep_id) == (0, 1, 2)
+    assert cl.endpoint("j/c/0") is again and cl.gone == {0}
+    assert [e.ep_id for e in cl.live_endpoints] == [1, 2]
+    assert [e.ep_id for e in cl.job_endpoints("j")] == [1, 2]
+    # another model's numbering: the ids it skipped are gone here too
+    far = cl.add_endpoint(ep_id=5, job="k", container="c", host="host1", rail=1)
+    assert far.ep_id == 5 and len(cl.endpoints) == 6 and cl.gone == {0, 3, 4}
+    with pytest.raises(TopologyError, match="taken by j/c/1"):
+        cl.add_endpoint(ep_id=1, job="k", container="d", host="host1", rail=1)
+    # a gone id given again by its owner (who knows nothing names it any more)
+    gen = cl.generation
+    reused = cl.add_endpoint(ep_id=0, job="k", container="d", host="host1", rail=1)
+    assert cl.endpoints[0] is reused and cl.gone == {3, 4} and cl.generation > gen
+
+
 def test_job_shape_validation():
     assert JobShape(tp=8, pp=8, dp=8).gpus == 512
     with pytest.raises(TopologyError, match="'dp' parameter"):

@@ -395,6 +395,21 @@ class Detector:
         for ep in eps.tolist():
             self._agent_since.pop(ep, None)
 
+    def reuse(self, eps: np.ndarray | list[int]) -> None:
+        """Retired endpoint ids given to new endpoints: what is left of their old pairs goes
+        (they were dead: records of the new endpoints must not land in them) and they are
+        neither retired nor remembered any more."""
+        eps = np.unique(np.asarray(eps, np.int64))
+        if eps.size == 0:
+            return
+        if self._n:
+            p = self.pairs[: self._n]
+            self._drop(np.isin(p["src"], eps) | np.isin(p["dst"], eps))
+        self.health.forget(eps)
+        for ep in eps.tolist():
+            self._agent_since.pop(ep, None)
+            self._restart_gap.pop(ep, None)
+
     def ingest(self, batch: np.ndarray) -> None:
         """Fold one batch of probe results into the per-pair state."""
         if not isinstance(batch, np.ndarray) or batch.dtype != PROBE_DTYPE:
@@ -512,7 +527,10 @@ class Detector:
     def _compact(self, now_ns: int) -> None:
         p = self.pairs[: self._n]
         idle = p["last_rec_ns"] < now_ns - int(self.config.retire_idle_s * 1e9)
-        drop = p["dead"] | idle
+        self._drop(p["dead"] | idle)
+
+    def _drop(self, drop: np.ndarray) -> None:
+        """Forget the pairs ``drop`` marks (a mask over the live pair table)."""
         if not drop.any():
             return
         keep = np.flatnonzero(~drop)

@@ -151,6 +151,11 @@ class EndpointHealth:
         self.state[eps] = self._blank
         self.state["retired"][eps] = True
 
+    def forget(self, eps: np.ndarray) -> None:
+        """Ids given to new endpoints: back to nothing known (not retired)."""
+        self.ensure(int(eps.max(initial=0)))
+        self.state[eps] = self._blank
+
     def is_retired(self, eps: np.ndarray) -> np.ndarray:
         out = np.zeros(eps.size, bool)
         known = eps < len(self.state)

@@ -314,6 +314,22 @@ def test_retired_containers_raise_nothing_and_free_their_pairs():
     assert det.stats.retired_rows == 0
 
 
+def test_a_retired_id_given_again_is_watched_from_scratch():
+    # the pipeline gives a gone endpoint's id to a new one once nothing names it: the old
+    # endpoint's dead pairs must not swallow the new one's records
+    syn, det = Synth(), Detector()
+    det.ingest(syn.second(0))
+    det.retire([8])
+    mine = (syn.src == 8) | (syn.dst == 8)
+    det.reuse([8])
+    assert not det.health.is_retired(np.array([8])).any()
+    det.ingest(syn.second(1))
+    p = det.pairs[: det._n]
+    eight = (p["src"] == 8) | (p["dst"] == 8)
+    assert eight.sum() == mine.sum() and not p["dead"][eight].any()
+    assert det.stats.retired_rows == 0
+
+
 def test_idle_pairs_are_dropped_after_retire_idle_s():
     syn = Synth()
     det = Detector(DetectorConfig(retire_idle_s=60.0))

@@ -742,3 +742,20 @@ def test_a_crc_tie_between_two_rnics_is_broken_by_their_rx_error_counters(bad_ho
         round_at(5, 100, 7, loc=fresh)
         v = round_at(15, 100 + counts[0], 7 + counts[1], missing=missing, loc=fresh)
         assert not v.certain and len(v.candidates) == 3
+
+
+def test_a_vf_of_an_endpoint_gone_has_no_owner():
+    """An overlay hop at the VF of an endpoint that left names no endpoint (the localizer keeps
+    its model, whose ids are never reused), unless a live endpoint took the VF over."""
+    w = World()
+    loc = Localizer(w.cluster)
+    gone, kept = w.cluster.endpoints[0], w.cluster.endpoints[1]
+    vf = loc.overlay_endpoint(gone)[0]
+    assert loc._owner(vf, lambda _h: None) is gone
+    w.cluster.release(gone.ep_id)
+    loc._index()
+    assert loc._owner(vf, lambda _h: None) is None
+    assert loc._owner(loc.overlay_endpoint(kept)[0], lambda _h: None) is kept
+    back = w.cluster.add_endpoint(job="j", container="c0", host="host0", rail=0)
+    loc._index()
+    assert loc._owner(vf, lambda _h: None) is back and back.ep_id == 24  # 12 hosts x 2 rails

@@ -484,3 +484,35 @@ def test_the_demos_fdb_blackhole_on_rail_3_is_placed_from_the_testbeds_real_stat
     finally:
         tb.down()
     assert [(x["layer"], x["component"]) for x in opened] == [("overlay", "host0/vtep:vx3")], opened
+
+
+def test_a_hosts_overlay_state_is_read_for_the_endpoints_alive(monkeypatch):
+    # the pipeline's model keeps an endpoint that left (released, its id kept while state names
+    # it): its VF is gone from its host, and no longer a destination
+    from skh.collect import linux
+    from skh.orchestrator.pipeline import AgentStateSource
+
+    tb, cluster, a, b, _gw = _two_host_testbed()
+    cfg = PipelineConfig(
+        fabric=cluster.fabric.to_mapping(),
+        addr_owner=tb.ip_owners(),
+        host_agents={a.host: "ul-a", b.host: "ul-b"},
+        vf_devices={e.name: tb.representor(e)[1] for e in cluster.endpoints},
+    )
+    read = []
+
+    def tables(host, _state, local, dests, _vteps):
+        read.append((host, [x.ip for x in local], dests))
+
+    monkeypatch.setattr(linux, "linux_overlay_tables", tables)
+
+    def answers(_agent, name, _args):
+        if name == "overlay_state":
+            return {"ok": True, "result": {"routes": []}}
+        return {"ok": False, "error": "not asked here"}
+
+    cluster.release(b.ep_id)
+    src = AgentStateSource(_FakeClient(answers), cluster, cfg)
+    src.overlay_tables(a.host)
+    src.overlay_tables(b.host)
+    assert read == [(a.host, [a.ip], [a.ip]), (b.host, [], [a.ip])]

@@ -72,7 +72,12 @@ class Harness:
             overlay_endpoint=sim_overlay_endpoint,
             overlay_component=sim_overlay_component,
         )
-        members = [
+        assert pipe.set_endpoints(self.members(), dict(self.controller_versions))
+        return pipe
+
+    def members(self) -> list[dict[str, Any]]:
+        """The controller's member list (its ids)."""
+        return [
             {
                 "ep": int(_ctl(e.ep_id)),
                 "job": e.job,
@@ -83,8 +88,6 @@ class Harness:
             }
             for e in self.sim.cluster.endpoints
         ]
-        assert pipe.set_endpoints(members, dict(self.controller_versions))
-        return pipe
 
     def restart(self) -> None:
         """A new analyzer: the alerts still open in the log go to the new pipeline."""
@@ -255,17 +258,10 @@ def test_the_detector_keeps_an_rnics_link_id_as_jobs_come_and_go():
 
     pipe.set_endpoints([ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "a", "host1", 1)])
     pipe.set_endpoints([ep(2, "a", "host1", 1), ep(7, "b", "host0", 0), ep(9, "b", "host0", 1)])
-    # model ids: 0, 1, 2, then 2 -> 0, 7 -> 1, 9 -> 2
-    assert seen == [[0, 1, 2], [2, 0, 3]]
+    # model ids: 0, 1, 2, then 2 keeps 2, 7 -> 3, 9 -> 4; 0 and 1 are gone (no link)
+    assert seen == [[0, 1, 2], [-1, -1, 2, 0, 3]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (found in session 10): set_endpoints renumbers model ids densely, so after a job "
-    "stops the survivors take the stopped job's retired ids and the detector drops their records "
-    "for good; the fix (stable model ids, departed endpoints released from the model, the shard "
-    "localizer given the coordinator's numbering) is the next step",
-)
 def test_a_job_keeps_being_watched_after_another_job_stops():
     """The analyzer hears ENDPOINTS_DOWN for a stopped job (retire), then the controller's new
     member list: the jobs still running must stay visible to detection, under their own ids."""
@@ -293,3 +289,174 @@ def test_a_job_keeps_being_watched_after_another_job_stops():
     probe(2, 3, t0 + 2 * 10**9)
     assert pipe.detector.stats.records_in == 2
     assert pipe.detector.stats.retired_rows == 0
+
+
+def _another_job_stops(h: Harness, then: Callable[[], None] = lambda: None) -> set[str]:
+    """An RNIC port down on job00001's RNIC (it serves that job alone) opens an alert; job00000,
+    which holds the lowest ids (each survivor's would move if ids were renumbered), stops
+    (ENDPOINTS_DOWN, then the controller's list without it); ``then``; the fault ends, and the
+    alert with it. Returns the ids of the alerts open when the job stopped."""
+    hosts: dict[str, set[str]] = {}
+    for e in h.sim.cluster.endpoints:
+        hosts.setdefault(e.job, set()).add(e.host)
+    assert [j for j, hs in hosts.items() if "host2" in hs] == ["job00001"]
+    h.sim.inject(Fault(FailureType.RNIC_PORT_DOWN, "host2:rnic3", start_s=130.0, end_s=175.0))
+    h.run(150)
+    opened = {a["alert_id"] for a in h.faults("fault") if a["state"] == "open"}
+    h.pipe.retire([m["ep"] for m in h.members() if m["job"] == "job00000"])
+    h.pipe.set_endpoints([m for m in h.members() if m["job"] != "job00000"])
+    then()
+    h.run(90)  # the fault ends at 175 s; the alert resolves 20 s after detection lets it go
+    # the alerts went on naming job00001's endpoints (controller ids): one alert each, resolved
+    assert opened, "the fault was not detected"
+    mine = {m["ep"] for m in h.members() if m["job"] == "job00001"}
+    after: dict[str, list[str]] = {}
+    for a in h.faults("fault"):
+        assert {e for p in a["pairs"] for e in p} <= mine, (a["alert_id"], a["pairs"])
+        after.setdefault(a["alert_id"], []).append(a["state"])
+    assert set(after) == opened
+    assert all(states == ["open", "resolved"] for states in after.values()), after
+    return opened
+
+
+def test_an_alert_open_on_a_job_keeps_naming_its_endpoints_when_another_job_stops():
+    """The alert goes on naming its own endpoints (controller ids), stays one alert and
+    resolves after its fault, and detection keeps watching the job under its model ids."""
+    h = Harness()
+    ids = h.pipe.jobs["job00001"].ep_id.copy()
+    _another_job_stops(h)
+    assert "job00000" not in h.pipe.jobs
+    assert (h.pipe.jobs["job00001"].ep_id == ids).all()
+    assert not h.pipe.detector.health.is_retired(ids.astype(np.int64)).any()
+
+
+@pytest.mark.slow
+def test_the_sharded_pipeline_numbers_as_the_single_one_when_a_job_stops():
+    # its shards follow the coordinator's model ids (the member rows carry them), a shard killed
+    # after the job stopped and restored included: the same alerts as the single process
+    import functools
+    import os
+    import signal
+
+    from skh.orchestrator.shard import ShardedPipeline, ShardOptions, connect
+    from skh.orchestrator.shard.merge import alert_key
+
+    single = Harness()
+    _another_job_stops(single)
+    connect("local", min_cpus=2)
+    make = functools.partial(
+        ShardedPipeline, options=ShardOptions(shards=2, actor_cpus=0.25, checkpoint_rounds=20)
+    )
+    try:
+        s = Harness(make_pipeline=make)
+        _another_job_stops(s, lambda: os.kill(s.pipe.shard_pids()[0], signal.SIGKILL))
+        assert s.pipe.stats["restores"] >= 1
+        s.pipe.close()
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert [alert_key(r["alert"]) for r in s.log] == [alert_key(r["alert"]) for r in single.log]
+
+
+def test_a_pipeline_given_model_ids_numbers_its_endpoints_as_the_one_that_gave_them():
+    """The sharded analyzer's actors (a restarted one included) get the coordinator's member
+    rows with their model ids: whatever changes they missed, they number as it does."""
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping())
+
+    def pipeline():
+        return Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+
+    def ep(i, job, host, rail):
+        return {"ep": i, "job": job, "container": host, "host": host, "rail": rail, "ip": ""}
+
+    coord, actor = pipeline(), pipeline()
+    coord.set_endpoints([ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "b", "host0", 1)])
+    # job a stops; b's endpoint 2 registers again on another host under its controller id
+    rows = [ep(2, "b", "host1", 1), ep(5, "c", "host0", 0)]
+    coord.set_endpoints(rows)
+    assert sorted(coord.cluster.gone) == [0, 1, 2]
+    numbered = [m | {"model": int(coord._model(np.array([m["ep"]]))[0])} for m in rows]
+    assert [m["model"] for m in numbered] == [3, 4]
+    actor.set_endpoints(numbered)
+    assert [e.name for e in actor.cluster.live_endpoints] == ["b/host1/1", "c/host0/0"]
+    assert [e.ep_id for e in actor.cluster.live_endpoints] == [3, 4]
+    assert actor._model(np.array([0, 1, 2, 5])).tolist() == [-1, -1, 3, 4]
+    assert {j: st.ep_id.tolist() for j, st in actor.jobs.items()} == {"b": [3], "c": [4]}
+
+
+def test_a_gone_model_id_is_given_again_only_once_nothing_names_it():
+    """Ids of endpoints gone for REUSE_AFTER_S go to new endpoints (the model stays as big as
+    the endpoints alive), except ids an open alert still names; an actor given the
+    coordinator's rows numbers as it does."""
+    from skh.orchestrator.pipeline.rounds import REUSE_AFTER_S
+
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=REUSE_AFTER_S + 200)
+
+    def pipeline():
+        return Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+
+    def ep(i, job, host, rail):
+        return {"ep": i, "job": job, "container": job + host, "host": host, "rail": rail, "ip": ""}
+
+    pipe, actor = pipeline(), pipeline()
+    s, t0 = 10**9, 1_700_000_000 * 10**9
+
+    def at(t_ns, rows, src=None, dst=None):
+        pipe.process(empty_probes(), np.zeros(0, COUNTER_DTYPE), t_ns)
+        pipe.set_endpoints(rows)
+        actor.set_endpoints([m | {"model": int(pipe._model(np.array([m["ep"]]))[0])} for m in rows])
+        assert actor._to_model.tolist() == pipe._to_model.tolist()
+        if src is not None:
+            r = empty_probes(1)
+            r["src_ep"], r["dst_ep"], r["t_wall_ns"], r["rtt_ns"] = src, dst, t_ns, 10_000
+            pipe.process(r, np.zeros(0, COUNTER_DTYPE), t_ns + s)
+
+    at(t0, [ep(0, "a", "host0", 0), ep(1, "a", "host1", 0)] + [ep(2, "b", "host0", 1)])
+    alert = {
+        "kind": "fault",
+        "state": "open",
+        "alert_id": "rnic|host0:rnic1|1",
+        "layer": "rnic",
+        "component": "host0:rnic1",
+        "failure_type_id": int(FailureType.RNIC_PORT_DOWN),
+        "first_seen_ns": t0,
+        "detected_at_ns": t0,
+        "pairs": [[2, 1]],
+    }
+    pipe.restore([{"seq": 1, "ts_ns": t0, "alert": alert}])  # open, naming 1 and 2
+    at(t0 + s, [ep(3, "c", "host0", 0)])  # a and b stop, c starts: a new id
+    assert pipe._model(np.array([3])).tolist() == [3]
+    late = t0 + int(REUSE_AFTER_S * s) + 2 * s
+    at(late, [ep(3, "c", "host0", 0), ep(4, "d", "host1", 0), ep(5, "d", "host1", 1)], 4, 3)
+    # 0 is free again; 1 and 2 are named by the open alert: d's second endpoint gets a new id
+    assert pipe._model(np.array([3, 4, 5])).tolist() == [3, 0, 4]
+    assert pipe.detector.stats.records_in == 1 and pipe.detector.stats.retired_rows == 0
+    assert pipe.tracker.open and pipe.tracker.open[0].pairs == ((2, 1),)
+    end = late + 300 * s  # the alert resolves; its ids are free then
+    at(end, [ep(3, "c", "host0", 0), ep(6, "e", "host1", 1)])
+    assert not pipe.tracker.open
+    assert pipe._model(np.array([3, 6])).tolist() == [3, 1]
+    assert len(pipe.cluster.endpoints) == 5 and sorted(pipe.cluster.gone) == [0, 2, 4]
+    assert [e.name for e in actor.cluster.live_endpoints] == ["e/ehost1/1", "c/chost0/0"]
+
+
+def test_a_job_none_is_left_of_goes_and_its_skeleton_version_stays_known():
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    pipe = Pipeline(
+        PipelineConfig(fabric=fabric.to_mapping()),
+        source_factory=lambda _c: None,
+        apply_skeleton=lambda *_a: True,
+    )
+
+    def ep(i, job, host):
+        return {"ep": i, "job": job, "container": host, "host": host, "rail": 0, "ip": ""}
+
+    pipe.set_endpoints([ep(0, "a", "host0"), ep(1, "a", "host1"), ep(2, "b", "host0")])
+    pipe.jobs["a"].skeleton_version = 9  # installed here since the controller's last status
+    pipe.set_endpoints([ep(2, "b", "host0")])
+    assert list(pipe.jobs) == ["b"]
+    pipe.set_endpoints([ep(2, "b", "host0"), ep(3, "a", "host1")])  # a name used again
+    assert list(pipe.jobs) == ["b", "a"] and pipe.jobs["a"].skeleton_version == 9

@@ -69,7 +69,9 @@ def _pooling_over_tors(self, members, skeleton_versions=None):
     if self.cluster is not None:
         tors: dict[str, int] = {}
         tor = [
-            tors.setdefault(self.fabric.hosts[e.host].rnic(e.rail).tor, len(tors))
+            -1
+            if e.ep_id in self.cluster.gone
+            else tors.setdefault(self.fabric.hosts[e.host].rnic(e.rail).tor, len(tors))
             for e in self.cluster.endpoints
         ]
         self.detector.set_endpoint_groups(np.array(tor, np.int64))

@@ -227,13 +227,20 @@ class Localizer:
         self._ep_rnic = np.zeros(0, np.int64)
         self._ep_tor = np.zeros(0, np.int64)
         self._vf_owner: dict[str, Endpoint] = {}
+        self._generation = cluster.generation
         self._index()
 
     # -- indexes ------------------------------------------------------------------------------
     def _index(self) -> None:
         """Dense RNIC and ToR ids per endpoint (for picking exoneration pairs with numpy) and the
-        owner of every VF node; extended as endpoints register."""
+        owner of every VF node; extended as endpoints register, rebuilt when ids leave or are
+        given again (a VF of an endpoint gone has no owner, unless a live one took it over)."""
         eps = self.cluster.endpoints
+        if self._generation != self.cluster.generation:
+            self._generation = self.cluster.generation
+            self._n_indexed = 0
+            self._ep_rnic = self._ep_tor = np.zeros(0, np.int64)
+            self._vf_owner = {}
         n0 = self._n_indexed
         if len(eps) == n0:
             return
@@ -246,14 +253,17 @@ class Localizer:
                         len(self._rnic_of),
                         tors.setdefault(r.tor, len(tors)),
                     )
-        new = eps[max(n0, 0) :]
-        ids = [self._rnic_of[(e.host, e.rail)] for e in new]
-        self._ep_rnic = np.concatenate(
-            [self._ep_rnic, np.fromiter((i[0] for i in ids), np.int64, len(ids))]
-        )
-        self._ep_tor = np.concatenate(
-            [self._ep_tor, np.fromiter((i[1] for i in ids), np.int64, len(ids))]
-        )
+        gone = self.cluster.gone
+        new = [e for e in eps[n0:] if e.ep_id not in gone]
+        # a gone id has no RNIC (-1): the pipeline never hands one over
+        rnic = np.full(len(eps) - n0, -1, np.int64)
+        tor = rnic.copy()
+        if new:
+            at = np.array([e.ep_id for e in new], np.int64) - n0
+            ids = np.array([self._rnic_of[(e.host, e.rail)] for e in new], np.int64)
+            rnic[at], tor[at] = ids[:, 0], ids[:, 1]
+        self._ep_rnic = np.concatenate([self._ep_rnic, rnic])
+        self._ep_tor = np.concatenate([self._ep_tor, tor])
         self._vf_owner.update((self.overlay_endpoint(e)[0], e) for e in new)
         self._n_indexed = len(eps)
 

@@ -36,6 +36,13 @@ class CounterHistory:
         if rows.size:
             self._parts.append(np.asarray(rows, COUNTER_DTYPE))
 
+    def forget(self, eps: np.ndarray) -> None:
+        """Endpoints gone: their rows go (their ids may name other endpoints later)."""
+        self._fold()
+        keep = ~np.isin(self._ep, eps)
+        self._t, self._ep = self._t[keep], self._ep[keep]
+        self._bytes, self._tx = self._bytes[keep], self._tx[keep]
+
     def _fold(self) -> None:
         if not self._parts:
             return

@@ -2,11 +2,13 @@
 detection on probe records, localizes what detection suspects and tracks the alerts' life cycle.
 
 The controller numbers endpoints for good (a removed job leaves a gap); the localizer's model
-numbers them densely. :meth:`Pipeline.set_endpoints` maps one onto the other, and everything
-crossing the pipeline's edge is translated: records, heartbeats and retirements in, skeletons and
-alerts out (controller ids outside, model ids inside). What survives an analyzer restart comes
-back from outside: skeleton versions from the controller (:meth:`Pipeline.set_endpoints`), open
-alerts from the durable log (:meth:`Pipeline.restore`)."""
+numbers them as they join it (an endpoint keeps its model id while it lives, so state kept
+under model ids across rounds goes on naming it; one that leaves is released, and its id given
+again only once nothing names it). :meth:`Pipeline.set_endpoints` maps one onto the other, and
+everything crossing the pipeline's edge is translated: records, heartbeats and retirements in,
+skeletons and alerts out (controller ids outside, model ids inside). What survives an analyzer
+restart comes back from outside: skeleton versions from the controller
+(:meth:`Pipeline.set_endpoints`), open alerts from the durable log (:meth:`Pipeline.restore`)."""
 
 from __future__ import annotations
 
@@ -33,19 +35,23 @@ from skh.analysis.localize import (
 )
 from skh.analysis.skeleton import Skeleton, infer_skeleton, traffic_changed
 from skh.errors import ConfigError
-from skh.model import Cluster, Fabric
+from skh.model import Cluster, Endpoint, Fabric
 from skh.orchestrator.pipeline.alert_body import resolved_verdict, skeleton_alert, verdict_alert
 from skh.orchestrator.pipeline.config import PipelineConfig
 from skh.orchestrator.pipeline.history import CounterHistory
 from skh.records import LOSS_STATUSES, PROBE_DTYPE, ProbeStatus, empty_probes, pair_keys
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "REUSE_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str, int]
 #: statuses of a probe that failed on the network (its request or its reply)
 _FAILED = np.array([*LOSS_STATUSES, ProbeStatus.UNREACHABLE], np.uint8)
+#: a gone model id is given to a new endpoint after this long at the earliest: past everything
+#: kept by time under it (the detector's idle pairs, recent probes, counters), though each is
+#: also told when its endpoint leaves (see Pipeline.set_endpoints)
+REUSE_AFTER_S = 600.0
 #: a pair's reverse failing this long before the pair's own first failure is the same fault (the
 #: two probers ship their results at different moments)
 _REVERSE_SLACK_NS = 2_000_000_000
@@ -53,7 +59,7 @@ _REVERSE_SLACK_NS = 2_000_000_000
 
 @dataclass(slots=True)
 class _JobState:
-    ep_id: np.ndarray  # sorted
+    ep_id: np.ndarray  # in controller id order
     host: np.ndarray
     rail: np.ndarray
     rank: np.ndarray
@@ -61,6 +67,24 @@ class _JobState:
     skeleton_version: int = 0
     skeleton: Skeleton | None = None
     changed_since_ns: int = 0
+
+
+def _registration(m: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a controller's member row registers: its id, then the endpoint's fields."""
+    return (
+        int(m["ep"]),
+        str(m["job"]),
+        str(m["container"]),
+        str(m["host"]),
+        int(m["rail"]),
+        str(m.get("ip", "")),
+        str(m.get("netdev", "")),
+    )
+
+
+def _same(e: Endpoint, m: Mapping[str, Any]) -> bool:
+    """Whether member row ``m`` registers endpoint ``e`` as it is."""
+    return (e.job, e.container, e.host, e.rail, e.ip, e.netdev) == _registration(m)[1:]
 
 
 class Pipeline:
@@ -106,9 +130,14 @@ class Pipeline:
         #: what the last localization could not explain and is not published yet: (verdict, its
         #: event, when it was first found unexplained)
         self._pending: tuple[Verdict, SuspectEvent | None, int] | None = None
-        # controller id <-> model id (the model's are dense, the controller's need not be)
+        #: controller id -> model id of the endpoints alive, and the two directions as arrays:
+        #: controller id -> model id (-1: not alive), model id -> controller id (gone ones too)
+        self._live: dict[int, int] = {}
         self._to_model = np.zeros(0, np.int64)
         self._to_ctl = np.zeros(0, np.int64)
+        #: model id -> when it left (the pipeline's clock: the last round's ``now_ns``)
+        self._gone_at: dict[int, int] = {}
+        self._now_ns = 0
         self._restored: list[Mapping[str, Any]] = []  # open alerts waiting for the model
         self._versions: dict[str, int] = {}  # skeleton version per job at the controller
         #: (host, rail) -> access link id: the detector keeps each link's loss history under
@@ -130,7 +159,17 @@ class Pipeline:
     ) -> bool:
         """Adopt the endpoints the controller knows (``ep, job, container, host, rail, ip``),
         whatever gaps their ids have, and the skeleton version each job has there (a restarted
-        analyzer goes on from it)."""
+        analyzer goes on from it).
+
+        An endpoint keeps its model id while it lives. One that left (or registered again
+        elsewhere under its controller id: left, then new) is retired and released from the
+        model. A new one gets an id gone for :data:`REUSE_AFTER_S` that no open alert or
+        pending verdict names (the detector forgets what is left of it), else the next id: the
+        model holds at most the endpoints alive, those gone in the last
+        :data:`REUSE_AFTER_S` and those open alerts name (an entry each: the endpoint, its
+        RNIC and ToR, its health, ~300 bytes). A row's ``model`` key, when there, is the id it
+        must have (the sharded analyzer's actors follow the coordinator's numbering, whatever
+        they missed)."""
         rows = sorted(members, key=lambda m: int(m["ep"]))
         for job, v in (skeleton_versions or {}).items():
             st = self.jobs.get(job)
@@ -139,19 +178,38 @@ class Pipeline:
         self._versions.update(skeleton_versions or {})
         if not rows:
             return False
-        sig = tuple(
-            (int(m["ep"]), str(m["host"]), int(m["rail"]), str(m.get("ip", ""))) for m in rows
-        )
+        sig = tuple((*_registration(m), int(m.get("model", -1))) for m in rows)
         if sig == self._members_sig:
             return True
         self._members_sig = sig
-        ctl = np.array([int(m["ep"]) for m in rows], np.int64)
-        to_model = np.full(int(ctl.max()) + 1, -1, np.int64)
-        to_model[ctl] = np.arange(ctl.size)
-        self._to_model, self._to_ctl = to_model, ctl
-        cluster = Cluster(self.fabric)
+        if self.cluster is None:
+            self.cluster = Cluster(self.fabric)
+        cluster = self.cluster
+        live = dict(self._live)
+        departed = []
+        new = []
         for m in rows:
-            cluster.add_endpoint(
+            c, want = int(m["ep"]), int(m.get("model", -1))
+            had = live.pop(c, -1)
+            if had >= 0 and (want in (-1, had)) and _same(cluster.endpoints[had], m):
+                continue
+            if had >= 0:
+                departed.append(had)
+            new.append(m)
+        departed += live.values()  # left the controller's list
+        if departed:
+            self._depart(departed)
+        free = self._free_ids() if any(int(m.get("model", -1)) < 0 for m in new) else []
+        for m in new:
+            want = int(m.get("model", -1))
+            if want < 0 and free:
+                want = free.pop(0)
+            if want in cluster.gone:
+                self.detector.reuse([want])
+                self._gone_at.pop(want, None)
+                self.stats["ids_reused"] = self.stats.get("ids_reused", 0) + 1
+            e = cluster.add_endpoint(
+                ep_id=None if want < 0 else want,
                 job=str(m["job"]),
                 container=str(m["container"]),
                 host=str(m["host"]),
@@ -159,33 +217,99 @@ class Pipeline:
                 ip=str(m.get("ip", "")),
                 netdev=str(m.get("netdev", "")),
             )
-        self.cluster = cluster
+            self._live[int(m["ep"])] = e.ep_id
+        # a gone id keeps naming its controller id: an open alert may still name it
+        to_ctl = np.full(len(cluster.endpoints), -1, np.int64)
+        to_ctl[: self._to_ctl.size] = self._to_ctl
+        to_ctl[list(self._live.values())] = list(self._live)
+        self._to_ctl = to_ctl
+        self._to_model = np.full(max(self._live, default=-1) + 1, -1, np.int64)
+        self._to_model[list(self._live)] = list(self._live.values())
         self.detector.set_endpoint_links(
             np.array(
                 [
-                    self._links.setdefault((e.host, e.rail), len(self._links))
+                    -1
+                    if e.ep_id in cluster.gone
+                    else self._links.setdefault((e.host, e.rail), len(self._links))
                     for e in cluster.endpoints
                 ],
                 np.int64,
             )
         )
-        self.localizer = Localizer(
-            cluster,
-            rnic_dump_interval_s=self.cfg.rnic_dump_interval_s,
-            max_exoneration_traces=self.cfg.max_exoneration_traces,
-            **self._overlay_kw,
-        )
+        if self.localizer is None:
+            self.localizer = Localizer(
+                cluster,
+                rnic_dump_interval_s=self.cfg.rnic_dump_interval_s,
+                max_exoneration_traces=self.cfg.max_exoneration_traces,
+                **self._overlay_kw,
+            )
+        self._set_jobs(cluster)
+        self.stats["model_endpoints"] = len(cluster.endpoints)
+        self.stats["model_gone"] = len(cluster.gone)
+        return True
+
+    def _depart(self, eps: list[int]) -> None:
+        """Model ids ``eps`` left: retired (a stopped job's already are), released from the
+        model, and out of what localization reads next (recent probes, a pending verdict's
+        pairs). Open alerts naming them stay as they are: their ids still name them, and
+        detection no longer holds them, so they resolve."""
+        assert self.cluster is not None
+        self.detector.retire(eps)
+        for e in eps:
+            self.cluster.release(e)
+            self._gone_at[e] = self._now_ns
+        gone = np.array(eps, np.int64)
+        left = set(eps)
+        self.counters.forget(gone)
+        self._recent = [
+            (t, p[~(np.isin(p["src_ep"], gone) | np.isin(p["dst_ep"], gone))])
+            for t, p in self._recent
+        ]
+        if self._pending is not None:
+            v, ev, since = self._pending
+            pairs = tuple(p for p in v.pairs if not set(p) & left)
+            self._pending = (replace(v, pairs=pairs), ev, since) if pairs else None
+        self._live = {c: m for c, m in self._live.items() if m not in left}
+
+    def _free_ids(self) -> list[int]:
+        """Gone ids that may be given again, lowest first: gone for :data:`REUSE_AFTER_S` and
+        named by no open alert nor the pending verdict (an alert goes on naming its endpoints
+        until it resolves)."""
+        due = self._now_ns - int(REUSE_AFTER_S * 1e9)
+        free = {e for e, t in self._gone_at.items() if t <= due}
+        if not free:
+            return []
+        named: set[int] = set()
+        for v in self.tracker.open:
+            named |= {e for p in v.pairs for e in p}
+        for pairs, eps in self._watch.values():
+            named |= {e for p in pairs for e in p} | eps
+        if self._pending is not None:
+            named |= {e for p in self._pending[0].pairs for e in p}
+        return sorted(free - named)
+
+    def _set_jobs(self, cluster: Cluster) -> None:
+        """The per-job state of the jobs with live endpoints (a job none is left of goes; its
+        skeleton version stays known, for a job of that name again)."""
         hosts = {h: i for i, h in enumerate(self.fabric.hosts)}
         by_job: dict[str, list[Any]] = {}
-        for e in cluster.endpoints:
+        # in the controller's order (its ids grow as endpoints register; a given-again model
+        # id does not): containers are ranked by it
+        for e in sorted(cluster.live_endpoints, key=lambda e: int(self._to_ctl[e.ep_id])):
             by_job.setdefault(e.job, []).append(e)
-        for job, eps in by_job.items():
+        for job, st in self.jobs.items():
+            self._versions[job] = max(int(self._versions.get(job, 0)), st.skeleton_version)
+        jobs = {}
+        for job in [*(j for j in self.jobs if j in by_job), *by_job]:
+            if job in jobs:
+                continue
+            eps = by_job[job]
             first: dict[str, int] = {}
             for e in eps:
                 first.setdefault(e.container, e.ep_id)
             rank_of = {c: i for i, c in enumerate(sorted(first, key=first.__getitem__))}
             old = self.jobs.get(job)
-            self.jobs[job] = _JobState(
+            jobs[job] = _JobState(
                 np.array([e.ep_id for e in eps], np.uint32),
                 np.array([hosts[e.host] for e in eps], np.int64),
                 np.array([e.rail for e in eps], np.int64),
@@ -194,7 +318,7 @@ class Pipeline:
                 max(old.skeleton_version if old else 0, int(self._versions.get(job, 0))),
                 old.skeleton if old else None,
             )
-        return True
+        self.jobs = jobs
 
     def set_cluster(self, cluster: Cluster) -> bool:
         """Adopt a model's endpoints, as :meth:`set_endpoints` takes them from the controller
@@ -208,7 +332,7 @@ class Pipeline:
                 "rail": e.rail,
                 "ip": e.ip,
             }
-            for e in cluster.endpoints
+            for e in cluster.live_endpoints
         )
 
     # -- the edge: controller ids <-> model ids -----------------------------------------------
@@ -313,6 +437,7 @@ class Pipeline:
         simulator's; the daemon's hook passes the analyzer's through
         :meth:`PipelineHook.on_heartbeat`)."""
         self.stats["rounds"] += 1
+        self._now_ns = max(self._now_ns, int(now_ns))
         if self._restored:  # the tracker's side: a shard's observe never has any
             self._reopen(now_ns)
         alerts, events = self.observe(probes, counters, now_ns, heartbeats)

@@ -297,12 +297,14 @@ class AgentStateSource:
         state = _linux_state(reply.get("result"))
         if state is None:
             return None
+        # the endpoints alive: a gone one's VF is no longer there to forward to
+        live = self.cluster.live_endpoints
         local = [
             LocalEndpoint(f"{e.host}/vf:{e.container}.{e.rail}", e.ip, self.cfg.vf_devices[e.name])
-            for e in self.cluster.endpoints
+            for e in live
             if e.host == host and e.name in self.cfg.vf_devices and e.ip
         ]
-        dests = [e.ip for e in self.cluster.endpoints if e.ip]
+        dests = [e.ip for e in live if e.ip]
         return linux_overlay_tables(host, state, local, dests, self._vtep_hosts)
 
     @staticmethod

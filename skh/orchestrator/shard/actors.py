@@ -43,7 +43,8 @@ class RoundInput:
     endpoints that reported in this round (the simulator's), stamped ``now_ns``. Endpoints are
     the controller's ids, as everything crossing the pipeline's edge (the shard's
     :class:`Pipeline` maps them onto its model, built from the same registry as the
-    coordinator's, so the events it returns are in the coordinator's model ids)."""
+    coordinator's and numbered as it (each row carries its ``model`` id), so the events it
+    returns are in the coordinator's model ids, a restarted shard's included)."""
 
     round_no: int
     now_ns: int
@@ -53,7 +54,8 @@ class RoundInput:
     heartbeats: tuple[tuple[np.ndarray, int], ...] = ()
     round_heartbeats: np.ndarray | None = None
     retire: tuple[int, ...] = ()
-    #: the whole registry (the shard keeps the skeleton state of ``jobs`` only), when it changed
+    #: the whole registry, with the coordinator's model ids (the shard keeps the skeleton state
+    #: of ``jobs`` only), when it changed
     members: tuple[Mapping[str, Any], ...] | None = None
     jobs: frozenset[str] = frozenset()
     #: skeletons the coordinator installed: (job, digest, version)

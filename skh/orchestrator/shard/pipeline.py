@@ -100,6 +100,14 @@ class _Detection:
         """Nothing to do: each shard's own :meth:`Pipeline.set_endpoints` tells its detector
         the access links, from the members it is sent."""
 
+    def retire(self, eps: Sequence[int]) -> None:
+        """Nothing to do: endpoints that left the members are retired by each shard's own
+        :meth:`Pipeline.set_endpoints` (and those stopped, by :meth:`ShardedPipeline.retire`)."""
+
+    def reuse(self, eps: Sequence[int]) -> None:
+        """Nothing to do: each shard's own :meth:`Pipeline.set_endpoints` has its detector
+        forget a gone id given again (the member rows carry it)."""
+
 
 class ShardedPipeline(Pipeline):
     """A :class:`Pipeline` whose detection runs on ``options.shards`` Ray actors (Ray must be
@@ -200,11 +208,12 @@ class ShardedPipeline(Pipeline):
             if self._groups_due:
                 self._place()
             return True
-        self._members = rows
+        # with their model ids: an actor that missed a change, or starts over, numbers as this
+        self._members = tuple(r | {"model": int(self._to_model[int(r["ep"])])} for r in rows)
         self._place()
         self._members_version += 1
         # not waited for: a localizer that missed it is sent it again when it is asked
-        self._localizer.set_members.remote(rows, self._members_version)
+        self._localizer.set_members.remote(self._members, self._members_version)
         return True
 
     def _set_groups(self, groups: Sequence[np.ndarray]) -> None:
@@ -224,7 +233,8 @@ class ShardedPipeline(Pipeline):
         for g in self._groups:
             out = np.full(int(ctl.max(initial=-1)) + 1, -1, np.int64)
             k = min(g.size, ctl.size)
-            out[ctl[:k]] = g[:k]
+            known = ctl[:k] >= 0
+            out[ctl[:k][known]] = g[:k][known]
             groups.append(out)
         self.placement.update(self._members, groups)
         self.stats["split_groups"] = self.placement.split_groups
