@@ -2,8 +2,8 @@
 
 ``full`` is the paper's setting (the real Lingjun topology replicated to 4,096 hosts × 8 RNICs,
 2,000 jobs, an hour of virtual time per seed, five seeds of the field regime and one of the
-held-out ``field-heavy``; about an hour of CPU per seed by extrapolation from ``quick``, whose
-seeds take ~450-480 CPU s at 384 hosts: ``bench/results.py`` keeps finished stages to resume);
+held-out ``field-heavy``; ~1.5 h of CPU per seed on a 2-core machine (a seed's field run was
+halfway after 45 CPU-min), ~10 h in all: ``bench/results.py`` keeps finished stages to resume);
 ``quick`` scales the cluster down so CI finishes in about sixteen minutes of CPU, which its stages
 (two seeds, the ramps, localization, probing) spread over two cores (the output says so);
 ``tiny`` exists for the determinism test.
