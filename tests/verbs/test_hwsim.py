@@ -106,18 +106,24 @@ CLOCKS = {
 }
 
 
-@pytest.mark.parametrize("clocks", CLOCKS.values(), ids=CLOCKS.keys())
-def test_hw_stamped_rtt_is_the_injected_delay(standin, clocks):
-    res = run(standin, "rtt", two_devices(**clocks), n=300, interval_s=0.005)
+def _exact_hw_rtts(res: dict, clocks: dict, n: int) -> np.ndarray:
+    """The run's rows, checked: ``n`` probes all OK on NIC stamps, each RTT the injected delay
+    (each difference, T5-T2 and T4-T3, on one device's clock: exact to a tick of either side)."""
     rows = rows_of(res["rows"])
-    assert len(rows) == 300
+    assert len(rows) == n
     counts = dict(zip(*np.unique(rows["status"], return_counts=True), strict=True))
-    assert counts == {ProbeStatus.OK: 300}, (counts, res["prober"], res["responder"])
+    assert counts == {ProbeStatus.OK: n}, (counts, res["prober"], res["responder"])
     assert (rows["ts_source"] == TsSource.HW).all()
-    # each difference (T5-T2, T4-T3) on one device's clock: exact to a tick of either side
     tick = max(tick_ns(clocks["p_khz"]), tick_ns(clocks["r_khz"]))
     err = rows["rtt_ns"] - (FWD_NS + REV_NS)
     assert np.abs(err).max() <= tick, np.unique(err)
+    return rows
+
+
+@pytest.mark.parametrize("clocks", CLOCKS.values(), ids=CLOCKS.keys())
+def test_hw_stamped_rtt_is_the_injected_delay(standin, clocks):
+    res = run(standin, "rtt", two_devices(**clocks), n=300, interval_s=0.005)
+    rows = _exact_hw_rtts(res, clocks, 300)
     assert (rows["responder_delay_ns"] > 0).all() and (rows["prober_delay_ns"] >= 0).all()
     assert res["responder"]["replies_user_stamps"] == 0
     if "wrap" in str(clocks) or clocks.get("p_mask"):
@@ -139,13 +145,7 @@ def test_a_tick_moves_no_hw_stamped_rtt(standin):
         standin, "rtt", two_devices(**clocks), n=400, interval_s=0.001, prober=both, responder=both
     )
     assert res["tick_s"] == [tick_s, tick_s]
-    rows = rows_of(res["rows"])
-    counts = dict(zip(*np.unique(rows["status"], return_counts=True), strict=True))
-    assert counts == {ProbeStatus.OK: 400}, (counts, res["prober"], res["responder"])
-    assert (rows["ts_source"] == TsSource.HW).all()
-    tick = max(tick_ns(clocks["p_khz"]), tick_ns(clocks["r_khz"]))
-    err = rows["rtt_ns"] - (FWD_NS + REV_NS)
-    assert np.abs(err).max() <= tick, np.unique(err)
+    _exact_hw_rtts(res, clocks, 400)
     assert res["responder"]["replies_user_stamps"] == 0  # each ACK1's stamp still awaited
     # one wake-up per tick at most, not one per probe (400 probes and their stamps in 0.4 s)
     for side in ("prober", "responder"):
