@@ -172,9 +172,11 @@ class FakeResponder:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(2)
         self.port = self.sock.getsockname()[1]
+        self.probes_seen = 0
 
     def next_probe(self):
         data, addr = self.sock.recvfrom(2048)
+        self.probes_seen += 1
         return fp.proto_decode(data), addr
 
     def answer(self, probe, addr, *kinds, resp_session=99, session=None, receipts=None):
@@ -222,7 +224,7 @@ def test_prober_drops_replays_late_and_unsolicited_acks(make_engine):
         fake.answer(probe3, addr, 3, resp_session=2)  # ACK2 from another responder life: not paired
         assert wait_for(lambda: prober.stats().drop_unsolicited == 2)
         prober.remove_target(5)
-        s = quiesce(prober)
+        s = quiesce(prober, sent=fake.probes_seen)
     finally:
         fake.close()
     rows = prober.drain()
@@ -256,7 +258,7 @@ def test_receipts_tell_which_direction_lost_a_probe(make_engine):
             if arrived:
                 received.add(probe["tseq"])
             fake.answer(probe, addr, *kinds, receipts=received - {probe["tseq"]})
-        s = quiesce(prober)
+        s = quiesce(prober, sent=fake.probes_seen)
     finally:
         fake.close()
     assert len(streams) == 1 and 0 not in streams
@@ -291,7 +293,7 @@ def test_a_record_may_wait_for_the_next_answer_to_learn_its_direction(make_engin
             probe, addr = fake.next_probe()
             if tseq != 1:  # probe 1 "never arrives"
                 fake.answer(probe, addr, 2, 3, receipts={0, 1, 2} - {1, tseq})
-        s = quiesce(prober)
+        s = quiesce(prober, sent=fake.probes_seen)
     finally:
         fake.close()
     rows = prober.drain()
