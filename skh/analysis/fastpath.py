@@ -44,7 +44,10 @@ An endpoint's rate is its pairs' pooled baselines, or, where the caller names ea
 access link (its RNIC: :meth:`FastPathState.set_links`) and that link's history is longer, the
 link's: every pair that touched the RNIC learned into it the same way, and it outlives the jobs,
 so a new job's endpoint is judged against what its link did before (clean or lossy), not
-against the prior alone.
+against the prior alone — unless its pairs have already lost more than the link explains (they
+cross other lossy links). In the endpoint's test each pair expects its own learned loss, with
+that rate as its prior: a pair through bad spine links does not lift its endpoint's count
+above what the clean pairs beside it set.
 
 Failures that are the far end's own story are **excused**, not counted:
 
@@ -81,6 +84,10 @@ _NEVER = np.iinfo(np.int64).min
 _NO_RUN = np.iinfo(np.int64).max
 #: a flow's run is capped here (u1); far above any run an outage needs
 _FLOW_CAP = 255
+#: an endpoint's pairs whose learned failures are this improbable under its access link's
+#: history are judged by their own (see FastPathState._endpoint_pooled)
+_LOSSIER_ALPHA = 1e-3
+_LOG_LOSSIER_ALPHA = float(np.log(_LOSSIER_ALPHA))
 
 
 @dataclass(frozen=True, slots=True)
@@ -671,7 +678,12 @@ class FastPathState:
                     busy = np.flatnonzero(F_g >= cfg.loss_count)
                     if busy.size == 0:
                         continue
-                    ls_g = _nb_logsf(F_g[busy], n_g[busy], A_g[busy], B_g[busy])
+                    B_w = B_g
+                    if ep_group is None:
+                        B_w = self._endpoint_rate_by_pair(
+                            a, b, np.where(use, rate * w, 0.0), n_g, A_g, B_g
+                        )
+                    ls_g = _nb_logsf(F_g[busy], n_g[busy], A_g[busy], B_w[busy])
                     if ep_group is not None:
                         # a group's loss is shared: it must hold without its worst endpoint.
                         # A young pair on one lossy access link (its own and its endpoint's
@@ -697,7 +709,7 @@ class FastPathState:
                     ls_full[sig] = ls_g[ls_g <= log_alpha]
                     if ep_group is None and sig.size > 1:
                         sig = self._explain_endpoints(
-                            a, b, cand, use, rate * w, F_p, F_g, n_g, A_g, B_g, ls_full, log_alpha
+                            a, b, cand, use, rate * w, F_p, F_g, n_g, A_g, B_w, ls_full, log_alpha
                         )
                         if sig.size == 0:
                             continue
@@ -765,6 +777,23 @@ class FastPathState:
             ls_e[retest] = np.where((F2 >= self.config.loss_count) & (ls2 <= log_alpha), ls2, 0.0)
         return np.flatnonzero(ls_e < 0)
 
+    def _endpoint_rate_by_pair(
+        self, a: np.ndarray, b: np.ndarray, n_p: np.ndarray, n_g: np.ndarray, A_g, B_g
+    ) -> np.ndarray:
+        """The Gamma rate that gives each endpoint's test its pairs' own expectations: each pair
+        expects its own learned loss (with the endpoint's rate as prior) on the probes
+        ``n_p`` it sent, rather than all of them the endpoint's pooled rate. A pair through bad
+        spine links among clean ones (its 1.6e-3 beside the pooled 2e-4), losing eleven in
+        half a minute, lifted its endpoint's test and was corroborated by it: a false loss
+        event on CI draw 1635903697. The shape stays the endpoint's; the mean is the sum."""
+        cfg = self.config
+        s = self.state[: len(a)]
+        mean_e = A_g / B_g
+        w = n_p / (s["base_n"] + cfg.prior_probes)
+        mu = np.bincount(a, w * (s["base_f"] + cfg.prior_probes * mean_e[a]), B_g.size)
+        mu += np.bincount(b, w * (s["base_f"] + cfg.prior_probes * mean_e[b]), B_g.size)
+        return np.where(mu > 0, A_g * n_g / np.maximum(mu, 1e-300), B_g)
+
     def _pooled(self, a: np.ndarray, b: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
         """A group's rate as one Gamma posterior: its pairs' pooled history under one prior
         (its pairs share links, so a bad link makes all of them lossy together)."""
@@ -780,15 +809,28 @@ class FastPathState:
         """Each endpoint's rate: its pairs' pooled history, or its access link's where that is
         longer. A new job's endpoint has only the prior, wide on purpose (it may sit on a bad
         link), so its tests needed 13-22 failures of a 2 % CRC (12 s, bench/crc_ttd.py); its
-        RNIC's history from the jobs before says whether the link is bad."""
+        RNIC's history from the jobs before says whether the link is bad.
+
+        The link's history speaks for the access link alone: where the pairs' own history has
+        lost more than it explains (:data:`_LOSSIER_ALPHA`), they cross some other lossy link
+        and keep their own rate. A two-endpoint job whose one pair crossed bad spine links
+        (1 % benign, learned over minutes) was judged against its RNICs' clean past: 4 false
+        loss events on the CI draw 1635903697 + 1968304191."""
         A, B = self._pooled(src, dst, m_ep)
         if self._link_n.size:
             cfg = self.config
+            prior_f = cfg.prior_loss * cfg.prior_probes
             lk = self._links_of(np.arange(m_ep))
             i = np.maximum(lk, 0)
-            longer = (lk >= 0) & (self._link_n[i] + cfg.prior_probes > B)
-            A = np.where(longer, self._link_f[i] + cfg.prior_loss * cfg.prior_probes, A)
-            B = np.where(longer, self._link_n[i] + cfg.prior_probes, B)
+            A_l = self._link_f[i] + prior_f
+            B_l = self._link_n[i] + cfg.prior_probes
+            use = (lk >= 0) & (B_l > B)
+            if use.any():
+                own_f, own_n = A[use] - prior_f, B[use] - cfg.prior_probes
+                lossier = _nb_logsf(own_f, own_n, A_l[use], B_l[use]) <= _LOG_LOSSIER_ALPHA
+                use[np.flatnonzero(use)[lossier]] = False
+            A = np.where(use, A_l, A)
+            B = np.where(use, B_l, B)
         return A, B
 
     @staticmethod

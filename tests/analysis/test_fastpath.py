@@ -332,20 +332,21 @@ def test_a_crc_on_an_access_link_is_found_while_its_pairs_are_always_in_a_run():
     assert found is not None and found <= 6, found
 
 
-def _job_on_rnics(fp, src, dst, seconds, loss, rng, t0_s=0):
-    """Pairs ``src[i] -> dst[i]`` probed at 40/s each over 14 path ids for ``seconds``, each
-    probe lost with probability ``loss``, shipped and evaluated once a second. Returns, per
-    second, the pairs flagged lossy."""
-    n, per, ids = src.size, 40, 14
+def _job_on_rnics(fp, src, dst, seconds, loss, rng, t0_s=0, per=40):
+    """Pairs ``src[i] -> dst[i]`` probed at ``per`` a second each over 14 path ids for
+    ``seconds``, each probe lost with probability ``loss`` (per pair: shape (n, 1)), shipped and
+    evaluated once a second. Returns, per second, the pairs flagged lossy."""
+    n, ids = src.size, 14
     out = []
     for sec in range(seconds):
         k = (t0_s + sec) * per
-        t = T0 + (k + np.arange(per))[None, :] * 25 * MS + (np.arange(n) * 7 * MS)[:, None]
+        gap_ns = 10**9 // per
+        t = T0 + (k + np.arange(per))[None, :] * gap_ns + (np.arange(n) * 7 * MS)[:, None]
         path = np.broadcast_to((k + np.arange(per)) % ids, (n, per))
         failed = rng.random((n, per)) < loss
         pids = np.repeat(np.arange(n), per)
         fp.update(pids, t.ravel(), failed.ravel(), path.ravel(), np.full(pids.size, 2000))
-        now = T0 + (k + per) * 25 * MS
+        now = T0 + (k + per) * gap_ns
         fl = fp.evaluate(now, src, dst, 4)
         fp.learn(now, np.zeros(n, bool), src, dst)
         assert not fl.unreachable.size
@@ -384,3 +385,49 @@ def test_a_new_job_on_an_rnic_lossy_all_along_is_not_called_lossy():
     history says that is its normal, and no loss is called."""
     flags = _new_job_after_an_hour(1e-3, 1e-3, 600, 7)
     assert not any(f.size for f in flags)
+
+
+def test_a_new_jobs_lossy_path_past_clean_rnics_is_its_own_normal_once_learned():
+    """The new job's pair crosses bad spine links (1 % benign, all along) while its RNICs were
+    clean for the hour before. Its first seconds look like a CRC on the access link and cannot
+    be told from one; once its pair has learned its loss, the link's clean past no longer
+    judges it (it did: flagged for most of ten minutes, a false loss event minutes into jobs
+    of the CI draw 1635903697 + 1968304191)."""
+    for seed in (7, 8):
+        flags = _new_job_after_an_hour(1e-5, 0.01, 600, seed)
+        late = [i for i, f in enumerate(flags) if f.size and i >= 120]
+        assert not late, (seed, late[:10])
+
+
+def _burst_beside_clean_pairs(seed: int, burst: float) -> list[np.ndarray]:
+    """Endpoint 0 probes 16 peers at 10/s each. Its RNIC and theirs were clean for the hour
+    before (another job); the new job's pair 0 crosses bad spine links (1.6e-3, the rest
+    1.5e-4). After eight minutes pair 0 loses ``burst`` for half a minute. Flags per second
+    from then on."""
+    rng = np.random.default_rng(seed)
+    n = 16
+    fp = FastPathState(FastPathConfig(), n)
+    fp.set_links(np.r_[np.arange(n + 1), np.arange(n + 1)])
+    src, dst = np.zeros(n, np.int64), np.arange(1, n + 1)
+    old = _job_on_rnics(fp, src + n + 1, dst + n + 1, 3600, 1.5e-4, rng, per=10)
+    assert not any(f.size for f in old)
+    fp.take(np.zeros(n, bool))
+    fp.resize(n)
+    loss = np.full((n, 1), 1.5e-4)
+    loss[0] = 1.6e-3
+    first = _job_on_rnics(fp, src, dst, 480, loss, rng, 3600, per=10)
+    assert not any(f.size for f in first[120:])
+    loss[0] = burst
+    out = _job_on_rnics(fp, src, dst, 30, loss, rng, 4080, per=10)
+    loss[0] = 1.6e-3
+    return out + _job_on_rnics(fp, src, dst, 60, loss, rng, 4110, per=10)
+
+
+def test_a_pair_on_a_lossy_path_is_held_to_its_own_rate_in_its_endpoints_test():
+    """Pair 0's half-minute of 2 % (six lost where half of one is usual, a tail its own test
+    does not call at 1e-9) is no access-link story: the endpoint expects each pair's own rate.
+    With one rate for all its pairs (the link's clean 1.5e-4), the endpoint test fired and
+    corroborated pair 0 (seeds 1 and 2 here; a false loss event on CI draw 1635903697)."""
+    for seed in (1, 2, 3):
+        flags = _burst_beside_clean_pairs(seed, 0.02)
+        assert not any(f.size for f in flags), seed
