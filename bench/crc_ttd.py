@@ -22,6 +22,7 @@ mean 6.74 s (established jobs' access links 4.65 s, new jobs' 11.84 s, ToR–spi
 whole pair 6.67 s (4.57, 12.04, 18.55). Breakdown in docs/probing.md ("Effect on time to
 detect"). Held-out ``--seed 909913711`` (13 faults, none on a new job): 4.83 -> 4.75 s.
 With a loss history per access link (RNIC), kept across jobs: 5.87 s (4.48, 7.44, 18.55).
+With each pair held to its own rate in its endpoint's test (9af7741): 5.71 s (4.24, 7.64, 18.55).
 """
 
 from __future__ import annotations
