@@ -65,7 +65,7 @@ from skh.eval.plan import planned_probing
 from skh.eval.probing import random_sample_pairs, sweep_table
 from skh.eval.profiles import Profile
 from skh.eval.scoring import detection_scores, match_events, summarize, wilson
-from skh.eval.stagestore import StageStore
+from skh.eval.stagestore import StageStore, code_id
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.probeplan import ProbePolicy
@@ -694,7 +694,8 @@ def run_eval(
     seeds, the held-out seeds, the ramps, the oracle localization and the probing-cost sweep
     run as independent stages in ``workers`` processes (default: one per CPU); the result is
     the same for any number of workers. With a ``store``, a run that was stopped resumes: its
-    seeds and finished stages come from there (same commit, profile and regime only)."""
+    seeds and finished stages come from there (same code, skh/ and csrc/ as committed, profile
+    and regime only)."""
     timings: dict[str, float] = {}
     t_all, cpu_all = time.perf_counter(), time.process_time()
     rg = regime(noise)
@@ -716,10 +717,10 @@ def run_eval(
     if store is None:
         plan = choose()
     else:
-        key: dict[str, Any] = {"commit": commit_id(), "profile": profile.name, "noise": noise}
+        key: dict[str, Any] = {"code": code_id(), "profile": profile.name, "noise": noise}
         if seeds is not None or seed is not None:
             key["seeds"] = list(seeds) if seeds is not None else [seed]
-        plan = store.manifest(key, choose)
+        plan = store.manifest(key, lambda: {**choose(), "began_at_commit": commit_id()})
     seeds, hs, drawn = plan["seeds"], plan["heldout_seeds"], plan["drawn"]
 
     fabric = _fabric(profile.hosts)
@@ -931,6 +932,7 @@ def run_eval(
                 "seeds": seeds,
                 "profile": profile.name,
                 "commit": commit_id(),
+                "code": code_id(),
                 "scale": scale,
             },
             "table": table,

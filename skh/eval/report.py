@@ -711,7 +711,8 @@ def _provenance(r: dict[str, Any]) -> str:
         if tm.get("stages kept"):
             cost += (
                 f" {tm['stages kept']} of its stages were kept from a run stopped earlier on the"
-                " same commit (their CPU is counted; the wall time is the last run's)."
+                " same code (skh/ and csrc/ as committed; their CPU is counted, the wall time is"
+                " the last run's)."
             )
     return (
         f"Profile **{meta['profile']}** on commit `{meta['commit'][:12]}`: "

@@ -2,10 +2,13 @@
 
 The full profile is hours of CPU on a small machine (six seeds at 4,096 hosts); a run that is
 stopped must not lose the seeds it finished. A :class:`StageStore` is a folder holding the run's
-manifest (commit, profile, regime and the seeds drawn when it began) and one pickle per finished
-stage. A stage's result is a pure function of its arguments and of the code, so a stored stage is
-reused only by a run of the same commit, profile and regime, from a tree without uncommitted
-changes to ``skh/``; anything else is refused with the reason, never mixed in.
+manifest (code, profile, regime, the seeds drawn when it began and the commit it began at) and
+one pickle per finished stage. A stage's result is a pure function of its arguments and of the
+code, so a stored stage is reused only by a run of the same code, profile and regime, from a tree
+without uncommitted changes to that code; anything else is refused with the reason, never mixed
+in. The code is what the stages run: the committed trees of ``skh/`` and ``csrc/`` (the agent's
+engine), so commits of tests, docs or benches in between keep a run resumable across the days it
+takes, and any change to the code it measures does not.
 """
 
 from __future__ import annotations
@@ -22,22 +25,30 @@ from skh.errors import ConfigError
 
 __all__ = ["StageStore"]
 
-_PKG = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
+#: what the stages' results depend on: the package and the engine the agent-cost stage runs
+CODE = ("skh", "csrc")
 
 
-def _skh_is_clean() -> bool:
-    """No uncommitted change to the ``skh`` package (what the stages' results depend on)."""
+def _git(root: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", str(_PKG)],
-            cwd=_PKG,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and not out.stdout.strip()
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def code_id(root: Path = _ROOT) -> str:
+    """The committed trees of :data:`CODE` at ``HEAD`` (git tree ids), or ``"unknown"``."""
+    out = _git(root, "rev-parse", *(f"HEAD:{p}" for p in CODE))
+    ids = out.split() if out else []
+    return "+".join(ids) if len(ids) == len(CODE) else "unknown"
+
+
+def _code_is_clean(root: Path = _ROOT) -> bool:
+    """No uncommitted change to :data:`CODE`."""
+    out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *CODE)
+    return out is not None and not out.strip()
 
 
 class StageStore:
@@ -47,14 +58,14 @@ class StageStore:
         self.root = Path(root)
 
     def manifest(self, key: dict[str, Any], draw: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The run's manifest: ``key`` (what the stored results depend on: commit, profile,
+        """The run's manifest: ``key`` (what the stored results depend on: code, profile,
         regime) with what ``draw`` chose (the seeds), from disk when a stopped run of the same
         key left one, else drawn now and written. Raises :class:`ConfigError` when the stored
-        run's key differs or the commit cannot name the code."""
-        if key.get("commit", "unknown") == "unknown" or not _skh_is_clean():
+        run's key differs or no commit names the code."""
+        if key.get("code", "unknown") == "unknown" or not _code_is_clean():
             raise ConfigError(
-                "Stored stages are keyed by commit: commit the changes to skh/ (or run without "
-                "a stage store) first."
+                "Stored stages are keyed by the committed code: commit the changes to "
+                f"{' and '.join(p + '/' for p in CODE)} (or run without a stage store) first."
             )
         path = self.root / "manifest.json"
         if path.exists():

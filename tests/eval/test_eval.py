@@ -304,7 +304,7 @@ def test_a_stopped_run_keeps_its_finished_stages(tmp_path, monkeypatch, workers)
     without running them again; a failing stage does not cost the ones that finished."""
     from skh.eval import harness, stagestore
 
-    monkeypatch.setattr(stagestore, "_skh_is_clean", lambda: True)
+    monkeypatch.setattr(stagestore, "_code_is_clean", lambda: True)
     store = stagestore.StageStore(tmp_path / "stages")
     flag = tmp_path / "flag"
     first = [("late", _fails_unless, (str(flag),)), ("early", abs, (-2,)), ("sum", sum, ((1, 2),))]
@@ -318,24 +318,51 @@ def test_a_stopped_run_keeps_its_finished_stages(tmp_path, monkeypatch, workers)
     assert [v[0] for v in done.values()] == ["late", 2, 3]
 
 
-def test_stored_stages_belong_to_one_commit_profile_and_seed_set(tmp_path, monkeypatch):
-    """A resumed run takes the seeds drawn when it began; another commit, profile or regime, or
-    other given seeds, is refused with the reason, as is a tree whose code the commit does not
-    name."""
+def test_the_code_a_run_is_keyed_by_outlives_commits_of_anything_else(tmp_path):
+    """A full run spans days of commits: the key is the committed trees of skh/ and csrc/, the
+    same across a commit of docs, another after a change to either (a real git repository)."""
+    from skh.eval.stagestore import _code_is_clean, code_id
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    for d, f in (("skh", "a.py"), ("csrc", "e.c"), ("docs", "d.md")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / f).write_text("1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    first = code_id(tmp_path)
+    assert first != "unknown" and _code_is_clean(tmp_path)
+    (tmp_path / "docs" / "d.md").write_text("2\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "docs")
+    assert code_id(tmp_path) == first
+    for d, f in (("csrc", "e.c"), ("skh", "a.py")):
+        (tmp_path / d / f).write_text("3\n")
+        assert not _code_is_clean(tmp_path)
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", d)
+        assert code_id(tmp_path) != first and _code_is_clean(tmp_path)
+        first = code_id(tmp_path)
+    assert code_id(tmp_path / "docs" / "nowhere") == "unknown"
+
+
+def test_stored_stages_belong_to_one_code_profile_and_seed_set(tmp_path, monkeypatch):
+    """A resumed run takes the seeds drawn when it began; other code, profile or regime, or
+    other given seeds, is refused with the reason, as is a tree whose code no commit names."""
     from skh.errors import ConfigError
     from skh.eval import stagestore
 
-    monkeypatch.setattr(stagestore, "_skh_is_clean", lambda: True)
+    monkeypatch.setattr(stagestore, "_code_is_clean", lambda: True)
     store = stagestore.StageStore(tmp_path / "stages")
-    key = {"commit": "a" * 40, "profile": "full", "noise": "field"}
+    key = {"code": "a" * 40, "profile": "full", "noise": "field"}
     draws = iter([{"seeds": [11, 12]}, {"seeds": [21, 22]}])
     assert store.manifest(key, lambda: next(draws))["seeds"] == [11, 12]
     assert store.manifest(key, lambda: next(draws))["seeds"] == [11, 12]
-    for k, v in (("commit", "b" * 40), ("profile", "quick"), ("noise", "lab"), ("seeds", [5])):
+    for k, v in (("code", "b" * 40), ("profile", "quick"), ("noise", "lab"), ("seeds", [5])):
         with pytest.raises(ConfigError, match=k):
             store.manifest({**key, k: v}, lambda: next(draws))
-    with pytest.raises(ConfigError, match="keyed by commit"):
-        stagestore.StageStore(tmp_path / "other").manifest({**key, "commit": "unknown"}, dict)
-    monkeypatch.setattr(stagestore, "_skh_is_clean", lambda: False)
-    with pytest.raises(ConfigError, match="keyed by commit"):
+    with pytest.raises(ConfigError, match="keyed by the committed code"):
+        stagestore.StageStore(tmp_path / "other").manifest({**key, "code": "unknown"}, dict)
+    monkeypatch.setattr(stagestore, "_code_is_clean", lambda: False)
+    with pytest.raises(ConfigError, match="keyed by the committed code"):
         stagestore.StageStore(tmp_path / "other").manifest(key, dict)
