@@ -114,19 +114,23 @@ def run(tmp_path_factory):
 
 
 def test_skeleton_from_real_counters_covers_the_generators_groups(run):
-    """Stages and DP groups come from the counters. The generator sends every replica's pipeline
-    traffic at the same instants, so nothing in 1 Hz totals tells the replicas apart: the rank
-    hint cannot be confirmed, and job0 (PP 2 x DP 2) keeps both peers of the adjacent stage —
-    the list grows and says why, it never misses a pair."""
+    """Stages and DP groups come from the counters: job0 (PP 2 x DP 2) in two stages, job1
+    (DP 4) in one. Where the partners of a stage boundary are not told, the list keeps the whole
+    adjacent group and says so: it may grow, it never misses a pair."""
     sk = run["demo"].skeletons
     assert set(sk) == {"job0", "job1"}, run["log"]
+    # every inference the analyzer logged, whole: a CI failure is read from this alone
+    log = run["run_dir"] / "analyzer.log"
+    inferred = [
+        ln for ln in log.read_text().splitlines() if ": inferred " in ln or "re-infer" in ln
+    ]
     for job, s in sk.items():
-        reason = s["alert"]["reason"]
-        assert set(map(tuple, s["truth"])) <= set(map(tuple, s["applied"])), (job, reason)
+        missing = sorted(set(map(tuple, s["truth"])) - set(map(tuple, s["applied"])))
+        assert not missing, (job, missing, inferred)
         assert s["alert"]["mode"] == "skeleton"
     assert sk["job1"]["applied"] == sk["job1"]["truth"]  # DP 4: the whole group is the truth
     job0 = sk["job0"]["alert"]["reason"]
-    assert "2 stage(s)" in job0 and "keep the whole adjacent group" in job0, job0
+    assert "2 stage(s)" in job0, job0
 
 
 @pytest.mark.parametrize("kind", KINDS)
