@@ -813,9 +813,9 @@ class FastPathState:
 
         The link's history speaks for the access link alone: where the pairs' own history has
         lost more than it explains (:data:`_LOSSIER_ALPHA`), they cross some other lossy link
-        and keep their own rate. A two-endpoint job whose one pair crossed bad spine links
-        (1 % benign, learned over minutes) was judged against its RNICs' clean past: 4 false
-        loss events on the CI draw 1635903697 + 1968304191."""
+        and keep their own rate. A new job's pairs through bad spine links (~1 % benign,
+        learned over minutes) were judged against their RNICs' clean past from earlier jobs:
+        false loss events on the CI draw 1635903697 + 1968304191."""
         A, B = self._pooled(src, dst, m_ep)
         if self._link_n.size:
             cfg = self.config
