@@ -410,6 +410,15 @@ class Detector:
             self._agent_since.pop(ep, None)
             self._restart_gap.pop(ep, None)
 
+    def ready(self, eps: np.ndarray | list[int]) -> None:
+        """Endpoints announced ready. A retired one among them is a container stopped on purpose
+        and started again under its registration (same id): watched afresh, as a reused id is
+        (:meth:`reuse`); the others are untouched (an agent back after a loss keeps its
+        history)."""
+        eps = np.unique(np.asarray(eps, np.int64))
+        if eps.size and self._any_retired:
+            self.reuse(eps[self.health.is_retired(eps)])
+
     def ingest(self, batch: np.ndarray) -> None:
         """Fold one batch of probe results into the per-pair state."""
         if not isinstance(batch, np.ndarray) or batch.dtype != PROBE_DTYPE:

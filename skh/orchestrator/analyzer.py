@@ -131,8 +131,10 @@ class DetectorHook:
     def on_ready(self, endpoints: list[Any]) -> None:
         """Endpoints the controller announced ready (``ep``, ``host``, ``rail``): each one's
         access link, told to the detector. Ids past ``_EP_JOB_MAX`` are not linked (their
-        tests keep their pairs' own history)."""
+        tests keep their pairs' own history). One stopped before (retired) is watched afresh:
+        its container started again under the same registration."""
         got = []
+        eps = []
         for d in endpoints:
             ep, host, rail = d["ep"], d["host"], d["rail"]
             if not (
@@ -144,8 +146,10 @@ class DetectorHook:
                 and rail >= 0
             ):
                 raise ProtocolError("ready_announce: an endpoint needs int ep, host and int rail")
+            eps.append(ep)
             if ep < _EP_JOB_MAX:
                 got.append((ep, self.links.setdefault((host, rail), len(self.links))))
+        self.detector.ready(eps)
         if not got:
             return
         top = max(ep for ep, _ in got) + 1
@@ -542,9 +546,9 @@ class Analyzer:
                 if len(frames) != 2:
                     raise ProtocolError("a topic message is two frames")
                 env = self.codec.decode(frames[1])
-                if env.type is MsgType.READY_ANNOUNCE and hasattr(self.hook, "ep_job"):
-                    names = self.hook.ep_job  # type: ignore[union-attr]
-                    for d in env.body["endpoints"]:
+                if env.type is MsgType.READY_ANNOUNCE:
+                    names = getattr(self.hook, "ep_job", None)
+                    for d in env.body["endpoints"] if names is not None else ():
                         if len(names) < _EP_JOB_MAX or int(d["ep"]) in names:
                             names[int(d["ep"])] = str(env.body["job"])
                         else:

@@ -158,3 +158,18 @@ def test_detector_hook_tells_the_detector_each_announced_endpoints_rnic():
     assert hook.detector.fast._links_of(np.arange(7)).tolist() == [0, -1, -1, 1, -1, 0, -1]
     with pytest.raises(ProtocolError):
         hook.on_ready([{"ep": 6, "host": "h2", "rail": "0"}])
+
+
+def test_detector_hook_watches_a_stopped_endpoint_again_once_it_is_announced_ready():
+    """A container stopped on purpose (ENDPOINTS_DOWN "stopped": retired) and started again
+    under its registration keeps its endpoint id: announced ready, it is watched afresh (it
+    stayed retired, its records dropped, before). One never stopped keeps its history."""
+    from skh.orchestrator.analyzer import load_detector_hook
+
+    hook = load_detector_hook()
+    hook.on_ready([{"ep": 0, "host": "h0", "rail": 0}, {"ep": 1, "host": "h1", "rail": 0}])
+    hook.on_retire([1])
+    retired = hook.detector.health.is_retired
+    assert retired(np.array([0, 1])).tolist() == [False, True]
+    hook.on_ready([{"ep": 0, "host": "h0", "rail": 0}, {"ep": 1, "host": "h1", "rail": 0}])
+    assert retired(np.array([0, 1])).tolist() == [False, False]

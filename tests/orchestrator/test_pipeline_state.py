@@ -359,6 +359,63 @@ def test_the_sharded_pipeline_numbers_as_the_single_one_when_a_job_stops():
     assert [alert_key(r["alert"]) for r in s.log] == [alert_key(r["alert"]) for r in single.log]
 
 
+def _a_job_stops_and_starts_again(h: Harness) -> list[dict[str, Any]]:
+    """job00001 stops (ENDPOINTS_DOWN: retired) and its containers start again under the same
+    registrations (the controller's list does not change: same ids, model ids kept), are
+    announced ready, then an RNIC port down on its RNIC. Returns the fault alerts opened after
+    the restart."""
+    mine = [m["ep"] for m in h.members() if m["job"] == "job00001"]
+    h.run(150)
+    h.pipe.retire(mine)
+    h.run(20)  # stopped: what its agents would still send is dropped
+    assert h.pipe.set_endpoints(h.members())
+    h.pipe.ready(mine)
+    before = len(h.log)
+    h.sim.inject(Fault(FailureType.RNIC_PORT_DOWN, "host2:rnic3", start_s=260.0, end_s=300.0))
+    h.run(130)
+    opened = [
+        r["alert"]
+        for r in h.log[before:]
+        if r["alert"].get("kind") == "fault" and r["alert"]["state"] == "open"
+    ]
+    for a in opened:
+        assert {e for p in a["pairs"] for e in p} <= set(mine), a
+    return opened
+
+
+def test_a_stopped_container_started_again_under_its_registration_is_watched_again():
+    """A restart keeps the container's name, host, rail and address, so it keeps its controller
+    and model ids: detection must take it back when it is announced ready (it stayed retired,
+    blind to every fault on it, before)."""
+    h = Harness()
+    assert _a_job_stops_and_starts_again(h), "the fault after the restart was not detected"
+    ids = h.pipe.jobs["job00001"].ep_id.astype(np.int64)
+    assert not h.pipe.detector.health.is_retired(ids).any()
+
+
+@pytest.mark.slow
+def test_the_sharded_pipeline_watches_a_restarted_container_again():
+    import functools
+
+    from skh.orchestrator.shard import ShardedPipeline, ShardOptions, connect
+    from skh.orchestrator.shard.merge import alert_key
+
+    single = Harness()
+    want = [alert_key(a) for a in _a_job_stops_and_starts_again(single)]
+    assert want
+    connect("local", min_cpus=2)
+    make = functools.partial(ShardedPipeline, options=ShardOptions(shards=2, actor_cpus=0.25))
+    try:
+        s = Harness(make_pipeline=make)
+        got = [alert_key(a) for a in _a_job_stops_and_starts_again(s)]
+        s.pipe.close()
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert got == want
+
+
 def test_a_pipeline_given_model_ids_numbers_its_endpoints_as_the_one_that_gave_them():
     """The sharded analyzer's actors (a restarted one included) get the coordinator's member
     rows with their model ids: whatever changes they missed, they number as it does."""

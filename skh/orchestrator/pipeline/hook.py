@@ -109,6 +109,14 @@ class PipelineHook:
     def on_retire(self, eps: list[int]) -> None:
         self._put(("retire", list(eps), None, 0))
 
+    def on_ready(self, endpoints: list[Any]) -> None:
+        """A READY_ANNOUNCE's endpoints: queued in order with retirements (a container stopped
+        and started again is watched afresh)."""
+        eps = [d.get("ep") if isinstance(d, dict) else None for d in endpoints]
+        if not all(isinstance(e, int) and 0 <= e < 2**32 for e in eps):
+            raise ProtocolError("ready_announce: an endpoint needs an int ep")
+        self._put(("ready", eps, None, 0))
+
     def close(self) -> None:
         self._in.put(None)
         self._thread.join(timeout=self.cfg.command_timeout_s + 5)
@@ -150,6 +158,8 @@ class PipelineHook:
                         pipe.heartbeat(a, t_ns)
                     elif kind == "retire":
                         pipe.retire(a)
+                    elif kind == "ready":
+                        pipe.ready(a)
                     elif kind == "restore":
                         pipe.restore(a)
                     else:

@@ -371,6 +371,13 @@ class Pipeline:
         m = self._model(a) if self.cluster is not None else a
         self.detector.retire(m[m >= 0].tolist())
 
+    def ready(self, eps: Iterable[int]) -> None:
+        """Endpoints (controller ids) announced ready: one stopped before is watched afresh
+        (its container started again under the same registration, so it kept its model id)."""
+        a = np.fromiter(eps, np.int64)
+        m = self._model(a) if self.cluster is not None else a
+        self.detector.ready(m[m >= 0].tolist())
+
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Alerts the log holds open (records ``{seq, ts_ns, alert}``): tracked again from the
         next round, so each resolves once detection no longer holds it."""

@@ -54,6 +54,8 @@ class RoundInput:
     heartbeats: tuple[tuple[np.ndarray, int], ...] = ()
     round_heartbeats: np.ndarray | None = None
     retire: tuple[int, ...] = ()
+    #: endpoints announced ready (after ``retire``): a stopped one started again
+    ready: tuple[int, ...] = ()
     #: the whole registry, with the coordinator's model ids (the shard keeps the skeleton state
     #: of ``jobs`` only), when it changed
     members: tuple[Mapping[str, Any], ...] | None = None
@@ -123,6 +125,8 @@ class _Shard:
             p.heartbeat(eps, t_ns)
         if inp.retire:
             p.retire(inp.retire)
+        if inp.ready:
+            p.ready(inp.ready)
         probes = [*inp.probes, *(f[0] for f in fronts)]
         counters = [*inp.counters, *(f[1] for f in fronts)]
         self._proposals = []

@@ -168,6 +168,7 @@ class ShardedPipeline(Pipeline):
         n = opt.shards
         self._heartbeats: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(n)]
         self._retire: list[list[int]] = [[] for _ in range(n)]
+        self._ready: list[list[int]] = [[] for _ in range(n)]
         self._commits: list[list[tuple[str, str, int]]] = [[] for _ in range(n)]
         self._members_due = [False] * n
         #: per shard: inputs since its checkpoint, the checkpoint (ref, round), one in flight
@@ -259,7 +260,18 @@ class ShardedPipeline(Pipeline):
         a = np.fromiter(eps, np.int64)
         sh = self.placement.shard_of(a)
         for s in np.unique(sh[sh >= 0]).tolist():
-            self._retire[s].extend(a[sh == s].tolist())
+            mine = a[sh == s].tolist()
+            # a shard applies a round's retirements, then its readiness: a ready one stopped
+            # later in the same round stays stopped
+            stopped = set(mine)
+            self._ready[s] = [e for e in self._ready[s] if e not in stopped]
+            self._retire[s].extend(mine)
+
+    def ready(self, eps: Iterable[int]) -> None:
+        a = np.fromiter(eps, np.int64)
+        sh = self.placement.shard_of(a)
+        for s in np.unique(sh[sh >= 0]).tolist():
+            self._ready[s].extend(a[sh == s].tolist())
 
     # -- detection, on the shards -------------------------------------------------------------
     def observe(
@@ -287,6 +299,7 @@ class ShardedPipeline(Pipeline):
                     tuple(self._heartbeats[s]),
                     routed.heartbeats[s] if heartbeats is not None else None,
                     tuple(self._retire[s]),
+                    tuple(self._ready[s]),
                     self._members if self._members_due[s] else None,
                     frozenset(self.placement.jobs_of(s)),
                     tuple(self._commits[s]),
@@ -294,6 +307,7 @@ class ShardedPipeline(Pipeline):
                 )
             )
             self._heartbeats[s], self._retire[s], self._commits[s] = [], [], []
+            self._ready[s] = []
             self._members_due[s] = False
         replies = self._run(inputs)
         for i, fl in enumerate(flushes):
