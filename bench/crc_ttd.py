@@ -23,6 +23,9 @@ whole pair 6.67 s (4.57, 12.04, 18.55). Breakdown in docs/probing.md ("Effect on
 detect"). Held-out ``--seed 909913711`` (13 faults, none on a new job): 4.83 -> 4.75 s.
 With a loss history per access link (RNIC), kept across jobs: 5.87 s (4.48, 7.44, 18.55).
 With each pair held to its own rate in its endpoint's test (9af7741): 5.71 s (4.24, 7.64, 18.55).
+With what pairs crossing a ToR's uplinks lost as a young pair's prior (session 12): 5.55 s
+(4.19, 7.24, 17.55); with no pair expecting less than its endpoint's rate too: 5.96 s (4.65,
+7.64, 17.55).
 """
 
 from __future__ import annotations

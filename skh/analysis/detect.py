@@ -753,7 +753,9 @@ class Detector:
             # every benign failure near a batch's end would be forgotten
             busy = (p["act_since"][:, 0] != _NONE) | p["dead"]
             busy[ff.unreachable] = True
-            self.fast.learn(now_ns, busy, p["src"].astype(np.int64), p["dst"].astype(np.int64))
+            self.fast.learn(
+                now_ns, busy, p["src"].astype(np.int64), p["dst"].astype(np.int64), self._groups
+            )
         self.stats.pairs_live = n
         return self._emit(now_ns, reasons, cand, flaps)
 

@@ -46,8 +46,10 @@ link's: every pair that touched the RNIC learned into it the same way, and it ou
 so a new job's endpoint is judged against what its link did before (clean or lossy), not
 against the prior alone — unless its pairs have already lost more than the link explains (they
 cross other lossy links). In the endpoint's test each pair expects its own learned loss, with
-that rate as its prior: a pair through bad spine links does not lift its endpoint's count
-above what the clean pairs beside it set.
+that rate as its prior and never less than it: a pair through bad spine links does not lift its
+endpoint's count above what the clean pairs beside it set. Where the caller names groups (the
+ToR), each group also keeps what its pairs crossing its edge lost (its uplinks), outliving the
+jobs too: a young pair through a lossy uplink expects that, not its clean access link's rate.
 
 Failures that are the far end's own story are **excused**, not counted:
 
@@ -239,6 +241,10 @@ class FastPathState:
         self._ep_link = np.zeros(0, np.int64)
         self._link_n = np.zeros(0)
         self._link_f = np.zeros(0)
+        # per grouping the caller names (the ToR: the links above it), what its pairs that
+        # cross a group's edge probed, per group: they outlive the jobs too
+        self._cross_n: list[np.ndarray] = []
+        self._cross_f: list[np.ndarray] = []
 
     def resize(self, n_pairs: int) -> None:
         grown = np.repeat(self._blank, n_pairs)
@@ -500,13 +506,16 @@ class FastPathState:
         busy: np.ndarray,
         src: np.ndarray | None = None,
         dst: np.ndarray | None = None,
+        groups: list[np.ndarray] | None = None,
     ) -> None:
         """Let the baselines learn. ``busy`` marks the first ``len(busy)`` pairs flagged, held
         or under an incident now. What a pair probed is learned only after a whole stage
         (``learn_stage_s``) followed it without the pair being busy, so the failures of a
         fault, counted before the fault was recognised, do not become its baseline. With the
         pairs' endpoint ids (``src``/``dst``), the access links of their ends (:meth:`set_links`)
-        learn it too."""
+        learn it too, and with ``groups`` (as :meth:`evaluate` takes them; a group id must name
+        the same group from call to call) so do the groups of both ends of each pair crossing
+        from one group to another."""
         s = self.state[: len(busy)]
         s["new_busy"] |= busy
         stage_ns = int(self.config.learn_stage_s * 1e9)
@@ -528,6 +537,23 @@ class FastPathState:
             la, lb = self._links_of(np.asarray(src)), self._links_of(np.asarray(dst))
             self._link_n += _per_group(la, lb, add_n, self._link_n.size)
             self._link_f += _per_group(la, lb, add_f, self._link_f.size)
+        for i in range(len(self._cross_n)):
+            self._cross_n[i] *= decay
+            self._cross_f[i] *= decay
+        if src is not None and dst is not None and groups:
+            del self._cross_n[len(groups) :], self._cross_f[len(groups) :]
+            for i, g in enumerate(groups):
+                ga, gb = _cross(np.asarray(src), np.asarray(dst), g)
+                m = int(max(ga.max(initial=-1), gb.max(initial=-1))) + 1
+                if i == len(self._cross_n):
+                    self._cross_n.append(np.zeros(0))
+                    self._cross_f.append(np.zeros(0))
+                if m > self._cross_n[i].size:
+                    grow = m - self._cross_n[i].size
+                    self._cross_n[i] = np.r_[self._cross_n[i], np.zeros(grow)]
+                    self._cross_f[i] = np.r_[self._cross_f[i], np.zeros(grow)]
+                self._cross_n[i] += _per_group(ga, gb, add_n, self._cross_n[i].size)
+                self._cross_f[i] += _per_group(ga, gb, add_f, self._cross_f[i].size)
         s["stage_n"], s["stage_f"], s["stage_busy"] = s["new_n"], s["new_f"], s["new_busy"]
         s["new_n"] = 0.0
         s["new_f"] = 0.0
@@ -609,7 +635,14 @@ class FastPathState:
             A, B = self._endpoint_pooled(src, dst, m_ep)
             lp_ep = gammaln(A + k_ep) - gammaln(A) - k_ep * np.log(B)
             f_ep = np.bincount(src[joint], minlength=m_ep) + np.bincount(dst[joint], minlength=m_ep)
-            down = (lp_ep <= log_alpha) & (f_ep >= 2) & (f_ep >= cfg.endpoint_outage_share * live_n)
+            # as many failures in all as a pair's outage needs: two pairs that each lost their
+            # latest probe at once are a coincidence a 2 % CRC makes every few minutes
+            down = (
+                (lp_ep <= log_alpha)
+                & (f_ep >= 2)
+                & (k_ep >= cfg.unreachable_after)
+                & (f_ep >= cfg.endpoint_outage_share * live_n)
+            )
             ep_out = joint & (down[src] | down[dst])
             if ep_out.any():
                 out_first = np.where(ep_out, s["run_first_ns"], out_first)
@@ -658,6 +691,7 @@ class FastPathState:
             # not explained (a pair in a run counts all it sent: what its open run lost is not
             # counted yet, so the scope expects more than it sees, never less)
             explained = flagged.copy()
+            crossing = self._crossing_mean(src, dst, groups or [])
             for a, b, m, ep_group in scopes:
                 if m <= 0:
                     continue
@@ -678,12 +712,12 @@ class FastPathState:
                     busy = np.flatnonzero(F_g >= cfg.loss_count)
                     if busy.size == 0:
                         continue
-                    B_w = B_g
+                    A_w, B_w = A_g, B_g
                     if ep_group is None:
-                        B_w = self._endpoint_rate_by_pair(
-                            a, b, np.where(use, rate * w, 0.0), n_g, A_g, B_g
+                        A_w, B_w = self._endpoint_rate_by_pair(
+                            a, b, np.where(use, rate * w, 0.0), n_g, A_g, B_g, crossing
                         )
-                    ls_g = _nb_logsf(F_g[busy], n_g[busy], A_g[busy], B_w[busy])
+                    ls_g = _nb_logsf(F_g[busy], n_g[busy], A_w[busy], B_w[busy])
                     if ep_group is not None:
                         # a group's loss is shared: it must hold without its worst endpoint.
                         # A young pair on one lossy access link (its own and its endpoint's
@@ -709,7 +743,7 @@ class FastPathState:
                     ls_full[sig] = ls_g[ls_g <= log_alpha]
                     if ep_group is None and sig.size > 1:
                         sig = self._explain_endpoints(
-                            a, b, cand, use, rate * w, F_p, F_g, n_g, A_g, B_w, ls_full, log_alpha
+                            a, b, cand, use, rate * w, F_p, F_g, n_g, A_w, B_w, ls_full, log_alpha
                         )
                         if sig.size == 0:
                             continue
@@ -778,21 +812,79 @@ class FastPathState:
         return np.flatnonzero(ls_e < 0)
 
     def _endpoint_rate_by_pair(
-        self, a: np.ndarray, b: np.ndarray, n_p: np.ndarray, n_g: np.ndarray, A_g, B_g
-    ) -> np.ndarray:
-        """The Gamma rate that gives each endpoint's test its pairs' own expectations: each pair
-        expects its own learned loss (with the endpoint's rate as prior) on the probes
-        ``n_p`` it sent, rather than all of them the endpoint's pooled rate. A pair through bad
-        spine links among clean ones (its 1.6e-3 beside the pooled 2e-4), losing eleven in
-        half a minute, lifted its endpoint's test and was corroborated by it: a false loss
-        event on CI draw 1635903697. The shape stays the endpoint's; the mean is the sum."""
+        self,
+        a: np.ndarray,
+        b: np.ndarray,
+        n_p: np.ndarray,
+        n_g: np.ndarray,
+        A_g: np.ndarray,
+        B_g: np.ndarray,
+        crossing: tuple[np.ndarray, np.ndarray],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The Gamma shape and rate that give each endpoint's test its pairs' own expectations:
+        each pair expects its own learned loss on the probes ``n_p`` it sent, rather than all
+        of them the endpoint's pooled rate. A pair through bad spine links among clean ones
+        (its 1.6e-3 beside the pooled 2e-4), losing eleven in half a minute, lifted its
+        endpoint's test and was corroborated by it: a false loss event on CI draw 1635903697.
+        The mean is the sum.
+
+        A pair expects at least the endpoint's rate, or what pairs crossing the same group edges
+        lost (``crossing``, :meth:`_crossing_mean`) where that is higher: a young pair knows
+        nothing of its own yet, and its endpoint's access link may be clean while the ToR
+        uplinks it crosses are not (CI draw 1810287075: a new job's endpoint whose two peers
+        sat behind a ToR uplink at 1e-3 per direction, six lost in 15 s where its clean link's
+        history expected 0.03).
+
+        The shape says how well the mean is known: the endpoint's, or, where crossing histories
+        set part of the mean, the moments of the two parts matched (the crossing history is
+        long and its mean well known; a clean link's few failures leave its rate uncertain, and
+        its shape alone had a 2 % CRC behind a lossy uplink wait for 33 failures)."""
         cfg = self.config
         s = self.state[: len(a)]
+        m = B_g.size
         mean_e = A_g / B_g
-        w = n_p / (s["base_n"] + cfg.prior_probes)
-        mu = np.bincount(a, w * (s["base_f"] + cfg.prior_probes * mean_e[a]), B_g.size)
-        mu += np.bincount(b, w * (s["base_f"] + cfg.prior_probes * mean_e[b]), B_g.size)
-        return np.where(mu > 0, A_g * n_g / np.maximum(mu, 1e-300), B_g)
+        c_mean, c_shape = crossing
+        mu = np.zeros(m)
+        mu_c = np.zeros(m)  # the part the crossing histories set ...
+        shape_c = np.full(m, np.inf)  # ... and the least known of them
+        for end in (a, b):
+            # the pair's own posterior, the endpoint's rate its prior; never below that rate: the
+            # pair's probes are in it already, and counted twice they pulled a clean pair's
+            # expectation ten times under its endpoint's (a false loss event on held-out draw
+            # 305340123: a 40/s pair with 10k clean probes expected 4e-6, lost 5 in 30 s)
+            own = (s["base_f"] + cfg.prior_probes * mean_e[end]) / (s["base_n"] + cfg.prior_probes)
+            rate_p = np.maximum(own, mean_e[end])
+            by_c = c_mean > rate_p
+            e = n_p * np.maximum(rate_p, c_mean)
+            mu += np.bincount(end, e, m)
+            mu_c += np.bincount(end[by_c], e[by_c], m)
+            np.minimum.at(shape_c, end[by_c], c_shape[by_c])
+        mu_l = mu - mu_c
+        var = mu_l**2 / A_g + np.where(mu_c > 0, mu_c**2 / np.where(mu_c > 0, shape_c, 1.0), 0.0)
+        A_w = np.where((mu_c > 0) & (var > 0), mu**2 / np.maximum(var, 1e-300), A_g)
+        return A_w, np.where(mu > 0, A_w * n_g / np.maximum(mu, 1e-300), B_g)
+
+    def _crossing_mean(
+        self, src: np.ndarray, dst: np.ndarray, groups: list[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair, the highest loss per probe learned from pairs crossing the same edge of a
+        group (each end's group, each grouping: a ToR's uplinks) and that history's Gamma
+        shape; 0 where the pair crosses none or no such history outweighs the prior yet (a
+        group's history with nothing learned would only say the prior again, and blunt a new
+        job's test against its clean access link)."""
+        cfg = self.config
+        prior_f = cfg.prior_loss * cfg.prior_probes
+        mean_out, shape_out = np.zeros(len(src)), np.zeros(len(src))
+        for i, g in enumerate(groups[: len(self._cross_n)]):
+            n_h, f_h = self._cross_n[i], self._cross_f[i]
+            known = np.where(n_h >= cfg.prior_probes, (f_h + prior_f) / (n_h + cfg.prior_probes), 0)
+            ga, gb = _cross(src, dst, g)
+            for x in (ga, gb):
+                ok = np.flatnonzero((x >= 0) & (x < known.size))
+                hi = known[x[ok]] > mean_out[ok]
+                mean_out[ok[hi]] = known[x[ok[hi]]]
+                shape_out[ok[hi]] = f_h[x[ok[hi]]] + prior_f
+        return mean_out, shape_out
 
     def _pooled(self, a: np.ndarray, b: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
         """A group's rate as one Gamma posterior: its pairs' pooled history under one prior
@@ -863,6 +955,17 @@ def _run_needed(shape: np.ndarray, rate: np.ndarray, log_alpha: float, least: in
             break
         k[todo] += 1
     return k
+
+
+def _cross(src: np.ndarray, dst: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's two groups under grouping ``g`` where it crosses from one to another, else
+    -1 (inside one group, or an end in none)."""
+    if g.size == 0:
+        return np.full(src.shape, -1, np.int64), np.full(dst.shape, -1, np.int64)
+    ga = np.where(src < g.size, g[np.minimum(src, g.size - 1)], -1)
+    gb = np.where(dst < g.size, g[np.minimum(dst, g.size - 1)], -1)
+    cross = (ga >= 0) & (gb >= 0) & (ga != gb)
+    return np.where(cross, ga, -1), np.where(cross, gb, -1)
 
 
 def _per_group(a: np.ndarray, b: np.ndarray, v: np.ndarray, m: int) -> np.ndarray:
