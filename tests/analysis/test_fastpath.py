@@ -335,8 +335,9 @@ def test_a_crc_on_an_access_link_is_found_while_its_pairs_are_always_in_a_run():
 def _job_on_rnics(fp, src, dst, seconds, loss, rng, t0_s=0, per=40, groups=None):
     """Pairs ``src[i] -> dst[i]`` probed at ``per`` a second each over 14 path ids for
     ``seconds``, each probe lost with probability ``loss`` (per pair: shape (n, 1), or per
-    second: a callable of the second, which may give the failures as a bool (n, per)), shipped and evaluated once a second (``groups``: the
-    endpoints' ToRs). Returns, per second, the pairs flagged lossy."""
+    second: a callable of the second, which may give the failures as a bool (n, per)),
+    shipped and evaluated once a second (``groups``: the endpoints' ToRs). Returns, per
+    second, the pairs flagged lossy."""
     n, ids = src.size, 14
     out = []
     for sec in range(seconds):
@@ -346,7 +347,7 @@ def _job_on_rnics(fp, src, dst, seconds, loss, rng, t0_s=0, per=40, groups=None)
         path = np.broadcast_to((k + np.arange(per)) % ids, (n, per))
         p = loss(sec) if callable(loss) else loss
         # a bool array is the failures themselves
-        failed = p if getattr(p, "dtype", None) == bool else rng.random((n, per)) < p
+        failed = p if getattr(p, "dtype", None) is np.dtype(bool) else rng.random((n, per)) < p
         pids = np.repeat(np.arange(n), per)
         fp.update(pids, t.ravel(), failed.ravel(), path.ravel(), np.full(pids.size, 2000))
         now = T0 + (k + per) * gap_ns
