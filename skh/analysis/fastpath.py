@@ -281,10 +281,7 @@ class FastPathState:
             self._link_f = np.r_[self._link_f, np.zeros(m - self._link_f.size)]
 
     def _links_of(self, eps: np.ndarray) -> np.ndarray:
-        lk = self._ep_link
-        if lk.size == 0:
-            return np.full(eps.shape, -1, np.int64)
-        return np.where(eps < lk.size, lk[np.minimum(eps, lk.size - 1)], -1)
+        return _group_of(eps, self._ep_link)
 
     # ------------------------------------------------------------------ input
 
@@ -678,8 +675,7 @@ class FastPathState:
                 self._mark(hit, cand, rc, in_w, F, ls, flagged, evidence, first_ns, fails)
             scopes = [(src, dst, m_ep, None)]
             for g in groups or []:
-                gs = np.where(src < g.size, g[np.minimum(src, g.size - 1)], -1)
-                gd = np.where(dst < g.size, g[np.minimum(dst, g.size - 1)], -1)
+                gs, gd = _group_of(src, g), _group_of(dst, g)
                 m_g = int(max(gs.max(initial=-1), gd.max(initial=-1))) + 1
                 eg = np.full(m_ep, -1, np.int64)
                 eg[: min(m_ep, g.size)] = g[: min(m_ep, g.size)]
@@ -957,13 +953,17 @@ def _run_needed(shape: np.ndarray, rate: np.ndarray, log_alpha: float, least: in
     return k
 
 
+def _group_of(eps: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``g[eps]``, -1 past its end."""
+    if g.size == 0:
+        return np.full(eps.shape, -1, np.int64)
+    return np.where(eps < g.size, g[np.minimum(eps, g.size - 1)], -1)
+
+
 def _cross(src: np.ndarray, dst: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each pair's two groups under grouping ``g`` where it crosses from one to another, else
     -1 (inside one group, or an end in none)."""
-    if g.size == 0:
-        return np.full(src.shape, -1, np.int64), np.full(dst.shape, -1, np.int64)
-    ga = np.where(src < g.size, g[np.minimum(src, g.size - 1)], -1)
-    gb = np.where(dst < g.size, g[np.minimum(dst, g.size - 1)], -1)
+    ga, gb = _group_of(src, g), _group_of(dst, g)
     cross = (ga >= 0) & (gb >= 0) & (ga != gb)
     return np.where(cross, ga, -1), np.where(cross, gb, -1)
 
