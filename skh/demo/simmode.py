@@ -8,7 +8,7 @@ its ground truth and written to the same HTML report as the live demo.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ def _same(component: str, truth: str) -> bool:
 class SimRun:
     """The simulated cluster with the scripted faults and the pipeline over it, a virtual second
     at a time. ``t0_ns``: the wall-clock time of virtual t = 0 (default: the simulator's fixed
-    epoch, so runs are reproducible)."""
+    epoch, so runs are reproducible); ``pipeline``: :class:`PipelineConfig` settings to change."""
 
     def __init__(
         self,
@@ -44,6 +44,7 @@ class SimRun:
         seed: int = 1,
         script: tuple[tuple[str, float, float], ...] = SCRIPT,
         t0_ns: int | None = None,
+        pipeline: Mapping[str, Any] | None = None,
     ) -> None:
         from skh.analysis.skeleton import Skeleton
         from skh.failures import FailureType
@@ -76,7 +77,9 @@ class SimRun:
             sim.set_ping_pairs(np.concatenate([applied.get(j, p) for j, p in preload.items()]))
             return True
 
-        cfg = PipelineConfig(fabric=fabric.to_mapping(), resolve_after_s=20.0)
+        cfg = PipelineConfig(
+            **{"fabric": fabric.to_mapping(), "resolve_after_s": 20.0, **(pipeline or {})}
+        )
         self.pipe = Pipeline(
             cfg,
             source_factory=lambda _cl: SimSource(sim),

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from skh.errors import ConfigError
 from skh.failures import FailureType
 from skh.model import Fabric, same_rail_pairs
 from skh.orchestrator.pipeline import Pipeline, PipelineConfig
@@ -260,6 +261,45 @@ def test_the_detector_keeps_an_rnics_link_id_as_jobs_come_and_go():
     pipe.set_endpoints([ep(2, "a", "host1", 1), ep(7, "b", "host0", 0), ep(9, "b", "host0", 1)])
     # model ids: 0, 1, 2, then 2 keeps 2, 7 -> 3, 9 -> 4; 0 and 1 are gone (no link)
     assert seen == [[0, 1, 2], [-1, -1, 2, 0, 3]]
+
+
+def test_the_detector_pools_over_the_tors_the_fabric_names(caplog):
+    """The deployed pipeline hands the detector each endpoint's ToR (the loss pooling and the
+    crossing history `skh eval` measured with), under ids that outlive jobs; an endpoint gone is
+    pooled with no one; ``pool_over_tors`` off names none. An endpoint on a host the fabric
+    lacks is left out of the model and named (it used to crash the localizer's index)."""
+    fabric = Fabric.from_params(hosts=4, rnics_per_host=2, hosts_per_segment=2, spines=1)
+    tor = {(h, r): fabric.rnic(h, r).tor for h in fabric.hosts for r in range(2)}
+    assert len(set(tor.values())) == 4  # two segments, two rails
+
+    def ep(i, job, host, rail):
+        return {"ep": i, "job": job, "container": host, "host": host, "rail": rail, "ip": ""}
+
+    for pool in (True, False):
+        cfg = PipelineConfig(fabric=fabric.to_mapping(), pool_over_tors=pool)
+        pipe = Pipeline(cfg, source_factory=lambda _c: None, apply_skeleton=lambda *_a: True)
+        seen = []
+        pipe.detector.set_endpoint_groups = lambda *g, seen=seen: seen.append(
+            [np.asarray(x).tolist() for x in g]
+        )
+        caplog.clear()
+        pipe.set_endpoints(
+            [ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "a", "host2", 0)]
+            + [ep(3, "a", "host2", 1), ep(4, "a", "nowhere", 0)]
+        )
+        assert pipe.stats["endpoints_off_fabric"] == 1 and "a/nowhere@nowhere:0" in caplog.text
+        assert len(pipe.cluster.endpoints) == 4
+        pipe.set_endpoints([ep(3, "a", "host2", 1), ep(8, "b", "host1", 0)])
+        assert pipe.stats["endpoints_off_fabric"] == 0
+        if not pool:
+            assert seen == []
+            continue
+        # host0 and host1 share segment 0's rail-0 ToR; host2's rails hang off two others
+        assert seen[0] == [[0, 0, 1, 2]]
+        # 3 keeps model id 3, 8 gets 4 and its ToR's id; 0-2 are gone
+        assert seen[1] == [[-1, -1, -1, 2, 0]]
+    with pytest.raises(ConfigError, match="pool_over_tors"):
+        PipelineConfig(fabric=fabric.to_mapping(), pool_over_tors="yes")
 
 
 def test_a_job_keeps_being_watched_after_another_job_stops():

@@ -154,6 +154,21 @@ def test_cells_that_share_a_corroboration_group_are_placed_together():
     assert set(pl.ep_shard.tolist()) == {0} and pl.split_groups == 0
 
 
+def test_cells_join_over_groups_only_up_to_the_component_bound():
+    # jobs spanning segments chain every segment's ToRs together: without a bound a fleet's
+    # jobs would all land on one shard. Past it the group is split (each shard pools over its
+    # part) and counted
+    pl = Placement(2, max_cell_endpoints=64, max_component_endpoints=24)
+    a, b, c = _members("a", 0, 2), _members("b", 16, 1), _members("c", 24, 2)
+    tor = np.full(40, -1)
+    tor[[0, 16, 24]] = 5  # a (16 endpoints), b (8) and c (16) each have an RNIC under ToR 5
+    pl.update(a + b + c, [tor])
+    assert pl.ep_shard[0] == pl.ep_shard[16] != pl.ep_shard[24]  # a + b = 24 fit; c does not
+    assert pl.split_groups == 1 and sorted(pl.load.tolist()) == [16, 24]
+    with pytest.raises(ConfigError, match="max_component_endpoints"):
+        Placement(2, max_component_endpoints=0)
+
+
 def test_a_group_joining_cells_already_on_two_shards_is_counted_as_split():
     pl = Placement(2, max_cell_endpoints=64)
     a, b = _members("a", 0, 1), _members("b", 8, 1)

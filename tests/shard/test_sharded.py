@@ -9,19 +9,16 @@ whose process is killed mid-run is restarted by Ray and restored: nothing lost, 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 from collections import Counter
-from unittest import mock
 
 import numpy as np
 import pytest
 import ray
 
 from skh.demo.simmode import SimRun
-from skh.orchestrator.pipeline.rounds import Pipeline
 from skh.orchestrator.shard.merge import alert_key, event_key
 
 pytestmark = pytest.mark.slow
@@ -51,40 +48,11 @@ def _run(
     tor_groups: bool = False,
 ):
     """(per round: events, alerts) of the scripted run; ``shards`` 0 is the single process.
-    ``tor_groups``: the detector pools loss evidence over each ToR's endpoints too."""
-
-    with (
-        mock.patch.object(Pipeline, "set_endpoints", _pooling_over_tors)
-        if tor_groups
-        else (contextlib.nullcontext())
-    ):
-        return _run_in(shards, kill_at, checkpoint_rounds, max_cell_endpoints)
-
-
-def _pooling_over_tors(self, members, skeleton_versions=None):
-    """Pipeline.set_endpoints, then the detector told each endpoint's ToR from the pipeline's
-    own model: a pipeline that wires the detector's ToR pooling in (the single process, the
-    sharded coordinator, whose placement must follow, and the shards alike)."""
-    changed = _SET_ENDPOINTS(self, members, skeleton_versions)
-    if self.cluster is not None:
-        tors: dict[str, int] = {}
-        tor = [
-            -1
-            if e.ep_id in self.cluster.gone
-            else tors.setdefault(self.fabric.hosts[e.host].rnic(e.rail).tor, len(tors))
-            for e in self.cluster.endpoints
-        ]
-        self.detector.set_endpoint_groups(np.array(tor, np.int64))
-    return changed
-
-
-_SET_ENDPOINTS = Pipeline.set_endpoints
-
-
-def _run_in(shards, kill_at, checkpoint_rounds, max_cell_endpoints):
+    ``tor_groups``: the pipeline pools loss evidence over each ToR's endpoints too (its
+    default), which joins the jobs sharing a ToR on one shard."""
     from skh.orchestrator.shard import ShardedPipeline, ShardOptions
 
-    run = SimRun(seed=3, script=SCRIPT)
+    run = SimRun(seed=3, script=SCRIPT, pipeline={"pool_over_tors": tor_groups})
     pipe = run.pipe
     if shards:
         pipe = ShardedPipeline(

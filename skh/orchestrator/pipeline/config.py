@@ -92,6 +92,11 @@ class PipelineConfig:
     trace_learn_s: float = 5.0
     rnic_dump_interval_s: float = 60.0
     max_exoneration_traces: int = 16
+    #: the detector pools loss evidence over each ToR's endpoints and learns what pairs crossing
+    #: a ToR's uplinks lose (a new job's pairs behind a lossy uplink expect that loss, not their
+    #: RNICs' clean history: docs/detection.md). The sharded analyzer then places the jobs that
+    #: share a ToR on one shard; off, jobs spread freely and those two tests are not run
+    pool_over_tors: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -111,6 +116,11 @@ class PipelineConfig:
             raise ConfigError(
                 "The 'trace_learn_s' setting of the pipeline must be in [0, 30]."
                 f" Got {self.trace_learn_s!r} instead."
+            )
+        if not isinstance(self.pool_over_tors, bool):
+            raise ConfigError(
+                "The 'pool_over_tors' setting of the pipeline must be true or false."
+                f" Got {self.pool_over_tors!r} instead."
             )
         if not 1 <= self.trace_max_ttl <= 64:
             raise ConfigError(

@@ -106,6 +106,11 @@ class Pipeline:
     ) -> None:
         self.cfg = cfg
         self.fabric = Fabric.from_mapping(cfg.fabric)
+        #: (host, rail) -> the ToR it hangs off, for every RNIC of the fabric
+        self._tor_of = {
+            (h.name, r.rail): r.tor for h in self.fabric.hosts.values() for r in h.rnics
+        }
+        self._off_fabric: frozenset[str] = frozenset()  # the last ones said, said once
         self.detector = Detector(cfg.detector)
         self.counters = CounterHistory(cfg.history_s)
         self.tracker = AlertTracker(resolve_after_s=cfg.resolve_after_s)
@@ -143,6 +148,9 @@ class Pipeline:
         #: (host, rail) -> access link id: the detector keeps each link's loss history under
         #: it, across the jobs (and model ids) that come and go on the RNIC
         self._links: dict[tuple[str, int], int] = {}
+        #: ToR name -> group id, for the detector's pooling over ToRs (ids stable across calls:
+        #: its crossing history lives under them)
+        self._tors: dict[str, int] = {}
         self.stats: dict[str, int] = {
             "rounds": 0,
             "events": 0,
@@ -170,7 +178,7 @@ class Pipeline:
         RNIC and ToR, its health, ~300 bytes). A row's ``model`` key, when there, is the id it
         must have (the sharded analyzer's actors follow the coordinator's numbering, whatever
         they missed)."""
-        rows = sorted(members, key=lambda m: int(m["ep"]))
+        rows = self._on_fabric(sorted(members, key=lambda m: int(m["ep"])))
         for job, v in (skeleton_versions or {}).items():
             st = self.jobs.get(job)
             if st is not None and int(v) > st.skeleton_version:
@@ -236,6 +244,10 @@ class Pipeline:
                 np.int64,
             )
         )
+        if self.cfg.pool_over_tors:
+            self.detector.set_endpoint_groups(
+                np.array([self._tor_group(e, cluster) for e in cluster.endpoints], np.int64)
+            )
         if self.localizer is None:
             self.localizer = Localizer(
                 cluster,
@@ -247,6 +259,31 @@ class Pipeline:
         self.stats["model_endpoints"] = len(cluster.endpoints)
         self.stats["model_gone"] = len(cluster.gone)
         return True
+
+    def _on_fabric(self, rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """``rows`` without the endpoints on a host or rail the fabric lacks (a fabric file
+        older than the cluster): nothing can place their pairs' links, so they are left out of
+        the model (their records dropped as a stranger's) and named once, not adopted half."""
+        keep = [m for m in rows if (str(m["host"]), int(m["rail"])) in self._tor_of]
+        off = frozenset(f"{m['job']}/{m['container']}@{m['host']}:{m['rail']}" for m in rows) - {
+            f"{m['job']}/{m['container']}@{m['host']}:{m['rail']}" for m in keep
+        }
+        self.stats["endpoints_off_fabric"] = len(off)
+        if off and off != self._off_fabric:
+            log.error(
+                "%d endpoint(s) on a host or rail the fabric does not have, not watched (is the "
+                "analyzer's fabric file older than the cluster?): %s",
+                len(off),
+                ", ".join(sorted(off)[:8]) + (" ..." if len(off) > 8 else ""),
+            )
+        self._off_fabric = off
+        return keep
+
+    def _tor_group(self, e: Endpoint, cluster: Cluster) -> int:
+        """The group id of the ToR endpoint ``e`` hangs off (-1: gone)."""
+        if e.ep_id in cluster.gone:
+            return -1
+        return self._tors.setdefault(self._tor_of[(e.host, e.rail)], len(self._tors))
 
     def _depart(self, eps: list[int]) -> None:
         """Model ids ``eps`` left: retired (a stopped job's already are), released from the

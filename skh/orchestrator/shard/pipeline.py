@@ -63,6 +63,8 @@ class ShardOptions:
     checkpoint_rounds: int = 30
     #: a job with more endpoints is placed rail by rail (:mod:`.placement`)
     max_cell_endpoints: int = 8192
+    #: cells sharing a detector group (a ToR) are placed together up to this many endpoints
+    max_component_endpoints: int = 16384
     #: Ray CPUs each actor asks for (fractions let a small machine hold many shards)
     actor_cpus: float = 1.0
     #: PULL addresses of ingest front-ends, one actor each (agents may push to any of them)
@@ -144,7 +146,11 @@ class ShardedPipeline(Pipeline):
         if not ray.is_initialized():
             raise ConfigError("the sharded analyzer needs Ray: connect to a cluster first")
         self.options = opt = options or ShardOptions()
-        self.placement = Placement(opt.shards, max_cell_endpoints=opt.max_cell_endpoints)
+        self.placement = Placement(
+            opt.shards,
+            max_cell_endpoints=opt.max_cell_endpoints,
+            max_component_endpoints=opt.max_component_endpoints,
+        )
         self.detector = _Detection(self)  # type: ignore[assignment]
         self._sources = sources
         actor = {"num_cpus": opt.actor_cpus, "max_restarts": -1, "max_task_retries": 0}
@@ -197,7 +203,8 @@ class ShardedPipeline(Pipeline):
     ) -> bool:
         """As :meth:`Pipeline.set_endpoints`; the shards get the registry with their next round
         (the skeleton versions stay here: :meth:`_install` numbers what they propose)."""
-        rows = tuple({k: m[k] for k in _MEMBER_KEYS if k in m} for m in members)
+        # those the fabric lacks left out here too: the registry the shards get is the model's
+        rows = tuple(self._on_fabric([{k: m[k] for k in _MEMBER_KEYS if k in m} for m in members]))
         before = self._members_sig
         self._registering = True  # groupings set on the way are placed with the new rows
         try:
@@ -238,13 +245,15 @@ class ShardedPipeline(Pipeline):
             out[ctl[:k][known]] = g[:k][known]
             groups.append(out)
         self.placement.update(self._members, groups)
-        self.stats["split_groups"] = self.placement.split_groups
-        if self.placement.split_groups:
-            log.error(
-                "%d corroboration group(s) span shards (cells placed before the group joined "
-                "them never move): their pooled loss tests differ from one detector's",
+        if self.placement.split_groups != self.stats["split_groups"]:
+            # said when it changes, not at every registration: past max_component_endpoints a
+            # split is expected, and each shard pools over its part of the group
+            log.warning(
+                "%d corroboration group(s) (ToRs) span shards (cells too many to join, or placed "
+                "before the group joined them): each shard pools over its part of them",
                 self.placement.split_groups,
             )
+        self.stats["split_groups"] = self.placement.split_groups
         self._members_due = [True] * self.options.shards
         for f in self.frontends:
             f.set_routes.remote(self.placement.ep_shard, self.placement.ep_home)

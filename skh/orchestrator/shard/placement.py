@@ -17,9 +17,12 @@ the failures of all its pairs, and a pair is flagged on its group's word. Cells 
 group are therefore joined into one *component*, and a component is placed whole, so every
 scope the detector pools over (pair, endpoint, group) lives on one shard and each shard's
 tests read what the single detector's read. (On a rail-optimized fabric a ToR serves one rail:
-whole-job cells of jobs sharing ToRs join up, rail cells join per rail.) A group that spans
-shards anyway — one that grew across cells already placed, which never move — is counted in
-``split_groups``.
+whole-job cells of jobs sharing ToRs join up, rail cells join per rail.) Joining stops at
+``max_component_endpoints``: jobs spanning segments would otherwise chain a fleet's segments
+into one component, one shard. A group left across shards that way — or one that grew across
+cells already placed, which never move — is counted in ``split_groups``; each shard's detector
+then pools over its part of the group (fewer pairs per test, the same test), and learns the
+group's crossing history from its own pairs.
 
 Byte counters go to the job's *home* shard (the shard of its first cell): skeleton inference
 reads all of a job's endpoints at once. Placement is sticky, a cell never moves once placed
@@ -55,15 +58,24 @@ class Routed:
 
 
 class Placement:
-    def __init__(self, shards: int, *, max_cell_endpoints: int = 8192) -> None:
+    def __init__(
+        self,
+        shards: int,
+        *,
+        max_cell_endpoints: int = 8192,
+        max_component_endpoints: int = 16384,
+    ) -> None:
         if shards < 1:
             raise ConfigError(f"The number of shards must be >= 1. Got {shards!r} instead.")
-        if max_cell_endpoints < 1:
-            raise ConfigError(
-                f"The 'max_cell_endpoints' setting must be >= 1. Got {max_cell_endpoints!r}."
-            )
+        for name, v in (
+            ("max_cell_endpoints", max_cell_endpoints),
+            ("max_component_endpoints", max_component_endpoints),
+        ):
+            if v < 1:
+                raise ConfigError(f"The '{name}' setting must be >= 1. Got {v!r} instead.")
         self.shards = int(shards)
         self.max_cell_endpoints = int(max_cell_endpoints)
+        self.max_component_endpoints = int(max_component_endpoints)
         #: (job, rail) -> shard; rail -1: the whole job is one cell
         self.cell_shard: dict[tuple[str, int], int] = {}
         self.load = np.zeros(self.shards, np.int64)  # endpoints placed per shard
@@ -100,7 +112,7 @@ class Placement:
         eps_of: dict[tuple[str, int], list[int]] = {}
         for ep, cell in cell_of.items():
             eps_of.setdefault(cell, []).append(ep)
-        for comp in _components(cell_of, groups):
+        for comp in _components(cell_of, groups, self.max_component_endpoints):
             placed = [self.cell_shard[c] for c in comp if c in self.cell_shard]
             shard = placed[0] if placed else int(np.argmin(self.load))
             for c in comp:
@@ -169,14 +181,18 @@ class Placement:
 
 
 def _components(
-    cell_of: Mapping[int, tuple[str, int]], groups: Sequence[np.ndarray]
+    cell_of: Mapping[int, tuple[str, int]], groups: Sequence[np.ndarray], max_endpoints: int
 ) -> list[list[tuple[str, int]]]:
     """The cells of ``cell_of`` (endpoint -> cell) joined where a group of ``groups`` has
-    endpoints in both, each component's cells in endpoint order, components in the order of
-    their first endpoint (so the order endpoints register in decides placement, as before)."""
+    endpoints in both, as long as the joined component holds at most ``max_endpoints``
+    endpoints; each component's cells in endpoint order, components in the order of their
+    first endpoint (so the order endpoints register in decides placement, as before)."""
     cells = list(dict.fromkeys(cell_of[e] for e in sorted(cell_of)))
     index = {c: i for i, c in enumerate(cells)}
     parent = list(range(len(cells)))
+    size = [0] * len(cells)
+    for cell in cell_of.values():
+        size[index[cell]] += 1
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -192,8 +208,10 @@ def _components(
             if gid < 0:
                 continue
             a, b = root(first.setdefault(gid, index[cell])), root(index[cell])
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+            if a != b and size[a] + size[b] <= max_endpoints:
+                lo, hi = min(a, b), max(a, b)
+                parent[hi] = lo
+                size[lo] += size[hi]
     out: dict[int, list[tuple[str, int]]] = {}
     for i, c in enumerate(cells):
         out.setdefault(root(i), []).append(c)
