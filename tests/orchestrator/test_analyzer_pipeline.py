@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -18,7 +19,7 @@ from skh.orchestrator.agent_underlay import next_sample_delay_s
 from skh.orchestrator.config import AnalyzerConfig, load_config
 from skh.orchestrator.controller import Controller
 from skh.orchestrator.pipeline import PipelineConfig
-from skh.records import ProbeStatus, empty_probes
+from skh.records import ProbeStatus, empty_counters, empty_probes
 from skh.wire import Codec, MsgType, probe_batch_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,3 +276,50 @@ def test_ten_hz_counter_samples_keep_their_grid():
     assert next_sample_delay_s(100.45, 0.5, 1.0, 10) == pytest.approx(0.1)
     assert next_sample_delay_s(100.40, 0.5, 3.0, 10) == pytest.approx(0.05)
     assert next_sample_delay_s(100.4999, 0.5, 1.0, 1) == pytest.approx(1.0001)
+
+
+def test_the_pipeline_worker_outlives_a_failing_update(fabric, cfg, ctx, client, run_daemon):
+    # an exception on a heartbeat or on the controller's member list ended the worker thread:
+    # the daemon went on ingesting and answering STATUS while nothing was detected any more
+    from skh.orchestrator.pipeline import Pipeline, PipelineHook
+
+    calls = {"set_endpoints": 0}
+
+    class Brittle(Pipeline):
+        def heartbeat(self, eps, t_ns):
+            raise RuntimeError("a heartbeat bug")
+
+        def set_endpoints(self, members, skeleton_versions=None):
+            calls["set_endpoints"] += 1
+            if calls["set_endpoints"] == 1:
+                raise ValueError("a member-list bug")
+            return super().set_endpoints(members, skeleton_versions)
+
+    ctl = Controller(cfg.controller, cfg.security, ctx=ctx)
+    router, _pub = ctl.bind()
+    with run_daemon(ctl):
+        client(router, "a0").request(
+            MsgType.REGISTER,
+            {
+                "agent": "a0",
+                "role": "overlay",
+                "host": "h0",
+                "endpoints": [{"job": "j", "container": "c0", "rail": 0, "ip": "10.0.0.1"}],
+            },
+            want={MsgType.REGISTER_ACK},
+        )
+        pcfg = PipelineConfig.from_analyzer(AnalyzerConfig(controller=router, fabric=fabric))
+        hook = PipelineHook(pcfg, cfg.security, make_pipeline=Brittle)
+        try:
+            t = time.time_ns()
+            for i in range(40):
+                hook.on_heartbeat(np.array([0]), t)
+                hook.on_round(empty_probes(0), empty_counters(0), t + i)
+                if calls["set_endpoints"] >= 2 and hook.status().get("rounds", 0) >= 2:
+                    break
+                time.sleep(0.5)
+            assert calls["set_endpoints"] >= 2, "the member list was not read again"
+            assert hook.status()["rounds"] >= 2 and hook.status()["model_endpoints"] == 1
+            assert hook._thread.is_alive()
+        finally:
+            hook.close()

@@ -287,10 +287,11 @@ def test_the_detector_pools_over_the_tors_the_fabric_names(caplog):
             [ep(0, "a", "host0", 0), ep(1, "a", "host1", 0), ep(2, "a", "host2", 0)]
             + [ep(3, "a", "host2", 1), ep(4, "a", "nowhere", 0)]
         )
-        assert pipe.stats["endpoints_off_fabric"] == 1 and "a/nowhere@nowhere:0" in caplog.text
+        assert pipe.stats["endpoints_not_adopted"] == 1
+        assert "a/nowhere/0@nowhere (id 4)" in caplog.text
         assert len(pipe.cluster.endpoints) == 4
         pipe.set_endpoints([ep(3, "a", "host2", 1), ep(8, "b", "host1", 0)])
-        assert pipe.stats["endpoints_off_fabric"] == 0
+        assert pipe.stats["endpoints_not_adopted"] == 0
         if not pool:
             assert seen == []
             continue
@@ -300,6 +301,29 @@ def test_the_detector_pools_over_the_tors_the_fabric_names(caplog):
         assert seen[1] == [[-1, -1, -1, 2, 0]]
     with pytest.raises(ConfigError, match="pool_over_tors"):
         PipelineConfig(fabric=fabric.to_mapping(), pool_over_tors="yes")
+
+
+def test_a_registration_listed_twice_is_adopted_once_under_its_newest_id(caplog):
+    """Two of the controller's rows naming one endpoint (job, container, rail) made the model's
+    update fail half-way (the name taken), the analyzer's worker with it; the newest id is
+    watched, the other named."""
+    fabric = Fabric.from_params(hosts=2, rnics_per_host=1, hosts_per_segment=2, spines=1)
+    pipe = Pipeline(
+        PipelineConfig(fabric=fabric.to_mapping()),
+        source_factory=lambda _c: None,
+        apply_skeleton=lambda *_a: True,
+    )
+
+    def ep(i, host):
+        return {"ep": i, "job": "a", "container": "c0", "host": host, "rail": 0, "ip": ""}
+
+    assert pipe.set_endpoints([ep(3, "host0"), ep(5, "host1")])
+    assert [(e.host, e.ep_id) for e in pipe.cluster.live_endpoints] == [("host1", 0)]
+    assert pipe.stats["endpoints_not_adopted"] == 1 and "a/c0/0@host0 (id 3)" in caplog.text
+    # the listing fixed: the model changes nothing, the old id stays unwatched
+    assert pipe.set_endpoints([ep(5, "host1")])
+    assert [(e.host, e.ep_id) for e in pipe.cluster.live_endpoints] == [("host1", 0)]
+    assert pipe.stats["endpoints_not_adopted"] == 0
 
 
 def test_a_job_keeps_being_watched_after_another_job_stops():

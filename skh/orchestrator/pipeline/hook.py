@@ -154,18 +154,23 @@ class PipelineHook:
                     if item is None:
                         return
                     kind, a, b, t_ns = item
-                    if kind == "heartbeat":
-                        pipe.heartbeat(a, t_ns)
-                    elif kind == "retire":
-                        pipe.retire(a)
-                    elif kind == "ready":
-                        pipe.ready(a)
-                    elif kind == "restore":
-                        pipe.restore(a)
-                    else:
+                    if kind == "round":
                         with self._lock:
                             self._rounds_queued -= 1
                         rounds.append((a, b, t_ns))
+                        continue
+                    try:
+                        if kind == "heartbeat":
+                            pipe.heartbeat(a, t_ns)
+                        elif kind == "retire":
+                            pipe.retire(a)
+                        elif kind == "ready":
+                            pipe.ready(a)
+                        else:
+                            pipe.restore(a)
+                    except Exception:  # a bug on one item must not stop the worker: it ends
+                        # the thread, and the daemon goes on ingesting with no one detecting
+                        log.exception("pipeline: %s failed, skipped", kind)
                 if not rounds:
                     continue
                 if time.monotonic() >= next_status:
@@ -179,7 +184,6 @@ class PipelineHook:
                         versions = {j: int(d["skeleton_version"]) for j, d in st["jobs"].items()}
                         if st["members_version"] != members_version:
                             members, members_version = client.members()
-                        pipe.set_endpoints(members, versions)
                     except (
                         ProtocolError,
                         RequestRefused,
@@ -188,6 +192,12 @@ class PipelineHook:
                         TypeError,
                     ) as exc:
                         log.warning("controller status: %s", exc)
+                    else:
+                        try:
+                            pipe.set_endpoints(members, versions)
+                        except Exception:  # as above: logged, the rows read again next time
+                            log.exception("pipeline: the controller's member list not adopted")
+                            members_version = -1
                 t0 = time.monotonic()
                 try:
                     alerts = pipe.process(

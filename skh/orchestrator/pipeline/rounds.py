@@ -82,6 +82,11 @@ def _registration(m: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def _name(m: Mapping[str, Any]) -> str:
+    """A member row's endpoint name, as :attr:`Endpoint.name` spells it."""
+    return f"{m['job']}/{m['container']}/{m['rail']}"
+
+
 def _same(e: Endpoint, m: Mapping[str, Any]) -> bool:
     """Whether member row ``m`` registers endpoint ``e`` as it is."""
     return (e.job, e.container, e.host, e.rail, e.ip, e.netdev) == _registration(m)[1:]
@@ -110,7 +115,7 @@ class Pipeline:
         self._tor_of = {
             (h.name, r.rail): r.tor for h in self.fabric.hosts.values() for r in h.rnics
         }
-        self._off_fabric: frozenset[str] = frozenset()  # the last ones said, said once
+        self._left_out: frozenset[str] = frozenset()  # the last rows left out, said once
         self.detector = Detector(cfg.detector)
         self.counters = CounterHistory(cfg.history_s)
         self.tracker = AlertTracker(resolve_after_s=cfg.resolve_after_s)
@@ -178,7 +183,7 @@ class Pipeline:
         RNIC and ToR, its health, ~300 bytes). A row's ``model`` key, when there, is the id it
         must have (the sharded analyzer's actors follow the coordinator's numbering, whatever
         they missed)."""
-        rows = self._on_fabric(sorted(members, key=lambda m: int(m["ep"])))
+        rows = self._adoptable(members)
         for job, v in (skeleton_versions or {}).items():
             st = self.jobs.get(job)
             if st is not None and int(v) > st.skeleton_version:
@@ -189,7 +194,6 @@ class Pipeline:
         sig = tuple((*_registration(m), int(m.get("model", -1))) for m in rows)
         if sig == self._members_sig:
             return True
-        self._members_sig = sig
         if self.cluster is None:
             self.cluster = Cluster(self.fabric)
         cluster = self.cluster
@@ -258,25 +262,32 @@ class Pipeline:
         self._set_jobs(cluster)
         self.stats["model_endpoints"] = len(cluster.endpoints)
         self.stats["model_gone"] = len(cluster.gone)
+        self._members_sig = sig  # adopted: the same rows again change nothing
         return True
 
-    def _on_fabric(self, rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        """``rows`` without the endpoints on a host or rail the fabric lacks (a fabric file
-        older than the cluster): nothing can place their pairs' links, so they are left out of
-        the model (their records dropped as a stranger's) and named once, not adopted half."""
+    def _adoptable(self, members: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The controller's rows the model can hold, in id order. Left out, and named once: an
+        endpoint on a host or rail the fabric lacks (a fabric file older than the cluster:
+        nothing can place its pairs' links; its records are dropped as a stranger's), and all
+        but the newest id of one registration (job, container, rail) listed twice. Either one
+        left in made the model's update fail half-way."""
+        rows = sorted(members, key=lambda m: int(m["ep"]))
+        newest = {_name(m): int(m["ep"]) for m in rows}
         keep = [m for m in rows if (str(m["host"]), int(m["rail"])) in self._tor_of]
-        off = frozenset(f"{m['job']}/{m['container']}@{m['host']}:{m['rail']}" for m in rows) - {
-            f"{m['job']}/{m['container']}@{m['host']}:{m['rail']}" for m in keep
+        keep = [m for m in keep if newest[_name(m)] == int(m["ep"])]
+        kept = {int(m["ep"]) for m in keep}
+        left = frozenset(f"{_name(m)}@{m['host']} (id {m['ep']})" for m in rows) - {
+            f"{_name(m)}@{m['host']} (id {m['ep']})" for m in rows if int(m["ep"]) in kept
         }
-        self.stats["endpoints_off_fabric"] = len(off)
-        if off and off != self._off_fabric:
+        self.stats["endpoints_not_adopted"] = len(left)
+        if left and left != self._left_out:
             log.error(
-                "%d endpoint(s) on a host or rail the fabric does not have, not watched (is the "
-                "analyzer's fabric file older than the cluster?): %s",
-                len(off),
-                ", ".join(sorted(off)[:8]) + (" ..." if len(off) > 8 else ""),
+                "%d endpoint(s) not watched: on a host or rail the fabric does not have (is the "
+                "analyzer's fabric file older than the cluster?), or registered twice: %s",
+                len(left),
+                ", ".join(sorted(left)[:8]) + (" ..." if len(left) > 8 else ""),
             )
-        self._off_fabric = off
+        self._left_out = left
         return keep
 
     def _tor_group(self, e: Endpoint, cluster: Cluster) -> int:

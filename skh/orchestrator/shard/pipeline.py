@@ -203,8 +203,7 @@ class ShardedPipeline(Pipeline):
     ) -> bool:
         """As :meth:`Pipeline.set_endpoints`; the shards get the registry with their next round
         (the skeleton versions stay here: :meth:`_install` numbers what they propose)."""
-        # those the fabric lacks left out here too: the registry the shards get is the model's
-        rows = tuple(self._on_fabric([{k: m[k] for k in _MEMBER_KEYS if k in m} for m in members]))
+        rows = tuple({k: m[k] for k in _MEMBER_KEYS if k in m} for m in members)
         before = self._members_sig
         self._registering = True  # groupings set on the way are placed with the new rows
         try:
@@ -217,7 +216,10 @@ class ShardedPipeline(Pipeline):
                 self._place()
             return True
         # with their model ids: an actor that missed a change, or starts over, numbers as this
-        self._members = tuple(r | {"model": int(self._to_model[int(r["ep"])])} for r in rows)
+        # (the rows the model left out, too: see Pipeline._adoptable, are not sent)
+        self._members = tuple(
+            r | {"model": self._live[int(r["ep"])]} for r in rows if int(r["ep"]) in self._live
+        )
         self._place()
         self._members_version += 1
         # not waited for: a localizer that missed it is sent it again when it is asked
