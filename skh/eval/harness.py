@@ -153,13 +153,20 @@ def skeleton_section(sim: Simulation, seed: int, duration_s: int) -> dict[str, A
 
 def _reaffect(sim: Simulation, rec: Any) -> Any:
     """``rec`` with the ping pairs its fault touches (on a path id they probe) among every pair
-    probed by the end of the run, those of jobs that arrived after it began included."""
+    probed by the end of the run that was probing at some time while the fault was on: those of
+    jobs that arrived after it began included, those of jobs that had ended before it began, or
+    began after it ended, not (they were listed, and overstated what could be observed)."""
     from dataclasses import replace
 
     p, n = sim.pairs, sim.n_path_ids
     rows = RowSet.all_paths(sim.index, sim.eps, p, n)
-    hit = sim.engine.affected(sim.faults[rec.fault_id], rows) & sim.rows_in_use()
-    return replace(rec, affected_pairs=p[hit.reshape(n, -1).any(axis=0)])
+    f = sim.faults[rec.fault_id]
+    hit = sim.engine.affected(f, rows) & sim.rows_in_use()
+    pairs = p[hit.reshape(n, -1).any(axis=0)].astype(np.int64)
+    ready = np.maximum(sim.ep_ready_s[pairs[:, 0]], sim.ep_ready_s[pairs[:, 1]])
+    end = np.minimum(sim.ep_end_s[pairs[:, 0]], sim.ep_end_s[pairs[:, 1]])
+    during = (ready < f.end_s) & (end > f.start_s)
+    return replace(rec, affected_pairs=pairs[during].astype(p.dtype))
 
 
 def _eps_of(sim: Simulation, records) -> dict[int, set[int]]:

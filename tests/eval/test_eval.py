@@ -238,6 +238,28 @@ def test_an_event_on_overlapping_faults_detects_each_of_them():
     assert r["per_type"]["RNIC_PORT_DOWN"]["ttd_s"]["mean"] == 1.0
 
 
+def test_a_faults_affected_pairs_are_those_probing_while_it_was_on():
+    """A fault's pairs (what an event must name to detect it) were every pair probed at any
+    time of the run that crosses it: a job that had ended before the fault began was listed."""
+    from skh.eval.harness import _reaffect
+    from skh.sim.faults import Fault
+    from skh.sim.scenario import Simulation
+
+    fab = Fabric.from_params(hosts=32, rnics_per_host=8, hosts_per_segment=16, spines=2)
+    sim = Simulation.build(fab, 12, seed=5, arrivals_per_min=2.0)
+    job = next(j for j in sim.jobs if j.end_s < 1000 and len(set(j.host.tolist())) > 1)
+    first = sim.cluster.endpoints[int(job.ep_ids[0])]
+    tor = fab.rnic(first.host, first.rail).tor  # a ToR the job probed through
+    t0 = job.end_s + 100.0
+    rec = sim.inject(Fault(FailureType.SWITCH_OFFLINE, tor, start_s=t0, end_s=t0 + 100.0))
+    mine = set(job.ep_ids.tolist())
+    assert any(set(p) & mine for p in rec.affected_pairs.tolist())  # listed as of the start
+    pairs = _reaffect(sim, rec).affected_pairs.astype(np.int64)
+    assert pairs.size and not set(pairs.ravel().tolist()) & mine
+    assert (np.maximum(sim.ep_ready_s[pairs[:, 0]], sim.ep_ready_s[pairs[:, 1]]) < t0 + 100).all()
+    assert (np.minimum(sim.ep_end_s[pairs[:, 0]], sim.ep_end_s[pairs[:, 1]]) > t0).all()
+
+
 def test_greedy_probe_matrix_covers_every_link_beta_times():
     fab = Fabric.from_params(hosts=16, hosts_per_segment=4, spines=2)
     ix = FabricIndex(fab)
