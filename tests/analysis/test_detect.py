@@ -609,6 +609,21 @@ def test_a_young_pair_is_held_against_the_fleet():
 _WARM_TOR: list = []
 
 
+def _young_beside(syn: Synth, det: Detector, young: Synth, extra_us) -> list[SuspectEvent]:
+    """Seconds 400-469 of ``syn`` with ``young``'s pairs (endpoints 10 and 11, probing from
+    400 s on) beside them, ``extra_us(sec)`` added to the young pairs' RTTs."""
+    events = []
+    for sec in range(400, 470):
+        y = young.second(sec - 400, extra_us=np.full(young.n, extra_us(sec)))
+        y["src_ep"] += 10
+        y["dst_ep"] += 10
+        y["t_wall_ns"] += 400 * S
+        det.ingest(np.concatenate([syn.second(sec), y]))
+        det.heartbeat(np.r_[np.unique(syn.src), 10, 11], T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    return events
+
+
 def _two_tor_fleet() -> tuple[Synth, Detector]:
     """A private copy of a warmed detector on ten endpoints under two ToRs (0-4, 5-9): pairs
     under one ToR 12-13 us, pairs across them 16-17 us, which a 10 s +10 us congestion episode
@@ -657,21 +672,36 @@ def test_a_young_pair_is_held_against_its_tor_peers(kind):
             return 10.0 if 420 <= sec < 430 else 0.0
         return 0.0
 
-    events = []
-    for sec in range(400, 470):
-        y = young.second(sec - 400, extra_us=np.full(young.n, extra(sec)))
-        y["src_ep"] += 10
-        y["dst_ep"] += 10
-        y["t_wall_ns"] += 400 * S
-        det.ingest(np.concatenate([syn.second(sec), y]))
-        det.heartbeat(np.r_[np.unique(syn.src), 10, 11], T0 + sec * S)
-        events += det.tick(T0 + (sec + 1) * S)
+    events = _young_beside(syn, det, young, extra)
     want = {"latency-short"} if kind in ("gpudirect", "repetitive") else set()
     assert {e.kind for e in events} == want, [e.explanation for e in events]
     assert all(set(e.pairs) <= {(10, 11), (11, 10)} for e in events)
     if want:
         assert min(e.detected_ns for e in events) - T0 - 400 * S <= 45 * S
         assert "ToR peers" in events[0].explanation
+
+
+@pytest.mark.parametrize("kind", ["healthy", "far", "congested", "gpudirect"])
+def test_a_young_pair_without_tor_peers_is_held_against_the_fleets_usual_p75(kind):
+    """Field seed 1566380108 (quick profile, 5e31b2a), fault 48: a GPUDirect RDMA error (+10 us)
+    on a two-host job 54 s old, whose pairs had no established pair between the same two ToRs:
+    held against the fleet's highest look-back p75 (cross-fabric pairs a congestion episode had
+    lifted), +10 us stayed under it. The fleet's usual p75 (the median of each look-back) is
+    about the most-hop pairs' healthy p75: +10 us on a short pair clears it, a healthy pair of
+    the most hops does not, and congestion on the young pair is not a fault."""
+    syn, det = _two_tor_fleet()
+    det.set_endpoint_groups(np.r_[np.zeros(5), np.ones(5), 2, 3].astype(np.int64))
+    young = Synth(n_eps=2, seed=23)
+    young.base_us[:] = 17.0 if kind == "far" else 12.5
+
+    def extra(sec: int) -> float:
+        lifted = kind == "gpudirect" or (kind == "congested" and 420 <= sec < 430)
+        return 10.0 if lifted else 0.0
+
+    events = _young_beside(syn, det, young, extra)
+    want = {"latency-short"} if kind == "gpudirect" else set()
+    assert {e.kind for e in events} == want, [e.explanation for e in events]
+    assert all(set(e.pairs) <= {(10, 11), (11, 10)} for e in events)
 
 
 def test_after_a_long_outage_the_look_back_is_the_last_clean_windows():
