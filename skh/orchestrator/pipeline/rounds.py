@@ -276,9 +276,9 @@ class Pipeline:
         keep = [m for m in rows if (str(m["host"]), int(m["rail"])) in self._tor_of]
         keep = [m for m in keep if newest[_name(m)] == int(m["ep"])]
         kept = {int(m["ep"]) for m in keep}
-        left = frozenset(f"{_name(m)}@{m['host']} (id {m['ep']})" for m in rows) - {
-            f"{_name(m)}@{m['host']} (id {m['ep']})" for m in rows if int(m["ep"]) in kept
-        }
+        left = frozenset(
+            f"{_name(m)}@{m['host']} (id {m['ep']})" for m in rows if int(m["ep"]) not in kept
+        )
         self.stats["endpoints_not_adopted"] = len(left)
         if left and left != self._left_out:
             log.error(
