@@ -453,13 +453,15 @@ class FastPathState:
         agent away 1.4 s, five and six lost on each of three pairs toward one endpoint, its
         restart seen a second after the tick that fired). One such failure is counted: a CRC
         loses one at a time, and the agents' thinning leaves a responder's reports up to a
-        second behind."""
+        second behind. A responder that never reported (its agent probes no one) is not waited
+        for: nothing would vouch."""
         cfg = self.config
         prog = np.full(len(dst), _NEVER)
         ok = dst < progress_ns.size
         prog[ok] = progress_ns[dst[ok]]
         skew = int(cfg.clock_skew_s * 1e9)
-        unvouched = (ring >= 0) & (ring + skew > prog[:, None])
+        # a responder whose agent never reported (it probes no one) has nothing to wait for
+        unvouched = (ring >= 0) & (ring + skew > prog[:, None]) & (prog[:, None] > 0)
         unvouched &= ring > now_ns - int(cfg.hold_max_s * 1e9)
         hold = unvouched.sum(axis=1) >= 2
         if not hold.any():
