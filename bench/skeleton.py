@@ -28,6 +28,11 @@ Keys:
   git revision ``REV`` on the same jobs, each job's two inferences back to back in alternating
   order (same load for both): ``infer_against`` has its CPU seconds and how many jobs' results
   (mode, digest, reason) differ.
+* ``field`` (with ``--field-draws N``): the coverage over N draws of the quick evaluation's own
+  job population (190 jobs on 384 Lingjun hosts, each inferred as ``skh eval`` infers it),
+  ``coverage_min_draw`` the worst draw's (CI's skeleton-coverage gate, 0.999, reads one draw),
+  and every job missing pairs. Session 14: CI's draw 75919706 failed the gate on one MoE job;
+  41 draws before its fix missed that job alone, none after.
 * ``jobs``: per job of the mix and hint regime: shape, traffic regime, mode, hint outcome,
   coverage and ratio; ``hint_outcomes`` counts them per regime.
 """
@@ -380,6 +385,61 @@ def timing(n_rnics: int, seed: int, against=None) -> dict:
     return out
 
 
+def field(draws: int, seed: int) -> dict:
+    """Coverage over ``draws`` draws of the quick evaluation's own job population (the field
+    profile's cluster and job count, each job inferred as the eval infers it, from its first
+    ``skeleton_s`` of counters with its pod-order hint): the population CI's skeleton-coverage
+    gate samples one draw of. A job missing pairs there fails the gate (0.999) on its own."""
+    from skh.eval.field import infer_job
+    from skh.eval.profiles import profile
+    from skh.sim import LINGJUN_TOPO
+
+    prof = profile("quick")
+    fabric = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=prof.hosts)
+    rng = np.random.default_rng(seed)
+    seeds = [int(s) for s in rng.integers(1, 2**31 - 1, draws)]
+    jobs = used = covered = 0
+    worst, misses = 1.0, []
+    for s in seeds:
+        cluster = Cluster(fabric)
+        drawn = generate_jobs(
+            cluster, prof.jobs, seed=s, pool=HostPool(cluster), start_s=(-1800, 0)
+        )
+        d_used = d_cov = 0
+        for job in drawn:
+            sk = infer_job(job, s, prof.skeleton_s)
+            cov = pairs_coverage(job.skeleton_pairs, sk.pairs)
+            n = job.skeleton_pairs.shape[0]
+            d_used += n
+            d_cov += round(cov * n)
+            if cov < 1.0:
+                sh = job.shape
+                misses.append(
+                    {
+                        "seed": s,
+                        "job": job.name,
+                        "shape": f"{job.kind} TP{sh.tp} PP{sh.pp} DP{sh.dp} EP{sh.ep} "
+                        f"CP{job.plan.cp} VPP{job.plan.vpp} ({job.plan.rnics}-RNIC containers)",
+                        "mode": sk.mode,
+                        "coverage": round(cov, 4),
+                    }
+                )
+        jobs += len(drawn)
+        used += d_used
+        covered += d_cov
+        worst = min(worst, d_cov / max(d_used, 1))
+    return {
+        "draws": draws,
+        "seeds": seeds,
+        "jobs": jobs,
+        "coverage": round(covered / max(used, 1), 6),
+        # the gate's figure, per draw: its worst
+        "coverage_min_draw": round(worst, 6),
+        "gate": 0.999,
+        "jobs_missing_pairs": misses,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the smaller job mix")
@@ -387,7 +447,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--against", metavar="REV", help="also time the skeleton package of git revision REV"
     )
+    ap.add_argument(
+        "--field-draws",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the coverage over N draws of the quick eval's job population (~5 s each)",
+    )
     args = ap.parse_args(argv)
+    if args.field_draws < 0:
+        ap.error(f"--field-draws must be 0 or more, not {args.field_draws}")
     t_all = time.perf_counter()
     acc = accuracy(args.quick, args.seed)
     paper = paper_job(args.seed)
@@ -410,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         "infer_detail": big,
         "infer_goal_s": 10.0,
         "infer_against": {"rev": args.against, **big.pop("against")} if args.against else None,
+        "field": field(args.field_draws, args.seed) if args.field_draws else None,
         "hint_outcomes": acc["hint_outcomes"],
         "jobs": acc["jobs"],
         "seed": args.seed,
