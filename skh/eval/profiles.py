@@ -3,8 +3,9 @@
 ``full`` is the paper's setting (the real Lingjun topology replicated to 4,096 hosts × 8 RNICs,
 2,000 jobs, five seeds of the field regime and one of the held-out ``field-heavy``) over half an
 hour of virtual time per seed: an hour was ~1.5 h of CPU per seed on a 2-core machine (a seed's
-field run was halfway after 45 CPU-min), more than a working session gives one stage, and the
-five seeds' ~180 faults and ~10,000 host-hours still bound precision, recall and false positives
+field run was halfway after 45 CPU-min), more than a working session gives one stage; half an
+hour took 20-38 CPU-min per seed (session 14: the whole profile 158 CPU-min, 105 min on two
+cores) and scored 132 faults over 10,230 healthy host-hours on the five seeds
 (``bench/results.py`` keeps finished stages to resume across sessions);
 ``quick`` scales the cluster down so CI finishes in about sixteen minutes of CPU, which its stages
 (two seeds, the ramps, localization, probing) spread over two cores (the output says so);
