@@ -7,7 +7,7 @@ Runs ``skh eval --full`` (4,096 hosts x 8 RNICs, five seeds of the field regime 
 seed of field-heavy; the stages run in ``--workers`` processes) into ``--out``
 (default ``build/results``; each finished stage is kept in ``--out``/stages, so a run that is
 stopped resumes with the same seeds on the same code, ``skh/`` and ``csrc/`` as committed, across
-commits of anything else: six seeds at 4,096 hosts are ~45 min of CPU each), then regenerates
+commits of anything else: six seeds at 4,096 hosts were 20-38 min of CPU each), then regenerates
 ``docs/results.md`` and the README's results section from its ``eval.json``
 (:func:`skh.eval.report.results_page`, :func:`skh.eval.report.readme_section`): no figure on
 either page is typed by hand. ``--from`` regenerates the pages from an earlier run's
