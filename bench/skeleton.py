@@ -322,6 +322,15 @@ def _against(rev: str):
     return importlib.import_module(name).infer_skeleton
 
 
+def _full_shape(job: SimJob) -> str:
+    """Every dimension of a job's layout, for the cases a run names."""
+    s, p = job.shape, job.plan
+    return (
+        f"{job.kind} TP{s.tp} PP{s.pp} DP{s.dp} EP{s.ep} CP{p.cp} VPP{p.vpp} "
+        f"({p.rnics}-RNIC containers)"
+    )
+
+
 def timing(n_rnics: int, seed: int, against=None) -> dict:
     cluster = Cluster(Fabric.from_params(hosts=n_rnics // 8))
     # ~2.5 hosts per job (the paper: 40K endpoints over ~2K jobs); asking a little more than fits
@@ -357,12 +366,10 @@ def timing(n_rnics: int, seed: int, against=None) -> dict:
         covered += round(cov * job.skeleton_pairs.shape[0])
         cov_min = min(cov_min, cov)
         if cov < 1.0 and sk.confident:
-            s = job.shape
             silent.append(
                 {
                     "job": job.name,
-                    "shape": f"{job.kind} TP{s.tp} PP{s.pp} DP{s.dp} EP{s.ep} CP{job.plan.cp} "
-                    f"VPP{job.plan.vpp} ({job.plan.rnics}-RNIC containers)",
+                    "shape": _full_shape(job),
                     "coverage": round(cov, 4),
                 }
             )
@@ -390,6 +397,7 @@ def field(draws: int, seed: int) -> dict:
     profile's cluster and job count, each job inferred as the eval infers it, from its first
     ``skeleton_s`` of counters with its pod-order hint): the population CI's skeleton-coverage
     gate samples one draw of. A job missing pairs there fails the gate (0.999) on its own."""
+    from skh.eval import THRESHOLDS
     from skh.eval.field import infer_job
     from skh.eval.profiles import profile
     from skh.sim import LINGJUN_TOPO
@@ -413,13 +421,11 @@ def field(draws: int, seed: int) -> dict:
             d_used += n
             d_cov += round(cov * n)
             if cov < 1.0:
-                sh = job.shape
                 misses.append(
                     {
                         "seed": s,
                         "job": job.name,
-                        "shape": f"{job.kind} TP{sh.tp} PP{sh.pp} DP{sh.dp} EP{sh.ep} "
-                        f"CP{job.plan.cp} VPP{job.plan.vpp} ({job.plan.rnics}-RNIC containers)",
+                        "shape": _full_shape(job),
                         "mode": sk.mode,
                         "coverage": round(cov, 4),
                     }
@@ -435,7 +441,7 @@ def field(draws: int, seed: int) -> dict:
         "coverage": round(covered / max(used, 1), 6),
         # the gate's figure, per draw: its worst
         "coverage_min_draw": round(worst, 6),
-        "gate": 0.999,
+        "gate": THRESHOLDS["skeleton_coverage"],
         "jobs_missing_pairs": misses,
     }
 
@@ -452,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="also the coverage over N draws of the quick eval's job population (~5 s each)",
+        help="also the coverage over N draws of the quick eval's job population (~3-5 s each)",
     )
     args = ap.parse_args(argv)
     if args.field_draws < 0:
