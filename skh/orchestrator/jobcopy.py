@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +171,8 @@ class JobCopy:
         self.plan: dict[str, Any] | None = None
         #: the skeleton's pairs, sorted by source (None: no skeleton, the preload list)
         self.skeleton_pairs: tuple[array, array] | None = None
+        #: the endpoints some skeleton pair names (see :meth:`destinations`)
+        self._named: frozenset[int] = frozenset()
 
     def store(self, info: EndpointInfo) -> None:
         """Put one endpoint record."""
@@ -179,7 +181,7 @@ class JobCopy:
     def _set_skeleton(self, raw: bytes | None) -> None:
         """Take the skeleton's pairs as the wire packs them (:func:`skh.wire.pack_pairs`)."""
         if raw is None:
-            self.skeleton_pairs = None
+            self.skeleton_pairs, self._named = None, frozenset()
             return
         if len(raw) % 8:
             raise ProtocolError(f"pairs: {len(raw)} bytes is not a multiple of 8")
@@ -194,6 +196,7 @@ class JobCopy:
             pairs = sorted(zip(src, dst, strict=True))
             src, dst = array("I", (p[0] for p in pairs)), array("I", (p[1] for p in pairs))
         self.skeleton_pairs = (src, dst)
+        self._named = frozenset(src) | frozenset(dst)
 
     @classmethod
     def from_snapshot(cls, body: Mapping[str, Any]) -> Any:
@@ -243,15 +246,26 @@ class JobCopy:
 
     def destinations(self, src: int) -> list[int]:
         """The ready destinations ``src`` probes now, sorted: its skeleton pairs', or without a
-        skeleton every same-rail endpoint on another host (the preload list)."""
+        skeleton every same-rail endpoint on another host (the preload list).
+
+        An endpoint no skeleton pair names joined after the skeleton was inferred (an elastic
+        job grew, a container came back under a new id): it keeps its preload pairs, both
+        ways, until a skeleton names it — added first, dropped after, never unprobed while
+        the job is re-inferred (:meth:`JobPingLists.newcomer_pairs` on the controller)."""
         eps = self.endpoints
+        out: set[int] = set()
+        candidates: Iterable[int] = eps
         if self.skeleton_pairs is not None:
             s, d = self.skeleton_pairs
             lo, hi = bisect_left(s, src), bisect_right(s, src)
-            return sorted({x for x in d[lo:hi] if x in eps and eps[x].ready})
+            out = {x for x in d[lo:hi] if x in eps and eps[x].ready}
+            fresh = eps.keys() - self._named
+            candidates = eps if src in fresh else fresh
         me = eps.get(src)
-        if me is None:
-            return []
-        return sorted(
-            ep for ep, i in eps.items() if i.ready and i.rail == me.rail and i.host != me.host
-        )
+        if me is not None:
+            out.update(
+                ep
+                for ep in candidates
+                if eps[ep].ready and eps[ep].rail == me.rail and eps[ep].host != me.host
+            )
+        return sorted(out)

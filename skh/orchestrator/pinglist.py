@@ -7,7 +7,9 @@
   own copy of :class:`JobPingLists` — no per-agent push per change.
 * **Skeleton**: :meth:`JobPingLists.apply_skeleton` replaces the pair set with the inferred
   skeleton in one versioned step. Agents add the new targets before removing the dropped ones, so
-  a pair in both lists is never left unprobed.
+  a pair in both lists is never left unprobed. An endpoint the skeleton names in no pair (it
+  joined later: an elastic job grew, a container came back under a new id) keeps its preload
+  pairs, both ways, until a skeleton names it: the job is re-inferred without a gap.
 
 The same class runs on both sides: the controller mutates it and publishes the returned bodies;
 an agent builds it from a snapshot and :meth:`~JobPingLists.apply` s what it hears. Every published
@@ -199,7 +201,8 @@ class JobPingLists(JobCopy):
 
     def apply_skeleton(self, pairs: np.ndarray, skeleton_version: int) -> dict[str, Any]:
         """Replace the pair set by a skeleton; returns the SKELETON body. Only pairs between this
-        job's endpoints are accepted; a skeleton version must grow. The old skeleton's probe plan
+        job's endpoints are accepted; a skeleton version must grow; an endpoint it names in no
+        pair keeps its preload pairs (:meth:`newcomer_pairs`). The old skeleton's probe plan
         goes with it (the controller plans the new one and adds it to the body)."""
         pairs = np.asarray(pairs, dtype=np.uint32).reshape(-1, 2)
         if skeleton_version <= self.skeleton_version:
@@ -277,11 +280,41 @@ class JobPingLists(JobCopy):
         ep, rail, host, _ = self._cols()
         return same_rail_pairs(ep, rail, host)
 
+    def newcomer_pairs(self) -> np.ndarray:
+        """The preload pairs, both ways, of the endpoints no skeleton pair names (they joined
+        after it was inferred; :meth:`JobCopy.destinations`), ready or not; none without a
+        skeleton (the preload list is every pair then)."""
+        ep, rail, host, _ = self._cols()
+        if self.skeleton is None:
+            return np.zeros((0, 2), np.uint32)
+        fresh = np.flatnonzero(~np.isin(ep, self.skeleton))
+        out = []
+        for i in fresh.tolist():  # a few at a time: a container's RNICs
+            peer = ep[(rail == rail[i]) & (host != host[i])]
+            out += [
+                np.stack([np.full_like(peer, ep[i]), peer], 1),
+                np.stack([peer, np.full_like(peer, ep[i])], 1),
+            ]
+        if not out:
+            return np.zeros((0, 2), np.uint32)
+        return np.unique(np.concatenate(out), axis=0)
+
+    def listed_pairs(self) -> np.ndarray:
+        """Every pair of the list, ready or not: the skeleton and its newcomers' pairs, or the
+        preload list."""
+        ep, rail, host, _ = self._cols()
+        if self.skeleton is None:
+            return same_rail_pairs(ep, rail, host)
+        extra = self.newcomer_pairs()
+        if extra.size == 0:
+            return self.skeleton
+        return np.unique(np.concatenate([self.skeleton.astype(np.uint32), extra]), axis=0)
+
     def active_pairs(self) -> np.ndarray:
-        """The pairs probed now: the skeleton (or the preload list) restricted to ready
-        destinations, sorted by (src, dst)."""
+        """The pairs probed now: the skeleton and its newcomers' pairs (or the preload list)
+        restricted to ready destinations, sorted by (src, dst)."""
         ep, rail, host, ready = self._cols()
-        pairs = self.skeleton if self.skeleton is not None else same_rail_pairs(ep, rail, host)
+        pairs = self.listed_pairs()
         if pairs.size == 0:
             return np.zeros((0, 2), np.uint32)
         ready_ids = ep[ready]
@@ -293,7 +326,8 @@ class JobPingLists(JobCopy):
         destination its list holds, ready or not."""
         ep, rail, host, ready = self._cols()
         if self.skeleton is not None:
-            dst = self.skeleton[self.skeleton[:, 0] == src, 1]
+            pairs = self.listed_pairs()
+            dst = pairs[pairs[:, 0] == src, 1]
             return np.sort(dst[np.isin(dst, ep[ready])] if ready_only else dst)
         i = np.searchsorted(ep, src)
         if i >= ep.size or ep[i] != src:
@@ -312,8 +346,9 @@ class JobPingLists(JobCopy):
                 "pairs": preload,
                 "active": same_rail_pair_count(rail, host, ready),
             }
-        active = int(np.isin(self.skeleton[:, 1], ep[ready]).sum())
-        return {"preload": preload, "pairs": int(self.skeleton.shape[0]), "active": active}
+        pairs = self.listed_pairs()
+        active = int(np.isin(pairs[:, 1], ep[ready]).sum())
+        return {"preload": preload, "pairs": int(pairs.shape[0]), "active": active}
 
     def first_pairs(self, limit: int, *, ready_only: bool = True) -> np.ndarray:
         """The first ``limit`` pairs of the list (by source, then destination), listed one

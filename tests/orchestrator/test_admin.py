@@ -444,7 +444,15 @@ def test_skeleton_mode_and_batched_commands(cluster, capsys):
         ids = ctl.submit_job(
             "sk", [{"name": f"c{i}", "host": f"h{i}", "rails": [0, 1]} for i in range(3)]
         )
-        pairs = np.array([[ids["sk/c0/0"], ids["sk/c1/0"]], [ids["sk/c1/1"], ids["sk/c2/1"]]])
+        # every endpoint named (one no pair names keeps its preload pairs: a newcomer)
+        pairs = np.array(
+            [
+                [ids["sk/c0/0"], ids["sk/c1/0"]],
+                [ids["sk/c1/1"], ids["sk/c2/1"]],
+                [ids["sk/c2/0"], ids["sk/c0/0"]],
+                [ids["sk/c0/1"], ids["sk/c1/1"]],
+            ]
+        )
         version = ctl.apply_skeleton("sk", pairs, 1)
         with pytest.raises(RequestRefused, match="not newer"):
             ctl.apply_skeleton("sk", pairs[:1], 1)
@@ -454,12 +462,12 @@ def test_skeleton_mode_and_batched_commands(cluster, capsys):
             "skeleton",
             1,
         )
-        assert (summary["preload_pairs"], summary["pairs"], summary["active_pairs"]) == (12, 2, 0)
+        assert (summary["preload_pairs"], summary["pairs"], summary["active_pairs"]) == (12, 4, 0)
         replies = ctl.commands([("ghost", "stats", {}), ("u0", "stats", {})], timeout_s=1.0)
         assert [r["ok"] for r in replies] == [False, True]
         assert replies[1]["result"]["agent"] == "u0"
     rc, out, err = _cli(capsys, router, sec, "job", "pinglist", "sk")
-    assert rc == 0 and "skeleton v1" in out and "0 of 2 pairs active" in out, err
+    assert rc == 0 and "skeleton v1" in out and "0 of 4 pairs active" in out, err
 
 
 def test_removing_a_running_job_announces_its_endpoints_down(cfg, ctx, client, run_daemon):

@@ -170,7 +170,8 @@ def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
         "job": "j",
         "version": 2,
         "skeleton_version": 1,
-        "pairs": np.array([[0, 2], [1, 0]], dtype="<u4").tobytes(),
+        # every endpoint named (one no pair names would keep its preload pairs)
+        "pairs": np.array([[0, 2], [1, 0], [3, 1]], dtype="<u4").tobytes(),
     }
     assert agent.job.apply(MsgType.SKELETON, body)
     agent._apply_targets()
@@ -181,7 +182,7 @@ def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
         "job": "j",
         "version": 3,
         "skeleton_version": 2,
-        "pairs": np.array([[0, 2], [0, 3]], dtype="<u4").tobytes(),
+        "pairs": np.array([[0, 2], [0, 3], [1, 0]], dtype="<u4").tobytes(),
     }
     agent.job.apply(MsgType.SKELETON, body)
     agent._apply_targets()
@@ -191,7 +192,7 @@ def test_skeleton_swap_never_unprobes_a_kept_pair(cfg, ctx):
         "job": "j",
         "version": 4,
         "skeleton_version": 3,
-        "pairs": np.array([[0, 1]], dtype="<u4").tobytes(),
+        "pairs": np.array([[0, 1], [2, 3]], dtype="<u4").tobytes(),
     }
     agent.job.apply(MsgType.SKELETON, body)
     agent._apply_targets()
@@ -297,7 +298,7 @@ def test_the_agent_probes_as_the_controller_plans_and_says_where_it_disagrees(cf
     # ECMP paths assumed)
     assert sorted(calls) == [("add", d, 0.2, 19) for d in (1, 2, 3, 4)]
     calls.clear()
-    skeleton = np.array([[0, 1], [0, 3], [1, 0]], np.uint32)
+    skeleton = np.array([[0, 1], [0, 3], [1, 0], [2, 3], [4, 3]], np.uint32)  # names all
     plan = plan_probes(skeleton, ProbePolicy(budget_per_s=20.0, default_ecmp_paths=2))
     body = {
         "job": "j",

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from skh.errors import TopologyError
 from skh.model import same_rail_pairs
+from skh.orchestrator.jobcopy import JobCopy
 from skh.orchestrator.pinglist import EndpointInfo, JobPingLists, page_records
 from skh.wire import ENDPOINT_TEXT, Codec, MsgType
 
@@ -117,7 +118,11 @@ def test_lists_are_counted_and_shown_in_part_without_listing_them(layout, data):
         pick = data.draw(st.lists(st.integers(0, max(0, len(pre) - 1)), max_size=6, unique=True))
         if len(pre):
             j.apply_skeleton(pre[sorted(pick)] if pick else pre[:1], 1)
-    listed = j.preload_pairs() if j.skeleton is None else j.skeleton
+    listed = j.preload_pairs()
+    if j.skeleton is not None:  # the skeleton, and the preload pairs of what it names not
+        named = np.isin(listed, j.skeleton)
+        listed = np.unique(np.r_[j.skeleton, listed[~named.all(axis=1)]], axis=0)
+    np.testing.assert_array_equal(listed, j.listed_pairs())
     active = j.active_pairs()
     assert j.pair_counts() == {
         "preload": len(j.preload_pairs()),
@@ -182,3 +187,38 @@ def test_text_tables_stay_bounded_by_the_values_records_hold():
         got = read_pages(codec, j, 2)
         assert got == [j.endpoints[ep].to_wire() for ep in range(4)]
     assert len(j._strings[list(ENDPOINT_TEXT).index("ip")]) <= 2 * 4 + 64 + 1
+
+
+def test_a_newcomer_keeps_its_preload_pairs_until_a_skeleton_names_it():
+    """An elastic job grows after its skeleton was applied (or a container comes back under a
+    new id): the new endpoints are named by no pair, so they would go unprobed, and unprobing,
+    until the job is re-inferred (minutes of history). They keep their same-rail pairs, both
+    ways, on the controller and on every agent's copy alike, until a skeleton names them."""
+    codec = Codec()
+    # hosts 0-2 on rails 0 and 1; the skeleton links hosts 0-1 and 1-2 per rail
+    ctl = _job([(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)], ready=range(6))
+    ctl.apply_skeleton(
+        np.array([[0, 1], [1, 0], [1, 2], [2, 1], [3, 4], [4, 3], [4, 5], [5, 4]]), 1
+    )
+    assert ctl.ping_list(0).tolist() == [1] and ctl.newcomer_pairs().size == 0
+    agent = JobCopy.from_snapshot(
+        codec.decode(codec.encode(MsgType.JOB_SNAPSHOT, "c", 1, ctl.snapshot())).body
+    )
+    # host 3 joins with an RNIC on rail 0
+    ctl.upsert(EndpointInfo(6, "j", "c3", "h3", 0, ip="127.0.0.1", port=1006))
+    body = ctl.set_ready([6])
+    assert agent.apply(
+        MsgType.READY_ANNOUNCE,
+        codec.decode(codec.encode(MsgType.READY_ANNOUNCE, "c", 2, body)).body,
+    )
+    want = {6: [0, 1, 2], 0: [1, 6], 1: [0, 2, 6], 2: [1, 6], 3: [4], 4: [3, 5], 5: [4]}
+    for src, dsts in want.items():
+        assert ctl.ping_list(src).tolist() == dsts == agent.destinations(src), src
+    assert ctl.pair_counts()["pairs"] == 8 + 6
+    # re-inferred: the skeleton names the newcomer; its other preload pairs go
+    body = ctl.apply_skeleton(np.r_[ctl.skeleton, [[2, 6], [6, 2]]], 2)
+    assert agent.apply(
+        MsgType.SKELETON, codec.decode(codec.encode(MsgType.SKELETON, "c", 3, body)).body
+    )
+    assert ctl.ping_list(6).tolist() == [2] == agent.destinations(6)
+    assert ctl.ping_list(0).tolist() == [1] == agent.destinations(0)
