@@ -260,6 +260,27 @@ def test_a_stage_order_by_a_hair_is_not_clear():
         assert hint != "pod" or _ratio(sk, job) <= 1.6, sk.reason
 
 
+def test_the_rank_hint_settles_a_near_tie_in_stage_order():
+    """The paper's job (TP = PP = DP = 8), seed 6: traffic orders its eight stages as the hint
+    does, but one stage's neighbour trails a non-neighbour within the slack: without the hint
+    every two stages were linked (0.22 of the same-rail list, not the paper's 0.14). A hint
+    whose order fits the traffic about as well settles the tie; without one the order stays a
+    guess and every two stages are linked."""
+    cluster = Cluster(Fabric.from_params(hosts=64))
+    job = make_job(cluster, "paper", JobShape(8, 8, 8), iteration_s=15.0, seed=6999)
+    tx, rx = counter_series(job, WINDOW_S, 6, sample_hz=HZ, t0_s=np.ceil(job.ready_s.max()) + 1)
+    same_rail = same_rail_pairs(job.ep_ids, job.rail, job.host).shape[0]
+    sk = _infer(job, tx + rx, tx, hint="pod")
+    assert "near tie" in sk.reason and sk.pairs.shape[0] / same_rail <= 0.15, sk.reason
+    assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0
+    # the hint's stage blocks in another order, which the traffic does not fit: it settles
+    # nothing
+    perm = np.r_[0:4, 5, 4, 6, 7]  # stages 4 and 5 (0-based) swap places in the ranks
+    sk = _infer(job, tx + rx, tx, hint=job.container % 8 + 8 * perm[job.container // 8])
+    assert "every two stages linked" in sk.reason, sk.reason
+    assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0
+
+
 def test_spikes_riding_on_shared_syncs_do_not_hide_them():
     """Two series share every gradient sync (a second's plateau a little over the burst level);
     all-to-all spikes ride on the syncs at each series' own instants, and one series' spikes

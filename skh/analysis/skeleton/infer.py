@@ -253,8 +253,9 @@ def infer_skeleton(
         )
 
     # pipeline partners: adjacent stages, and the last stage back to the first (an interleaved
-    # schedule's wrap-around, which burst timing cannot tell from a plain one); every two
-    # stages when the order is a guess (a stage as like a non-neighbour as a neighbour)
+    # schedule's wrap-around, which burst timing cannot tell from a plain one); when the order
+    # is a guess (a stage as like a non-neighbour as a neighbour), the rank hint's neighbours
+    # too if it orders the stages otherwise but about as well, else every two stages
     # groups that share burst instants may be replicas of one stage: linked whole, whatever
     # their places in the order
     boundaries = []
@@ -262,13 +263,18 @@ def infer_skeleton(
     for blocks in split.blocks:
         k = blocks.shape[0]
         if k not in links_of:
-            links = [(j, j + 1) for j in range(k - 1)] + ([(k - 1, 0)] if k >= 3 else [])
-            if not split.order_clear:
+            links = _chain_links(np.arange(k))
+            alt = split.hint_order
+            if not split.order_clear and alt is not None and alt.size == k:
+                links += _chain_links(alt)  # traffic and hint differ within the evidence
+            elif not split.order_clear:
                 links = [(i, j) for i in range(k) for j in range(i + 1, k)]
             shared = split.shared if split.shared is not None else np.zeros((k, k), bool)
-            linked = {frozenset(pair) for pair in links}
-            more = np.argwhere(np.triu(shared)).tolist()
-            links += [(i, j) for i, j in more if frozenset((i, j)) not in linked]
+            links += [tuple(pair) for pair in np.argwhere(np.triu(shared)).tolist()]
+            first: dict[frozenset, tuple[int, int]] = {}
+            for pair in links:
+                first.setdefault(frozenset(pair), pair)
+            links = list(first.values())
             links_of[k] = [(i, j, bool(shared[i, j])) for i, j in links]
         boundaries += [Boundary(blocks[i], blocks[j], w) for i, j, w in links_of[k]]
     pp_chunks, ps = [], PairStats()
@@ -316,7 +322,14 @@ def infer_skeleton(
         "typical RNICs": "many RNICs have an atypical burst regime (STFT)",
     }[limit]
     desc = _describe(period_s, k_mode, n // rails.size, split.how, ps, hint_state)
-    if not split.order_clear:
+    if split.order_clear and split.hint_order is not None:
+        desc += "; stage order a near tie in traffic, as the rank hint orders it"
+    elif split.hint_order is not None:
+        desc += (
+            "; stage order unclear (a stage as like a non-neighbour as a neighbour) and the "
+            "rank hint's another: both orders' neighbours linked"
+        )
+    elif not split.order_clear:
         desc += (
             "; stage order unclear (a stage as like a non-neighbour as a neighbour): "
             "every two stages linked"
@@ -332,6 +345,15 @@ def infer_skeleton(
         )
     reason = f"{desc}; confidence limited by {limit}: {why}"
     return result(MODE_SKELETON, reason, conf, pairs, period_s, scores, hint_state)
+
+
+def _chain_links(order: np.ndarray) -> list[tuple[int, int]]:
+    """Pipeline partners of stages (block positions) in ``order``: neighbours, and the last
+    back to the first (an interleaved schedule's wrap-around, which burst timing cannot tell
+    from a plain one)."""
+    k = order.size
+    ends = [(int(order[-1]), int(order[0]))] if k >= 3 else []
+    return [(int(order[j]), int(order[j + 1])) for j in range(k - 1)] + ends
 
 
 def _chain_pairs(chain, ep_id, hinv, rail_inv, group, stage) -> np.ndarray:

@@ -352,21 +352,17 @@ def _candidate(
     return _Clusters(label, k, score, order, clear) if ordered else None
 
 
-def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool, bool]:
-    """Stage order of clusters by spectral seriation of their mean similarity, whether every
-    cluster's neighbours in that order are (within ``_ORDER_SLACK``) its most similar, and
-    whether they lead every other cluster by ``_ORDER_MARGIN`` (else another order fits about
-    as well)."""
-    if k <= 2:
-        return np.arange(k), True, True
+def _similarity(sim: np.ndarray, label: np.ndarray, k: int) -> np.ndarray:
+    """``(k, k)``: the clusters' mean similarity."""
     onehot = np.zeros((label.size, k))
     onehot[np.arange(label.size), label] = 1.0
-    q = onehot.T @ sim @ onehot / np.outer(onehot.sum(0), onehot.sum(0))
-    w = q - q.min()
-    np.fill_diagonal(w, 0.0)
-    lap = np.diag(w.sum(axis=1)) - w
-    _, vec = np.linalg.eigh(lap)
-    order = np.argsort(vec[:, 1], kind="stable")
+    return onehot.T @ sim @ onehot / np.outer(onehot.sum(0), onehot.sum(0))
+
+
+def _fit(q: np.ndarray, order: np.ndarray) -> tuple[bool, bool]:
+    """Whether every cluster's neighbours in ``order`` are (within ``_ORDER_SLACK``) its most
+    similar clusters, and whether they lead every other cluster by ``_ORDER_MARGIN``."""
+    k = order.size
     qo = q[np.ix_(order, order)]
     np.fill_diagonal(qo, -np.inf)
     ok = clear = True
@@ -378,7 +374,35 @@ def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool
         ok &= bool(np.all(qo[i, nb] >= top - _ORDER_SLACK))
         rest = np.delete(qo[i], nb + [i])
         clear &= bool(rest.size == 0 or qo[i, nb].min() >= rest.max() + _ORDER_MARGIN)
-    return order, bool(ok), bool(ok and clear)
+    return ok, ok and clear
+
+
+def _order(sim: np.ndarray, label: np.ndarray, k: int) -> tuple[np.ndarray, bool, bool]:
+    """Stage order of clusters by spectral seriation of their mean similarity, and how it fits
+    (:func:`_fit`: a clear order, or else another order fits about as well)."""
+    if k <= 2:
+        return np.arange(k), True, True
+    q = _similarity(sim, label, k)
+    w = q - q.min()
+    np.fill_diagonal(w, 0.0)
+    lap = np.diag(w.sum(axis=1)) - w
+    _, vec = np.linalg.eigh(lap)
+    order = np.argsort(vec[:, 1], kind="stable")
+    return order, *_fit(q, order)
+
+
+def _hint_order(sim: np.ndarray, c: _Clusters, h_rank: np.ndarray) -> np.ndarray | None:
+    """When the traffic's stage order is a near tie: the order the rank hint gives the stages,
+    as positions in ``c.order``, if the hint holds each stage in one block of ranks and that
+    order fits the traffic too (within ``_ORDER_SLACK``); else None."""
+    lo = np.array([h_rank[c.label == j].min() for j in range(c.k)])
+    hi = np.array([h_rank[c.label == j].max() for j in range(c.k)])
+    seq = np.argsort(lo)
+    if np.any(lo[seq][1:] <= hi[seq][:-1]) or not _fit(_similarity(sim, c.label, c.k), seq)[0]:
+        return None
+    pos = np.empty(c.k, np.int64)
+    pos[c.order] = np.arange(c.k)
+    return pos[seq]
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +420,10 @@ class Split:
     shared: np.ndarray | None = None
     #: :func:`host_quartile` of the series, hosts in sorted order (the pipeline chain reads it)
     quartile: np.ndarray | None = None
+    #: where the traffic's stage order is a near tie, the rank hint's order of the blocks (their
+    #: positions; :func:`_hint_order`): the same order (``order_clear`` then True: the hint
+    #: settles the tie), or another one whose neighbours are linked beside the traffic's
+    hint_order: np.ndarray | None = None
 
 
 def coherence(feat: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -539,11 +567,11 @@ def split_stages(
         return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     c = _cluster(sim_h, feat, hz, params)
     how = "stages split by burst similarity per host"
+    h_rank = np.zeros(n_h, np.int64)
+    h_rank[hinv] = rank
+    h_rank = np.argsort(np.argsort(h_rank, kind="stable"), kind="stable")
     if hinted:
         # the hint's blocks, tested with the same margin, when finer than the traffic's own
-        h_rank = np.zeros(n_h, np.int64)
-        h_rank[hinv] = rank
-        h_rank = np.argsort(np.argsort(h_rank, kind="stable"), kind="stable")
         for k in range(n_h // 2, c.k, -1):
             if n_h % k:
                 continue
@@ -570,6 +598,14 @@ def split_stages(
         )
         return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     shared = _shared_links(feat, c.label, c.order, hz)
+    clear, hint_order = c.order_clear, None
+    if hinted and not clear:
+        hint_order = _hint_order(sim_h, c, h_rank)
+        ident = np.arange(c.k)
+        if hint_order is not None and (
+            np.array_equal(hint_order, ident) or np.array_equal(hint_order, ident[::-1])
+        ):
+            clear = True
     # the rails must agree (one stage per container): a host holding several stages does not,
     # and then most of its RNICs sit nearer another group on their own rail; each RNIC's own
     # burst series tells (not needed above: most jobs are a few hosts of one stage)
@@ -581,7 +617,7 @@ def split_stages(
     share = float(np.mean(np.concatenate(fit)))
     if share >= 0.8:
         blocks = _blocks(c.label[hinv], c.order, c.k, rail_inv, n_rails, rank, host)
-        return Split(blocks, c.score, how, coh, c.order_clear, shared, quartile)
+        return Split(blocks, c.score, how, coh, clear, shared, quartile, hint_order)
     per_rail = _split_per_rail(z, rail_inv, n_rails, rank, host, hz, params)
     if max(b.shape[0] for b in per_rail.blocks) == 1:
         # No rail resolves anything alone. Co-tenant or storage flows on single RNICs
@@ -602,7 +638,7 @@ def split_stages(
                 f" (rails too noisy alone: {share:.0%} of RNICs nearest their group's RNICs, "
                 f"{near:.0%} nearest its host series)"
             )
-            return Split(blocks, c.score, how, coh, c.order_clear, shared, quartile)
+            return Split(blocks, c.score, how, coh, clear, shared, quartile, hint_order)
     return replace(per_rail, quartile=quartile)
 
 
