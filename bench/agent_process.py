@@ -36,7 +36,11 @@ sessions, load ~5; 5 runs): VmRSS 46.5-47.1 -> 28.1 MB, CPU 2.58 -> 2.76 % of a 
 (2.2-2.86, 2.6-2.99; docs/probing.md, "What it costs and covers", session 9). Session 10, peers
 one by one (load 3-4): 7.36 % without the engine's tick, 5.92 % with ``--agent-set
 engine_tick_s=0.005`` (six interleaved pairs); peers in bursts 3.85-4.05 % (docs/engine.md,
-"Wake-ups").
+"Wake-ups"). Session 15 (``--rate 800 --paths 19 --duration 15``, peers spread, load ~2): the
+agent 5.07 % (engines 4.6, Python 0.67), the bare responder 1.07 %, so the bare floor
+(``bare_floor_cpu_pct``) 2.13 %: on this 2-vCPU VM the kernel's UDP work alone at the busiest
+container's rate is above the issue's 2 %; the agent is 2.4x that floor (849 wake-ups/s against
+the responder's batches).
 """
 
 from __future__ import annotations
@@ -331,7 +335,7 @@ def measure(
     probers = None
     with (
         tempfile.TemporaryDirectory(prefix="skh-agentproc-") as tmp,
-        po.responder(None, "127.0.0.1") as port,
+        po.responder(None, "127.0.0.1") as (port, responder_pid),
     ):
         try:
             ctl = subprocess.Popen(
@@ -392,10 +396,12 @@ def measure(
                 return {k: sum(int(e[k]) for e in st["engines"]) for k in keys}
 
             plan = _command(admin, codec, "measured", "pinglist", 1) or {}
+            r0 = _cpu_s(responder_pid)
             n0, c0, t0 = counters(), _cpu_s(agent.pid), time.monotonic()
             threads0 = _thread_cpu_s(agent.pid)
             time.sleep(duration_s)
             n1, c1, t1 = counters(), _cpu_s(agent.pid), time.monotonic()
+            r1 = _cpu_s(responder_pid)
             threads1 = _thread_cpu_s(agent.pid)
             mem = _proc_memory_kb(agent.pid)
             mapped = smaps_rss_mb(agent.pid)
@@ -437,6 +443,13 @@ def measure(
         # (two each), peers' probes answered, send stamps, and the engine loops' wake-ups
         "engine_per_s": {k: round((n1[k] - n0[k]) / wall, 1) for k in n0 if k != "sent"},
         "cpu_pct_one_core": round(100.0 * (c1 - c0) / wall, 2),
+        # the same kernel socket work done bare, for scale: one C engine in a process of its
+        # own answering the agent's probes (one socket, batches as large as they come), and
+        # twice that, the agent's datagrams (its probes and its answers) at that engine's
+        # cost: a lower bound on this machine, whatever the agent's design (sockperf's client
+        # and server each take ~21-22 us of CPU per UDP round trip on the 2-vCPU test VM)
+        "responder_cpu_pct": round(100.0 * (r1 - r0) / wall, 2),
+        "bare_floor_cpu_pct": round(200.0 * (r1 - r0) / wall, 2),
         # by thread: the engines' C threads, ZeroMQ's I/O threads, the Python main thread
         "cpu_pct_by_thread": {
             k: round(100.0 * (v - threads0.get(k, 0.0)) / wall, 2)

@@ -134,7 +134,8 @@ def run_json(cmd: list[str], timeout: float) -> dict:
 
 
 @contextlib.contextmanager
-def responder(ns: str | None, bind: str) -> Iterator[int]:
+def responder(ns: str | None, bind: str) -> Iterator[tuple[int, int]]:
+    """A C engine answering probes in a process of its own: (its port, its pid)."""
     import signal
     import subprocess
 
@@ -157,7 +158,7 @@ def responder(ns: str | None, bind: str) -> Iterator[int]:
         m = re.search(r"answering on \S+:(\d+) ", line)
         if not m:
             raise RuntimeError(f"responder did not start: {line!r}")
-        yield int(m.group(1))
+        yield int(m.group(1)), proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -370,7 +371,7 @@ def leg(
     warm = 0.15 if quick else 0.5
     n_ping = 100 if quick else 1000
     out: dict = {}
-    with responder(ns_responder, "::" if ":" in host else "0.0.0.0") as port:
+    with responder(ns_responder, "::" if ":" in host else "0.0.0.0") as (port, _pid):
         # saturation: both keep 32 probes in flight and send the next as soon as replies come back
         c_sat = c_agent(
             ns_prober,

@@ -58,6 +58,8 @@ def agent_cost(
         "inbound_phases": r["inbound_phases"],
         "engine_wakeups_per_s": r["engine_per_s"]["wakeups"],
         "cpu_pct_one_core": r["cpu_pct_one_core"],
+        # the agent's datagrams at a bare C engine's cost, measured beside it: for scale
+        "bare_floor_cpu_pct": r["bare_floor_cpu_pct"],
         "rss_mb": r["rss_mb"],
         "rss_anon_mb": r["rss_anon_mb"],
         "uss_mb": r["uss_mb"],

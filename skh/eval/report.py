@@ -450,6 +450,10 @@ def tables(r: dict[str, Any]) -> list[Table]:
             ("RSS (MB)", _num(ag["rss_mb"], 1), _num(paper["agent_rss_mb"], 1)),
             ("own memory, USS (MB)", _num(ag.get("uss_mb"), 1), ""),
         )
+        if "bare_floor_cpu_pct" in ag:
+            ag_rows += (
+                ("same datagrams at a bare C engine's cost, %", _num(ag["bare_floor_cpu_pct"]), ""),
+            )
     else:
         ag_rows = (("not measured", ag.get("error", "skipped"), ""),)
     out.append(
@@ -653,6 +657,15 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
                 + (
                     ": above the 2 % a container may cost (issue 17)"
                     if ag["cpu_pct_one_core"] > 2.0
+                    else ""
+                )
+                + (
+                    f". The same datagrams at a bare C engine's cost, measured beside it (a "
+                    f"lone engine answering the agent's probes, twice over for the agent's "
+                    f"probing and answering): {_num(ag['bare_floor_cpu_pct'])} %, the kernel's "
+                    "UDP work on this machine, below which no agent probing at this rate over "
+                    "kernel UDP goes (RDMA verbs bypass it)"
+                    if "bare_floor_cpu_pct" in ag
                     else ""
                 )
                 + ". A short run: the figure is steady-state probing cost only.",
