@@ -50,8 +50,8 @@ _ORDER_SLACK = 0.05  # how far a stage's neighbour may trail its most similar gr
 #: how far a stage's neighbours must lead every other group for the order to count as clear:
 #: seriation always returns an order, and one whose neighbours lead by a hair is a guess (40K
 #: cluster seed 14, TP8 PP4 DP2: stages 3 and 4 swapped on a lead of 0.007, a confident list
-#: missing a fifth of the pairs). Leads of the right orders seen: 0.036 and more (seven 40K
-#: seeds, ~140 orders); the weakest wrong one 0.007
+#: missing a fifth of the pairs). Leads of the right orders seen: 0.036 and more (held-out 40K
+#: seeds 4, 5, 7-10, ~116 orders); the weakest wrong one 0.007
 _ORDER_MARGIN = 0.02
 #: a DP group's members start their bursts within this of each other (sampling clocks and
 #: timers agree to milliseconds; two pipeline stages are a backward pass, ~0.1-1 s, apart)
@@ -567,10 +567,11 @@ def split_stages(
         return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     c = _cluster(sim_h, feat, hz, params)
     how = "stages split by burst similarity per host"
-    h_rank = np.zeros(n_h, np.int64)
-    h_rank[hinv] = rank
-    h_rank = np.argsort(np.argsort(h_rank, kind="stable"), kind="stable")
+    h_rank = None
     if hinted:
+        h_rank = np.zeros(n_h, np.int64)
+        h_rank[hinv] = rank
+        h_rank = np.argsort(np.argsort(h_rank, kind="stable"), kind="stable")
         # the hint's blocks, tested with the same margin, when finer than the traffic's own
         for k in range(n_h // 2, c.k, -1):
             if n_h % k:
@@ -599,7 +600,7 @@ def split_stages(
         return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     shared = _shared_links(feat, c.label, c.order, hz)
     clear, hint_order = c.order_clear, None
-    if hinted and not clear:
+    if h_rank is not None and not clear:
         hint_order = _hint_order(sim_h, c, h_rank)
         ident = np.arange(c.k)
         if hint_order is not None and (
