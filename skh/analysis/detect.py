@@ -103,6 +103,7 @@ from skh.analysis.sampling import (
     SAMPLE_STATE,
     blank_sample_state,
     period_samples,
+    sample_spacing_ns,
 )
 from skh.errors import ConfigError
 from skh.records import PROBE_DTYPE, ProbeStatus, is_loss, pair_keys
@@ -320,7 +321,6 @@ class Detector:
         blank["ring_hop"] = -1
         blank["lb_win"] = -1
         blank["fit_key"] = _NONE
-        blank_sample_state(blank)
         blank["act_since"] = _NONE
         blank["act_last"] = _NONE
         self._blank = blank
@@ -515,6 +515,11 @@ class Detector:
             self._grow(self._n + new.size)
             self.pairs["src"][ids] = (new >> np.uint64(32)).astype(np.uint32)
             self.pairs["dst"][ids] = (new & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+            blank_sample_state(
+                self.pairs[self._n : self._n + new.size],
+                new,
+                int(self.config.latency_sample_s * 1e9),
+            )
             self._n += new.size
             allk = np.concatenate([self._keys, new])
             allp = np.concatenate([self._key_pid, ids])
@@ -1030,10 +1035,10 @@ class Detector:
         # walking back from the newest sample: misses so far (inclusive)
         misses_from_end = np.cumsum(miss[:, ::-1], axis=1)[:, ::-1]
         in_span = v & (misses_from_end <= cfg.sustained_gaps)
-        # samples come one per latency_sample_s: ``steps`` of them apart span ``span_s``, so
-        # the run needs one more than that (twenty samples span 19 s: a chain of three benign
-        # congestion episodes on one path, 19.1 s, passed for 20 s on field seed 338585251)
-        steps = int(np.ceil(span_s / cfg.latency_sample_s))
+        # samples ``steps`` apart span ``span_s``, so the run needs one more than that (twenty
+        # samples a second apart span 19 s: a chain of three benign congestion episodes on one
+        # path, 19.1 s, passed for 20 s on field seed 338585251)
+        steps = self._steps(rows, span_s)
         ok = (up & in_span).sum(axis=1) >= steps + 1
         if cfg.latency_paths > 1 and not ok.all():
             path = np.take_along_axis(p["ring_path"][rows], order, axis=1)
@@ -1042,7 +1047,7 @@ class Detector:
             # sampling period can beat), so the run must also span it in sample positions
             # (one sample per latency_sample_s): a flow sampled every other time shows a 10 s
             # congestion episode in six samples
-            need_p = int(np.ceil(steps / cfg.latency_paths))
+            need_p = np.ceil(steps / cfg.latency_paths).astype(np.int64)
             pos = np.arange(M)[None, :]
             for j in range(cfg.latency_paths):
                 vj = v & (path == j)
@@ -1052,6 +1057,18 @@ class Detector:
                 last = np.where(vj, pos, -1).max(axis=1)
                 ok |= (run.sum(axis=1) >= need_p + 1) & (last - first >= steps)
         return ok
+
+    def _steps(self, rows: np.ndarray, span_s: float) -> np.ndarray:
+        """Per row: how many of its pair's latency samples apart span ``span_s``. A pair gets
+        one sample per ``latency_sample_s``, or one per probe where it is probed more slowly
+        (a container with more peers than its probe budget pays for once a period: the
+        busiest's 256 peers at 100 probes/s, one every 2.56 s). Counted at one a period, such
+        a pair needed 21 samples, ~38 s at 1.8 s apart, to hold a 20 s shift: a flow offloading
+        fault of 30 s went unseen (CI draw 277862802 + 930980059)."""
+        sample_ns = sample_spacing_ns(
+            self.pairs["lat_iv_ns"][rows], int(self.config.latency_sample_s * 1e9)
+        )
+        return np.ceil(span_s * 1e9 / sample_ns - 1e-9).astype(np.int64)
 
     def _recurring(
         self, rows: np.ndarray, hop: np.ndarray, hop_e: int, thr: np.ndarray
@@ -1063,7 +1080,7 @@ class Detector:
         cfg = self.config
         p = self.pairs
         M = cfg.samples_per_pair
-        need = int(np.ceil(cfg.large_sustained_s / cfg.latency_sample_s))
+        need = self._steps(rows, cfg.large_sustained_s)
         up = (hop >= 0) & (hop < hop_e) & (p["ring_rtt"][rows] > thr[:, None])
         out = np.zeros(rows.size, bool)
         cand = np.flatnonzero(up.sum(axis=1) >= need)
@@ -1075,10 +1092,10 @@ class Detector:
         r0, c0 = np.nonzero(edge == 1)  # run starts, row-major: they pair with the ends
         _, c1 = np.nonzero(edge == -1)
         length = c1 - c0
-        long_ = length >= int(np.ceil(cfg.burst_min_s / cfg.latency_sample_s))
+        long_ = length >= self._steps(rows[cand], cfg.burst_min_s)[r0]
         runs = np.bincount(r0[long_], minlength=cand.size)
         span = np.bincount(r0[long_], weights=length[long_], minlength=cand.size)
-        out[cand] = (runs >= cfg.burst_recur) & (span >= need)
+        out[cand] = (runs >= cfg.burst_recur) & (span >= need[cand])
         return out
 
     def _test_block(self, block: int, cand: dict) -> None:

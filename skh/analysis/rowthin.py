@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["FLOW_SLOTS", "NO_PHASE", "RowThinner"]
+__all__ = ["FLOW_SLOTS", "NO_PHASE", "RowThinner", "sample_phase_ns"]
 
 #: flow slots per pair the loss side tells apart (``path_id % FLOW_SLOTS``): the fast path's
 #: per-flow failure runs, and the OKs the agents forward to end them. One per path id of the
@@ -24,8 +24,18 @@ __all__ = ["FLOW_SLOTS", "NO_PHASE", "RowThinner"]
 #: one or two of 14-45 ids of thousands of pairs; their failures lifted their ToRs' loss tests,
 #: and pairs that merely lost a probe were called lossy with them)
 FLOW_SLOTS = 64
-#: ``phase_ns`` of a pair that has had no OK yet (int64's least value)
+#: the newest sampled period of a pair that has had no sample yet (int64's least value)
 NO_PHASE = -(2**63)
+_MUL, _MASK = 0x9E3779B97F4A7C15, 2**64 - 1
+
+
+def sample_phase_ns(key: int, period_ns: int) -> int:
+    """Where a pair's sampling periods start (mod ``period_ns``), from its pair key
+    (``src << 32 | dst``) alone: a multiplicative hash, so pairs spread over the period, and
+    every party computes the same periods whatever OK it saw first
+    (:func:`skh.analysis.sampling.sample_phases_ns` is this on arrays)."""
+    return ((key * _MUL) & _MASK) % period_ns
+
 
 # record fields (skh.layout.PROBE_FIELDS)
 _SRC, _DST, _SEQ, _PATH, _STATUS, _T = 0, 1, 2, 3, 4, 6
@@ -59,7 +69,8 @@ class RowThinner:
                 run.append(i)
         for k in sorted(k for k in runs if k not in pid_of):
             pid_of[k] = len(self._state)  # a batch's new pairs take the next ids in key order
-            self._state.append([NO_PHASE, NO_PHASE, 0, 0, 0, 0, -1, 0, 0])
+            phase = sample_phase_ns(k, self.period_ns)
+            self._state.append([phase, NO_PHASE, 0, 0, 0, 0, -1, 0, 0])
         keep = [False] * len(rows)
         out: list[int] = []  # rows by (pair id, send time, batch position)
         newest: dict[int, int] = {}  # prober -> its newest row
@@ -124,8 +135,6 @@ class RowThinner:
         the positions of those that are the sample of a period not sampled yet."""
         period = self.period_ns
         first, last = oks[0], oks[-1]
-        if st[_PHASE] == NO_PHASE:
-            st[_PHASE] = first[_T] - period // 2
         rot = st[_ROT]  # the rotation's length: past the largest path id seen
         for r in oks:
             if r[_PATH] >= rot:
@@ -142,6 +151,10 @@ class RowThinner:
             st[_IV] = dt // dseq
         st[_LAST_T], st[_LAST_SEQ] = last[_T], last[_SEQ]
         phase, n, iv = st[_PHASE], st[_ROT], st[_IV]
+        if iv * 4 >= 3 * period:  # sampling.is_slow: every OK is a sample
+            st[_SLOT] = (last[_T] - phase) // period
+            st[_WANT] = (last[_PATH] + 1) % n
+            return list(range(len(oks)))
         picked: list[int] = []
         done_slot = st[_SLOT]
         for k, r in enumerate(oks):

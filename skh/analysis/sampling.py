@@ -8,8 +8,13 @@ record by record, without numpy: :class:`skh.analysis.rowthin.RowThinner`), so t
 ingests about one record per pair and second, not ten. Both use this rule, so what the agent
 forwards always holds what the detector would have picked.
 
-Periods are phased half a period before the pair's first OK, so a schedule of one probe per
-period, jitter and all, lands one probe mid-period. Which OK: the first on the path id the pair
+A pair's periods start at a phase hashed from its pair key (:func:`sample_phases_ns`), the same
+on the agent and on the analyzer whatever OK each saw first, and after either restarts. Phased
+from the first OK each saw (half a period before it), they disagreed whenever the agent's first
+OK was not its first sample: the analyzer then waited in its periods for a path id the agent had
+sampled in the period before, and kept about every other sample (0.57 a second on a pair probed
+twenty times a second, so a 60 s latency fault never held for the 20 s the detector asks; CI
+draw 277862802 + 930980059). Which OK: the first on the path id the pair
 wants next, else the first after a quarter of the period. A pair's probes rotate over path ids
 ``0 .. n - 1`` (``n`` from the probe plan, :mod:`skh.probeplan`; probe *k* on ``k % n``); the
 pair wants id 0 first and, each time it samples the id it wants, the next one (mod ``n``). So
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skh.analysis.rowthin import FLOW_SLOTS, NO_PHASE
+from skh.analysis.rowthin import _MUL, FLOW_SLOTS, NO_PHASE
 from skh.records import ProbeStatus, pair_keys
 
 __all__ = [
@@ -41,7 +46,10 @@ __all__ = [
     "ResultThinner",
     "SAMPLE_STATE",
     "blank_sample_state",
+    "is_slow",
     "period_samples",
+    "sample_phases_ns",
+    "sample_spacing_ns",
 ]
 
 LATENCY_SAMPLE_S = 1.0
@@ -51,7 +59,7 @@ LATENCY_PATHS = 4
 #: per-pair state of the latency sample, as fields of a structured array (the detector keeps
 #: them among its pair fields); :func:`blank_sample_state` gives their starting values
 SAMPLE_STATE = [
-    ("lat_phase", "<i8"),  # send time that starts the pair's sampling periods (NO_PHASE: none)
+    ("lat_phase", "<i8"),  # where the pair's sampling periods start, mod the period
     ("lat_slot", "<i8"),  # newest period sampled
     ("lat_want", "<i8"),  # path id wanted next
     ("lat_rotation", "<i8"),  # path ids the pair's probes rotate over, as seen (0: none yet)
@@ -61,10 +69,34 @@ SAMPLE_STATE = [
 ]
 
 
-def blank_sample_state(state: np.ndarray) -> None:
-    """Set the sample-state fields of ``state`` (a structured array with them) to their start."""
+def sample_phases_ns(keys: np.ndarray, period_ns: int) -> np.ndarray:
+    """:func:`skh.analysis.rowthin.sample_phase_ns` of each pair key."""
+    with np.errstate(over="ignore"):
+        h = np.asarray(keys, np.uint64) * np.uint64(_MUL)
+    return (h % np.uint64(period_ns)).astype(np.int64)
+
+
+def is_slow(iv_ns: np.ndarray, period_ns: int) -> np.ndarray:
+    """Whether pairs probed every ``iv_ns`` (0: not known yet) are slow: probed about once a
+    period or less often, so that each OK is a sample of its own (periods would drop the
+    probes jitter puts two to a period, and a pair phased where its probes fall would lose
+    about a quarter of its samples)."""
+    return np.asarray(iv_ns) * 4 >= 3 * period_ns
+
+
+def sample_spacing_ns(iv_ns: np.ndarray, period_ns: int) -> np.ndarray:
+    """How far apart the latency samples of pairs probed every ``iv_ns`` are: a period, or a
+    slow pair's interval."""
+    iv_ns = np.asarray(iv_ns, np.int64)
+    return np.where(is_slow(iv_ns, period_ns), iv_ns, period_ns)
+
+
+def blank_sample_state(state: np.ndarray, keys: np.ndarray, period_ns: int) -> None:
+    """Set the sample-state fields of ``state`` (a structured array with them, one row per pair
+    key of ``keys``) to their start, for sampling periods of ``period_ns``."""
     for name, _ in SAMPLE_STATE:
-        state[name] = NO_PHASE if name in ("lat_phase", "lat_slot") else 0
+        state[name] = NO_PHASE if name == "lat_slot" else 0
+    state["lat_phase"] = sample_phases_ns(keys, period_ns)
     state["lat_seq"] = -1
 
 
@@ -81,7 +113,7 @@ def period_samples(
 
     ``pid`` (dense pair ids, sorted, send times ``t_ns`` rising within a pair) indexes
     ``state``, a structured array with the :data:`SAMPLE_STATE` fields (start them with
-    :func:`blank_sample_state`), updated in place. Rows must all be OKs.
+    :func:`blank_sample_state`, for this ``period_ns``), updated in place. Rows must all be OKs.
 
     A late OK stands in for the wanted id only when that id does not come in the period: by
     the pair's interval (seen from probe seqs and send times), it is due after the period ends,
@@ -96,9 +128,6 @@ def period_samples(
     last = np.r_[start[1:] - 1, pid.size - 1]
     count = last - start + 1
     first_pid = pid[start]
-    new = st["lat_phase"][first_pid] == NO_PHASE
-    if new.any():
-        st["lat_phase"][first_pid[new]] = t_ns[start[new]] - period_ns // 2
     ids = path_id.astype(np.int64)
     st["lat_rotation"][first_pid] = np.maximum(
         st["lat_rotation"][first_pid], np.maximum.reduceat(ids, start) + 1
@@ -121,9 +150,19 @@ def period_samples(
     since = t_ns - phase
     slot = since // period_ns
     late = since - slot * period_ns >= period_ns // 4
-    cand = np.flatnonzero(slot > np.repeat(st["lat_slot"][first_pid], count))
+    # a pair probed about once a period or less often: every OK is a sample
+    slow_pair = is_slow(st["lat_iv_ns"][first_pid], period_ns)
+    keep = []
+    if slow_pair.any():
+        sp, sl = first_pid[slow_pair], last[slow_pair]
+        keep.append(np.flatnonzero(np.repeat(slow_pair, count)))
+        st["lat_slot"][sp] = slot[sl]
+        st["lat_want"][sp] = (ids[sl] + 1) % st["lat_rotation"][sp]
+    cand = np.flatnonzero(
+        (slot > np.repeat(st["lat_slot"][first_pid], count)) & ~np.repeat(slow_pair, count)
+    )
     if cand.size == 0:
-        return cand
+        return np.sort(np.concatenate(keep)) if keep else cand
     # a period's choice moves the wanted id for the pair's next period: the periods of a batch
     # are taken in turn, each pair's first in one vector step, its second in the next, ...
     pc, sc = pid[cand], slot[cand]
@@ -133,7 +172,6 @@ def period_samples(
     # ranks are small: a stable sort of them as bytes is a radix sort
     by_rank = cand[np.argsort(rank.astype(np.uint8) if rank.max() < 256 else rank, kind="stable")]
     bounds = np.r_[0, np.cumsum(np.bincount(rank))]
-    keep = []
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         if hi == lo:
             continue
@@ -197,7 +235,7 @@ class ResultThinner:
             self._keys = allk[order]
             self._key_id = np.concatenate([self._key_id, np.arange(n0, n0 + new.size)])[order]
             grown = np.zeros(new.size, SAMPLE_STATE)
-            blank_sample_state(grown)
+            blank_sample_state(grown, new, self.period_ns)
             self._sample = np.r_[self._sample, grown]
             self._last_failed = np.r_[self._last_failed, np.zeros(new.size, bool)]
             self._flow_failed = np.r_[self._flow_failed, np.zeros((new.size, FLOW_SLOTS), bool)]

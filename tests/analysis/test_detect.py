@@ -766,3 +766,37 @@ def test_chained_congestion_episodes_shorter_than_the_sustained_span_are_not_a_f
         assert {e.kind for e in events} == want, [e.explanation for e in events]
         if want:
             assert min(e.detected_ns for e in events) - T0 - 420 * S <= 30 * S
+
+
+def _sparse(syn: Synth, sec: int, every_s: int, **kw) -> np.ndarray:
+    """One probe per pair every ``every_s`` seconds (none in the seconds between), numbered on."""
+    b = syn.second(sec, **kw)
+    b["seq"] = sec // every_s
+    return b
+
+
+def test_a_pair_probed_less_often_than_the_sample_period_holds_a_shift_over_time_not_samples():
+    """CI draw 277862802 + 930980059: the busiest container's pairs, more than its probe
+    budget pays for once a second, were probed every 1.8 s, and a flow offloading fault of 30 s
+    on one of them needed 21 samples above the gate, ~38 s of them: missed. A shift is sustained
+    over 20 s of a pair's samples, however far apart; 16 s is still a congestion episode."""
+    every = 2
+    syn, det = Synth(seed=3), Detector()
+    for sec in range(0, 400, every):
+        det.ingest(_sparse(syn, sec, every))
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        assert det.tick(T0 + (sec + 1) * S) == []
+    assert (det.pairs["lat_iv_ns"][: det.stats.pairs_live] == every * S).all()
+    slow = syn.src == 3
+    for last, want in ((416, set()), (434, {"latency-short"})):
+        d = copy.deepcopy(det)
+        events = []
+        for sec in range(400, 480, every):
+            lift = np.where(slow & (sec < last), 12.0, 0.0)
+            d.ingest(_sparse(syn, sec, every, extra_us=lift))
+            d.heartbeat(np.unique(syn.src), T0 + sec * S)
+            events += d.tick(T0 + (sec + 1) * S)
+        assert {e.kind for e in events} == want, [e.explanation for e in events]
+        assert {p for e in events for p in e.pairs} <= set(
+            zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
+        )

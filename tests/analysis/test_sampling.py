@@ -8,7 +8,7 @@ import pytest
 
 from skh.analysis.detect import Detector
 from skh.analysis.sampling import SAMPLE_STATE, ResultThinner, blank_sample_state, period_samples
-from skh.records import ProbeStatus, empty_probes
+from skh.records import ProbeStatus, empty_probes, pair_keys
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9
@@ -136,7 +136,7 @@ def test_the_latency_sample_walks_every_path_id_of_the_plans_rotation(paths, int
     jitter = rng.uniform(-0.1, 0.1, k.size) * interval_s
     b["t_wall_ns"] = T0 + ((k * interval_s + jitter) * S).astype(np.int64)
     state = np.zeros(1, SAMPLE_STATE)
-    blank_sample_state(state)
+    blank_sample_state(state, pair_keys(np.array([1]), np.array([2])), S)
     taken = []
     for sec in range(horizon_s + 1):
         m = np.flatnonzero((b["t_wall_ns"] >= T0 + sec * S) & (b["t_wall_ns"] < T0 + (sec + 1) * S))
