@@ -1060,11 +1060,11 @@ class Detector:
 
     def _steps(self, rows: np.ndarray, span_s: float) -> np.ndarray:
         """Per row: how many of its pair's latency samples apart span ``span_s``. A pair gets
-        one sample per ``latency_sample_s``, or one per probe where it is probed more slowly
-        (a container with more peers than its probe budget pays for once a period: the
-        busiest's 256 peers at 100 probes/s, one every 2.56 s). Counted at one a period, such
-        a pair needed 21 samples, ~38 s at 1.8 s apart, to hold a 20 s shift: a flow offloading
-        fault of 30 s went unseen (CI draw 277862802 + 930980059)."""
+        one sample per ``latency_sample_s``, or one per probe where it is probed about that
+        often or less (:func:`skh.analysis.sampling.sample_spacing_ns`: a container with more
+        peers than its probe budget pays for once a period, the busiest's 256 peers at 100
+        probes/s, one every 2.56 s). Counted at one a period, a pair probed every 2 s needed
+        21 samples, 40 s of them, to hold a 20 s shift."""
         sample_ns = sample_spacing_ns(
             self.pairs["lat_iv_ns"][rows], int(self.config.latency_sample_s * 1e9)
         )

@@ -132,14 +132,17 @@ class RowThinner:
 
     def _samples(self, st: list[int], oks: list[tuple]) -> list[int]:
         """:func:`skh.analysis.sampling.period_samples` for one pair's OKs (send-time order):
-        the positions of those that are the sample of a period not sampled yet."""
+        the positions of those that are the sample of a period not sampled yet, or on a path
+        id past the pair's rotation so far."""
         period = self.period_ns
         first, last = oks[0], oks[-1]
-        rot = st[_ROT]  # the rotation's length: past the largest path id seen
-        for r in oks:
-            if r[_PATH] >= rot:
-                rot = r[_PATH] + 1
-        st[_ROT] = rot
+        # the rotation's length: past the largest path id seen; the first OK on a higher one
+        # goes out too (ResultThinner.thin says why)
+        new_ids: list[int] = []
+        top = max(r[_PATH] for r in oks)
+        if top >= st[_ROT]:
+            new_ids.append(next(k for k, r in enumerate(oks) if r[_PATH] == top))
+            st[_ROT] = top + 1
         # the interval: send-time span over seq span, from the pair's newest OK seen before
         # (seqs are u32 serial numbers; a restarted prober's new numbering is skipped)
         had = st[_LAST_SEQ] >= 0
@@ -175,4 +178,4 @@ class RowThinner:
                     st[_WANT] = (want + 1) % n
                 st[_SLOT] = done_slot = slot
                 picked.append(k)
-        return picked
+        return sorted(set(picked).union(new_ids)) if new_ids else picked

@@ -14,15 +14,18 @@ from the first OK each saw (half a period before it), they disagreed whenever th
 OK was not its first sample: the analyzer then waited in its periods for a path id the agent had
 sampled in the period before, and kept about every other sample (0.57 a second on a pair probed
 twenty times a second, so a 60 s latency fault never held for the 20 s the detector asks; CI
-draw 277862802 + 930980059). Which OK: the first on the path id the pair
-wants next, else the first after a quarter of the period. A pair's probes rotate over path ids
-``0 .. n - 1`` (``n`` from the probe plan, :mod:`skh.probeplan`; probe *k* on ``k % n``); the
-pair wants id 0 first and, each time it samples the id it wants, the next one (mod ``n``). So
-the sampled ids walk every id of the rotation whatever ``n`` and the probe rate: a wanted id
-recurs every ``n`` probes, and until it comes the period takes a late OK. A rule of the form
-"the first OK" or "the id ``period % paths``" aliases with the rotation (ten probes a second
-over eight ids start every second on the same few ids, so some ids — the ECMP paths they hash
-onto — would never be sampled).
+draw 277862802 + 930980059). A pair probed about once a period or less often (:func:`is_slow`)
+keeps every OK: periods would drop the probes that jitter puts two to a period.
+
+Which OK: the first on the path id the pair wants next, else the first after a quarter of the
+period. A pair's probes rotate over path ids ``0 .. n - 1`` (``n`` from the probe plan,
+:mod:`skh.probeplan`; probe *k* on ``k % n``); the pair wants id 0 first and, each time it
+samples the id it wants, the next one (mod ``n``). So the sampled ids walk every id of the
+rotation whatever ``n`` and the probe rate: a wanted id recurs every ``n`` probes, and until it
+comes the period takes a late OK. A rule of the form "the first OK" or "the id
+``period % paths``" aliases with the rotation (ten probes a second over eight ids start every
+second on the same few ids, so some ids — the ECMP paths they hash onto — would never be
+sampled).
 
 ``n`` is each pair's rotation length as its records show it: one more than the largest path id
 it has answered on. The plan hands a pair the ids ``0 .. n - 1``, so within one rotation this is
@@ -207,6 +210,21 @@ def period_samples(
     return np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64)
 
 
+def _rotation_grows(pid: np.ndarray, path_id: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+    """Rows (``pid`` sorted) that are their pair's first on its highest path id of the batch,
+    where that id is past the pair's ``rotation`` (read before the batch updates it)."""
+    if pid.size == 0:
+        return np.zeros(0, np.int64)
+    ids = path_id.astype(np.int64)
+    start = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
+    top = np.maximum.reduceat(ids, start)
+    grows = np.repeat(top >= rotation[pid[start]], np.diff(np.r_[start, pid.size]))
+    at_top = np.flatnonzero(grows & (ids == np.repeat(top, np.diff(np.r_[start, pid.size]))))
+    if at_top.size == 0:
+        return at_top
+    return at_top[np.r_[True, pid[at_top][1:] != pid[at_top][:-1]]]
+
+
 class ResultThinner:
     """What an agent forwards of its probes: every result but OK, the OK that ends a run of them
     on the pair or on one of its flows (``path_id % FLOW_SLOTS``; so loss and outage, and an
@@ -270,6 +288,11 @@ class ResultThinner:
         keep = failed | prev_failed
         self._flow_ends(pid, t_ns, path_id, failed, keep)
         ok = np.flatnonzero(~failed)
+        # the first OK on a pair's highest path id goes out too where that id is past its
+        # rotation so far: the analyzer learns the rotation's length as this one does, so
+        # its sampling decides alike (learnt from the samples alone, a rotation late, a sixth
+        # of a new pair's samples were lost in its first 30 s)
+        new_id = _rotation_grows(pid[ok], path_id[ok], self._sample["lat_rotation"])
         sampled = period_samples(
             pid[ok],
             t_ns[ok],
@@ -279,6 +302,7 @@ class ResultThinner:
             period_ns=self.period_ns,
         )
         keep[ok[sampled]] = True
+        keep[ok[new_id]] = True
         ends = np.r_[np.flatnonzero(first[1:]), pid.size - 1]
         # each prober's newest result: the analyzer scores a window only once the prober has
         # reported past its end, and a sampled OK can be most of a second old. A prober's

@@ -115,6 +115,52 @@ def test_the_detector_decides_the_same_on_thinned_results(paths):
     assert thin.stats.records_in * 5 < full.stats.records_in
 
 
+def _sampled(batches: list[np.ndarray]) -> set[tuple[int, int, int]]:
+    """(src, dst, send time) of the latency samples :func:`period_samples` takes, fed the
+    batches in turn from a fresh state (as a detector starting on them)."""
+    keys = np.unique(np.concatenate([pair_keys(b["src_ep"], b["dst_ep"]) for b in batches]))
+    state = np.zeros(keys.size, SAMPLE_STATE)
+    blank_sample_state(state, keys, S)
+    out = set()
+    for b in batches:
+        b = b[b["status"] == ProbeStatus.OK]
+        pid = np.searchsorted(keys, pair_keys(b["src_ep"], b["dst_ep"]))
+        order = np.lexsort((b["t_wall_ns"], pid))
+        b, pid = b[order], pid[order]
+        k = period_samples(pid, b["t_wall_ns"], b["seq"], b["path_id"], state, period_ns=S)
+        out |= set(
+            zip(
+                b["src_ep"][k].tolist(),
+                b["dst_ep"][k].tolist(),
+                b["t_wall_ns"][k].tolist(),
+                strict=True,
+            )
+        )
+    return out
+
+
+def test_the_analyzer_samples_what_the_agent_forwarded_whatever_ok_each_saw_first():
+    """CI draw 277862802 + 930980059: periods were phased from the first OK each party saw,
+    and an agent whose first OK was not a sample forwarded its samples into the analyzer's
+    periods off by a fraction: the analyzer waited for path ids the agent had sampled the
+    period before, and kept 0.57 samples a second of a pair probed twenty times a second. The
+    periods now come from the pair: the analyzer takes what the agent sampled, from the start
+    (the agent's first OKs here are on path ids 2, 3, ... of 14) and after it restarts."""
+    rng = np.random.default_rng(3)
+    raw = [second(sec, 4, rng, paths=14) for sec in range(3, 123)]
+    th = ResultThinner()
+    shipped = [th.thin(b) for b in raw]
+    want = _sampled(raw)  # what the agent takes, seeing every probe
+    assert len(want) >= 12 * 119
+    assert _sampled(shipped) == want
+    # an analyzer that restarts a minute in takes a sample a period again within a few periods
+    # (until its path-id walk meets the agent's, some are other OKs the agent forwarded)
+    after = {x for x in want if x[2] >= T0 + 63 * S}
+    again = _sampled(shipped[60:])
+    assert len(again) >= len(after) - 12 * 3
+    assert len(again & after) >= len(after) - 12 * 10
+
+
 @pytest.mark.parametrize("interval_s", [0.02, 0.05, 0.1, 0.25, 0.63, 1.0])
 @pytest.mark.parametrize("paths", [1, 4, 5, 8, 16, 19, 45, 64])
 def test_the_latency_sample_walks_every_path_id_of_the_plans_rotation(paths, interval_s):
