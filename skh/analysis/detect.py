@@ -157,6 +157,11 @@ class DetectorConfig:
     #: effect floor among them
     young_fleet_min_pairs: int = 50
     young_fleet_quantile: float = 0.999
+    #: ... and a large shift, held ``large_sustained_s`` or recurring, must clear it by this
+    #: much: twice the margin over its own or its peers' p75, since the fleet's reach is no
+    #: baseline of its own (repetitive flow offloading, +104 us for 5-11 s again and again on
+    #: a new job's pair with no ToR peers, passed unseen; CI draw 277862802 + 930980059)
+    young_fleet_large_shift_us: float = 60.0
     lof_k: int = 5
     lof_threshold: float = 5.0
     min_shift_us: float = 2.0
@@ -945,19 +950,15 @@ class Detector:
         thr = ref + floor
         up = query[:, _P75] > thr
         hop = p["ring_hop"][rows]
-        big = ref + cfg.large_shift_us
-        # a young pair's bursts recur as an established pair's do: only against its peers,
-        # since the fleet's reach is no baseline of its own
-        burst = np.zeros(rows.size, bool)
-        if peer.any():
-            burst[peer] = self._recurring(rows[peer], hop[peer], hop_e, big[peer])
+        # a young pair's large shifts and bursts are held as an established pair's are, above
+        # its peers' usual p75 or by a wider margin above the fleet's
+        big = ref + np.where(peer, cfg.large_shift_us, cfg.young_fleet_large_shift_us)
+        burst = self._recurring(rows, hop, hop_e, big)
         ok = np.zeros(rows.size, bool)
         if up.any():
             u = np.flatnonzero(up)
             ok[u] = self._sustained(rows[u], qvalid[u], thr[u], cfg.min_sustained_s)
-            lg = u[peer[u]]
-            if lg.size:
-                ok[lg] |= self._sustained(rows[lg], qvalid[lg], big[lg], cfg.large_sustained_s)
+            ok[u] |= self._sustained(rows[u], qvalid[u], big[u], cfg.large_sustained_s)
         ok |= burst
         if not ok.any():
             return
@@ -977,6 +978,10 @@ class Detector:
                 + (" with recurring bursts" if b else "")
                 + f" above its ToR peers' usual p75 {r:.1f} us"
                 if pe
+                else f"young pair (no look-back yet): recurring bursts over {r:.1f} us + "
+                f"{cfg.young_fleet_large_shift_us:g}, the fleet's {cfg.young_fleet_quantile:.1%} "
+                "usual p75"
+                if b
                 else f"young pair (no look-back yet): p75 {q:.1f} us above the fleet's "
                 f"{cfg.young_fleet_quantile:.1%} look-back max {t:.1f} us"
             )

@@ -681,25 +681,34 @@ def test_a_young_pair_is_held_against_its_tor_peers(kind):
         assert "ToR peers" in events[0].explanation
 
 
-@pytest.mark.parametrize("kind", ["healthy", "far", "congested", "gpudirect"])
+@pytest.mark.parametrize(
+    "kind", ["healthy", "far", "congested", "gpudirect", "repetitive", "far-stacked"]
+)
 def test_a_young_pair_without_tor_peers_is_held_against_the_fleets_usual_p75(kind):
     """Field seed 1566380108 (quick profile, 5e31b2a), fault 48: a GPUDirect RDMA error (+10 us)
     on a two-host job 54 s old, whose pairs had no established pair between the same two ToRs:
     held against the fleet's highest look-back p75 (cross-fabric pairs a congestion episode had
     lifted), +10 us stayed under it. The fleet's usual p75 (the median of each look-back) is
     about the most-hop pairs' healthy p75: +10 us on a short pair clears it, a healthy pair of
-    the most hops does not, and congestion on the young pair is not a fault."""
+    the most hops does not, and congestion on the young pair is not a fault. CI draw 277862802 +
+    930980059: repetitive flow offloading (+104 us, 11 s on, 6 off) on such a pair went unseen,
+    since only a 20 s shift counted against the fleet; its bursts recur far above it. Congestion
+    stacked on the switches of a long path (+35 us, 5 s, twice) stays under the fleet's margin."""
     syn, det = _two_tor_fleet()
     det.set_endpoint_groups(np.r_[np.zeros(5), np.ones(5), 2, 3].astype(np.int64))
     young = Synth(n_eps=2, seed=23)
-    young.base_us[:] = 17.0 if kind == "far" else 12.5
+    young.base_us[:] = 17.0 if kind.startswith("far") else 12.5
 
     def extra(sec: int) -> float:
+        if kind == "repetitive":
+            return 104.0 if (sec - 403) % 17 < 11 else 0.0
+        if kind == "far-stacked":
+            return 35.0 if 410 <= sec < 415 or 430 <= sec < 435 else 0.0
         lifted = kind == "gpudirect" or (kind == "congested" and 420 <= sec < 430)
         return 10.0 if lifted else 0.0
 
     events = _young_beside(syn, det, young, extra)
-    want = {"latency-short"} if kind == "gpudirect" else set()
+    want = {"latency-short"} if kind in ("gpudirect", "repetitive") else set()
     assert {e.kind for e in events} == want, [e.explanation for e in events]
     assert all(set(e.pairs) <= {(10, 11), (11, 10)} for e in events)
 
