@@ -78,7 +78,7 @@ def bench_round(n_pairs: int) -> dict:
     shape = np.array([0.97, 1.0, 1.03, 0.9, 1.0, 0.05, 1.15], np.float32)
     feats = base[:, None, None] * shape[None, None, :] + noise
     train, query = feats[:, :-1], feats[:, -1]
-    lt = LongTermState(LongTermConfig(block_s=60.0), n_pairs)
+    lt = LongTermState(LongTermConfig(block_s=60.0, min_samples=30), n_pairs)
     pid = np.repeat(np.arange(n_pairs), 4)
     for blk in range(2):
         lt.add(

@@ -341,7 +341,7 @@ def test_idle_pairs_are_dropped_after_retire_idle_s():
 
 
 def test_slow_drift_is_caught_by_the_long_term_test():
-    cfg = DetectorConfig(longterm=LongTermConfig(block_s=120.0))
+    cfg = DetectorConfig(longterm=LongTermConfig(block_s=120.0, min_samples=30))
     syn, det = Synth(), Detector(cfg)
     drifting = syn.src == 6
     # +0.5 us per 2-min block: 1.25 us per 5 min stays under the short-term effect floor
@@ -359,7 +359,7 @@ def test_slow_drift_is_caught_by_the_long_term_test():
 
 
 def test_a_short_incident_is_not_raised_again_as_a_drift():
-    cfg = DetectorConfig(longterm=LongTermConfig(block_s=120.0))
+    cfg = DetectorConfig(longterm=LongTermConfig(block_s=120.0, min_samples=30))
     syn, det = Synth(), Detector(cfg)
     slow = syn.src == 3
     # +20 us for 60 s inside one 2-min block lifts that block's mean by about 50 %
