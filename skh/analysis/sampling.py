@@ -350,7 +350,7 @@ class _KeyIndex:
     probing, at most a quarter full): a batch's tens of thousands of rows find their pair in
     about a third of a binary search's time. Built whole; ``find`` gives -1 for unknown keys."""
 
-    _MUL = np.uint64(0x9E3779B97F4A7C15)
+    _MUL = np.uint64(_MUL)  # the pair-phase hash's multiplier (skh.analysis.rowthin)
 
     def __init__(self, keys: np.ndarray, ids: np.ndarray) -> None:
         self._bits = max(4, int(keys.size * 4 - 1).bit_length())
