@@ -644,18 +644,23 @@ class FastPathState:
         span_ns = np.where(failing, s["last_t_ns"] - s["run_first_ns"], -1)
         min_span = int(cfg.unreachable_after_s * 1e9)
         k_run = _run_needed(a_p, b_p, log_alpha, cfg.unreachable_after)
+        # a pair's flows are so many tests of a run, each at the pair's baseline: the one of
+        # them that would be a false outage once in 1/alpha pair tests comes ``paths`` times
+        # as often (a flow losing 1.5e-3 of its probes to benign loss lost 3 in a row: field
+        # CI draw 1556988735 + 1007480917)
+        k_flow = _run_needed(a_p, b_p, log_alpha - np.log(cfg.paths), cfg.unreachable_after)
         pair_out = (consec >= k_run) & (span_ns >= min_span)
-        flow_out = flow_max >= k_run
+        flow_out = flow_max >= k_flow
         outage = (pair_out | flow_out) & ~held
         out_first = np.where(pair_out, s["run_first_ns"], _NO_RUN)
         fo = np.flatnonzero(flow_out & ~pair_out)
         if fo.size:
-            hit = s["flow_consec"][fo] >= k_run[fo, None]
+            hit = s["flow_consec"][fo] >= k_flow[fo, None]
             out_first[fo] = np.where(hit, s["flow_first_ns"][fo], _NO_RUN).min(axis=1)
         fu = np.flatnonzero(flow_out & ~held)
         if fu.size:
             # the flows whose run is an outage: when it ends, its failures leave the look-back
-            s["flow_out"][fu] |= s["flow_consec"][fu] >= k_run[fu, None]
+            s["flow_out"][fu] |= s["flow_consec"][fu] >= k_flow[fu, None]
         out_fails = np.maximum(consec, flow_max)
         # ... or of an endpoint: most of its pairs failing together, improbable jointly
         live_n = np.bincount(src, minlength=m_ep) + np.bincount(dst, minlength=m_ep)
