@@ -149,23 +149,29 @@ def test_loss_spread_over_a_tors_pairs_is_corroborated_by_the_tor():
     assert seen == set(hit.tolist())
 
 
+def _one_pair(seconds: int, paths: int, failed) -> list:
+    """One pair probed ten times a second over ``paths`` flows, shipped and evaluated once a
+    second; ``failed(sec, seq, path)`` says which of the second's probes failed. The flags of
+    every second."""
+    fp = FastPathState(FastPathConfig(), 1)
+    src, dst = np.array([0]), np.array([1])
+    flags = []
+    for sec in range(seconds):
+        seq = sec * 10 + np.arange(10)
+        t = T0 + seq * 100 * MS
+        path = seq % paths
+        fp.update(np.zeros(10, np.int64), t, failed(sec, seq, path), path, np.full(10, 2000))
+        now = T0 + (sec + 1) * 10 * 100 * MS
+        flags.append(fp.evaluate(now, src, dst, 2))
+        fp.learn(now, np.zeros(1, bool))
+    return flags
+
+
 def test_a_dead_ecmp_path_is_an_outage_and_its_failures_are_not_loss_after():
     """One flow of four dead for 20 s (a switch on its path offline), ten probes a second
     shipped once a second: an outage of that flow; once the switch is back, its failures,
     still in the loss look-back, are not loss."""
-    fp = FastPathState(FastPathConfig(), 1)
-    src, dst = np.array([0]), np.array([1])
-    k = 0
-    flags = []
-    for sec in range(120):
-        t = T0 + (k + np.arange(10)) * 100 * MS
-        path = (k + np.arange(10)) % 4
-        failed = (path == 2) & (60 <= sec < 80)
-        fp.update(np.zeros(10, np.int64), t, failed, path, np.full(10, 2000))
-        k += 10
-        now = T0 + k * 100 * MS
-        flags.append(fp.evaluate(now, src, dst, 2))
-        fp.learn(now, np.zeros(1, bool))
+    flags = _one_pair(120, 4, lambda sec, seq, path: (path == 2) & (60 <= sec < 80))
     assert any(f.unreachable.size for f in flags[60:80])
     assert not any(f.unreachable.size for f in flags[81:])
     assert not any(f.loss.size for f in flags)
@@ -531,23 +537,14 @@ def test_three_in_a_row_on_one_flow_of_a_lossy_pair_is_benign_loss_not_an_outage
     alpha; but every flow of every pair is tested, so a flow's run is held to alpha over the flow
     slots (four in a row here). A clean pair's flow still needs three."""
     for every, run, want in ((1064, 3, False), (1064, 4, True), (10**9, 3, True)):
-        fp = FastPathState(FastPathConfig(), 1)
-        src, dst = np.array([0]), np.array([1])
-        k = 0
-        flags = []
-        for sec in range(1500):
-            t = T0 + (k + np.arange(10)) * 100 * MS
-            seq = k + np.arange(10)
-            path = seq % 8
-            failed = seq % every == every - 1  # the pair's usual loss, spread over its flows
-            if sec >= 1400:
-                # the next ``run`` probes of flow 2 fail, nothing else
-                start = 1400 * 10 + (2 - 1400 * 10) % 8
-                failed = (path == 2) & (seq >= start) & (seq < start + 8 * run)
-            fp.update(np.zeros(10, np.int64), t, failed, path, np.full(10, 2000))
-            k += 10
-            now = T0 + k * 100 * MS
-            flags.append(fp.evaluate(now, src, dst, 2))
-            fp.learn(now, np.zeros(1, bool))
+
+        def failed(sec, seq, path, every=every, run=run):
+            if sec < 1400:
+                return seq % every == every - 1  # the pair's usual loss, spread over its flows
+            # the next ``run`` probes of flow 2 fail, nothing else
+            start = 1400 * 10 + (2 - 1400 * 10) % 8
+            return (path == 2) & (seq >= start) & (seq < start + 8 * run)
+
+        flags = _one_pair(1500, 8, failed)
         assert not any(f.unreachable.size for f in flags[:1400])
         assert any(f.unreachable.size for f in flags[1400:]) == want, (every, run)
