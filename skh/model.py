@@ -365,6 +365,28 @@ class Fabric:
         """Node sequences RNIC → switches → RNIC for every equal-cost path."""
         return [(src.key, *p, dst.key) for p in self.switch_paths(src.tor, dst.tor)]
 
+    def tor_pods(self) -> dict[str, int]:
+        """Each ToR's pod: ToRs joined through a shared spine, numbered in ToR name order. Pairs
+        within a pod cross a spine, pairs between pods a core too: two links more each way."""
+        pod = {t: t for t in sorted(n for n, sw in self.switches.items() if sw.tier == "tor")}
+
+        def root(t: str) -> str:
+            while pod[t] != t:
+                pod[t] = pod[pod[t]]
+                t = pod[t]
+            return t
+
+        for name, sw in self.switches.items():
+            if sw.tier != "spine":
+                continue
+            tors = [t for t in self._down.get(name, ()) if t in pod]
+            for t in tors[1:]:
+                a, b = root(tors[0]), root(t)
+                if a != b:
+                    pod[max(a, b)] = min(a, b)
+        ids: dict[str, int] = {}
+        return {t: ids.setdefault(root(t), len(ids)) for t in pod}
+
     @staticmethod
     def path_links(path: Iterable[str]) -> list[tuple[str, str]]:
         nodes = list(path)

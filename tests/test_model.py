@@ -159,3 +159,23 @@ def test_same_rail_pairs_are_counted_without_listing_them():
     host = np.repeat(np.arange(2000), 8)
     rail = np.tile(np.arange(8), 2000)
     assert same_rail_pair_count(rail, host) == 8 * 2000 * 1999
+
+
+def test_tor_pods_are_the_tors_joined_through_shared_spines():
+    from skh.sim import LINGJUN_TOPO
+
+    # every ToR up to every spine: one pod
+    f = Fabric.from_params(hosts=64, rnics_per_host=8, hosts_per_segment=16, spines=4)
+    assert set(f.tor_pods().values()) == {0} and len(f.tor_pods()) == 32
+    # Lingjun replicated past its 847 hosts: each replica's ToRs share its PSWs only, and a
+    # pair between replicas crosses the DSW (a core), two links more each way
+    big = Fabric.from_lingjun(LINGJUN_TOPO, scale_to_hosts=2048)
+    pods = big.tor_pods()
+    assert len(set(pods.values())) > 1
+    hosts = list(big.hosts)
+    p0 = [h for h in hosts if h.startswith("p0-")]
+    p1 = [h for h in hosts if h.startswith("p1-")]
+    for a, b, same in ((p0[0], p0[-1], True), (p0[0], p1[-1], False)):
+        ta, tb = big.hosts[a].rnic(0).tor, big.hosts[b].rnic(0).tor
+        assert ta != tb and (pods[ta] == pods[tb]) == same
+        assert {len(p) for p in big.switch_paths(ta, tb)} == {3 if same else 5}

@@ -152,9 +152,12 @@ class DetectorConfig:
     #: their healthy RTTs differ by cables and queues only (about 1 us in the simulator)
     young_peer_min_pairs: int = 3
     young_peer_quantile: float = 0.9
-    #: without such peers, against the fleet (at least this many established pairs): its p75
-    #: must clear this quantile of their usual p75 (each look-back's median) by the largest
-    #: effect floor among them
+    #: without such peers, against the fleet's pairs that run as many hops (at least this
+    #: many established pairs: within one ToR, within one pod, or between pods, as
+    #: :meth:`Detector.set_endpoint_pods` tells; the whole fleet when it was not called): its
+    #: p75 must clear this quantile of their usual p75 (each look-back's median) by the largest
+    #: effect floor among them. A path length too few established pairs run is held to large
+    #: shifts only, above the fleet's highest usual p75
     young_fleet_min_pairs: int = 50
     young_fleet_quantile: float = 0.999
     #: ... and a large shift, held ``large_sustained_s`` or recurring, must clear it by this
@@ -348,6 +351,8 @@ class Detector:
         self._restart_gap: dict[int, tuple[int, int]] = {}
         #: endpoint groupings for the fast path's corroboration (e.g. endpoint -> ToR)
         self._groups: list[np.ndarray] = []
+        #: endpoint -> pod, for young pairs' path lengths (None: not told)
+        self._pods: np.ndarray | None = None
         self._ticks = 0
 
     # ------------------------------------------------------------------ inputs
@@ -379,6 +384,21 @@ class Detector:
                 )
             out.append(a.astype(np.int64))
         self._groups = out
+
+    def set_endpoint_pods(self, pods: np.ndarray) -> None:
+        """The pod of each endpoint: an int array mapping endpoint id -> pod id (-1: unknown),
+        the ToRs joined through shared spines. With the first endpoint grouping (the ToRs) it
+        tells a pair's path length (one ToR, a spine, or a core too), so a young pair without
+        ToR peers is held against established pairs that run as many hops: a new job's pairs
+        between pods (17 us healthy) were called slow against a fleet of pairs within pods
+        (99.9 % of usual p75 16.3 us; full field seed 202281425)."""
+        a = np.asarray(pods)
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise ConfigError(
+                "Detector.set_endpoint_pods takes a 1-D integer array (endpoint id -> pod id). "
+                f"Got {a.dtype} of shape {a.shape} instead."
+            )
+        self._pods = a.astype(np.int64)
 
     def set_endpoint_links(self, links: np.ndarray) -> None:
         """The access link of each endpoint: an int array mapping endpoint id -> the id of its
@@ -932,10 +952,10 @@ class Detector:
             ref, floor = self._peer_baseline(rows, est, usual_p75, lb_floor)
         peer = ~np.isnan(ref)
         if (~peer).any() and usual_p75.size >= cfg.young_fleet_min_pairs:
-            # the fleet's usual p75 (not its look-backs' highest, which a congestion episode
-            # lifts by up to 10 us): about the most-hop pairs' healthy p75
-            ref[~peer] = np.quantile(usual_p75, cfg.young_fleet_quantile)
-            floor[~peer] = lb_floor.max()
+            # the usual p75 (not the look-backs' highest, which a congestion episode lifts by
+            # up to 10 us) of the fleet's pairs as long as this one: about their healthy p75
+            nope = np.flatnonzero(~peer)
+            ref[nope], floor[nope] = self._fleet_baseline(rows[nope], est, usual_p75, lb_floor)
         elif not peer.any():
             return
         keep = ~np.isnan(ref)
@@ -947,12 +967,12 @@ class Detector:
             peer[keep],
         )
         query, _ = window_features(p["ring_rtt"][rows], qvalid)
-        thr = ref + floor
-        up = query[:, _P75] > thr
+        thr = ref + floor  # inf: a path length the fleet has too few pairs of
         hop = p["ring_hop"][rows]
         # a young pair's large shifts and bursts are held as an established pair's are, above
         # its peers' usual p75 or by a wider margin above the fleet's
         big = ref + np.where(peer, cfg.large_shift_us, cfg.young_fleet_large_shift_us)
+        up = query[:, _P75] > np.minimum(thr, big)
         burst = self._recurring(rows, hop, hop_e, big)
         ok = np.zeros(rows.size, bool)
         if up.any():
@@ -963,9 +983,9 @@ class Detector:
         if not ok.any():
             return
         rows, qvalid, q75, thr = rows[ok], qvalid[ok], query[ok, _P75], thr[ok]
-        peer, ref, burst = peer[ok], ref[ok], burst[ok]
+        peer, ref, burst, big = peer[ok], ref[ok], burst[ok], big[ok]
         hop = hop[ok]
-        above = qvalid & (p["ring_rtt"][rows] > thr[:, None])
+        above = qvalid & (p["ring_rtt"][rows] > np.minimum(thr, big)[:, None])
         first_hop = np.where(above, hop, np.iinfo(np.int32).max).min(axis=1)
         first_ns = np.where(
             first_hop < np.iinfo(np.int32).max,
@@ -983,11 +1003,52 @@ class Detector:
                 "usual p75"
                 if b
                 else f"young pair (no look-back yet): p75 {q:.1f} us above the fleet's "
-                f"{cfg.young_fleet_quantile:.1%} look-back max {t:.1f} us"
+                f"{cfg.young_fleet_quantile:.1%} usual p75 of pairs as long, plus its floor: "
+                f"{t:.1f} us"
+                if np.isfinite(t)
+                else f"young pair (no look-back yet): p75 {q:.1f} us held over {r:.1f} us + "
+                f"{cfg.young_fleet_large_shift_us:g}, the fleet's highest usual p75 (too few "
+                "pairs as long to compare)"
             )
             for q, r, t, pe, b in zip(q75, ref, thr, peer, burst, strict=True)
         ]
         cand["latency-short"].append((rows, q75 / thr, first_ns, notes))
+
+    def _fleet_baseline(
+        self, rows: np.ndarray, est: np.ndarray, usual_p75: np.ndarray, floor: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per young pair in ``rows``: the ``young_fleet_quantile`` of the usual p75 of the
+        established pairs ``est`` as long as it (:meth:`_path_class`), and the largest of their
+        effect floors; where fewer than ``young_fleet_min_pairs`` are that long, the fleet's
+        highest usual p75 and an infinite floor (large shifts only)."""
+        cfg = self.config
+        ref, fl = np.full(rows.size, usual_p75.max()), np.full(rows.size, np.inf)
+        yc, ec = self._path_class(rows), self._path_class(est)
+        for c in np.unique(yc).tolist():
+            theirs = ec == c
+            if theirs.sum() < cfg.young_fleet_min_pairs:
+                continue
+            mine = yc == c
+            ref[mine] = np.quantile(usual_p75[theirs], cfg.young_fleet_quantile)
+            fl[mine] = floor[theirs].max()
+        return ref, fl
+
+    def _path_class(self, pids: np.ndarray) -> np.ndarray:
+        """Per pair: 0 within one ToR, 1 within one pod, 2 between pods, 3 not known (one class
+        for every pair until :meth:`set_endpoint_pods` and a ToR grouping are set)."""
+        if self._pods is None or not self._groups:
+            return np.zeros(pids.size, np.int64)
+        p = self.pairs
+        s, d = p["src"][pids].astype(np.int64), p["dst"][pids].astype(np.int64)
+
+        def of(g: np.ndarray, e: np.ndarray) -> np.ndarray:
+            return np.where(e < g.size, g[np.minimum(e, g.size - 1)], -1)
+
+        ts, td = of(self._groups[0], s), of(self._groups[0], d)
+        ps, pd = of(self._pods, s), of(self._pods, d)
+        return np.select(
+            [(ts < 0) | (td < 0) | (ps < 0) | (pd < 0), ts == td, ps == pd], [3, 0, 1], 2
+        )
 
     def _peer_baseline(
         self, rows: np.ndarray, est: np.ndarray, usual_p75: np.ndarray, floor: np.ndarray

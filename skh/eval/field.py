@@ -242,6 +242,8 @@ def field_run(sim: Simulation, profile: Any, seed: int) -> dict[str, Any]:
             n_eps = len(sim.eps)
             # the ToR each endpoint hangs off: pairs through it share its uplinks
             det.set_endpoint_groups(sim.index.rnic_tor[sim.eps.rnic].astype(np.int64))
+            # ... and its pod: with the ToR, how many hops its pairs run
+            det.set_endpoint_pods(sim.index.tor_pod[sim.index.rnic_tor[sim.eps.rnic]])
             # ... and its RNIC: the access link, whose loss history outlives the jobs
             det.set_endpoint_links(sim.eps.rnic.astype(np.int64))
         for j in sim.jobs[n_seen:]:
@@ -326,6 +328,7 @@ def ramp_scenario(profile: Any, seed: int, noise: Any) -> dict[str, Any]:
     det = Detector()
     if len(sim.eps):
         det.set_endpoint_groups(sim.index.rnic_tor[sim.eps.rnic].astype(np.int64))
+        det.set_endpoint_pods(sim.index.tor_pod[sim.index.rnic_tor[sim.eps.rnic]])
         det.set_endpoint_links(sim.eps.rnic.astype(np.int64))
     events = []
     # a block is tested once the watermark (now - allowed lateness) passes its end: run on

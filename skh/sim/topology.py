@@ -106,6 +106,10 @@ class FabricIndex:
             self.host_segment[h] = host.segment
             for r in host.rnics:
                 self.rnic_tor[h * self.rails + r.rail] = self.switch_id[r.tor]
+        #: switch id -> its pod (ToRs only; -1 else)
+        self.tor_pod = np.full(n_sw, -1, np.int64)
+        for tor, pod in fabric.tor_pods().items():
+            self.tor_pod[self.switch_id[tor]] = pod
 
     # -- ids ---------------------------------------------------------------------------------------
     @property

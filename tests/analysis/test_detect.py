@@ -809,3 +809,37 @@ def test_a_pair_probed_less_often_than_the_sample_period_holds_a_shift_over_time
         assert {p for e in events for p in e.pairs} <= set(
             zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
         )
+
+
+@pytest.mark.parametrize("kind", ["healthy-far", "repetitive-far", "gpudirect-near"])
+def test_a_young_pair_between_pods_is_not_held_to_pairs_within_one(kind):
+    """Full field seed 202281425 (4,096 hosts, 498ac1c): a new job's pairs between two pods
+    (through a core: 2 us more than within a pod) had no established pair between the same two
+    ToRs, and the fleet's established pairs nearly all ran within pods (99.9 % of their usual
+    p75 16.3 us): their healthy p75 of 18.4-18.9 us cleared 16.3 + 2, and five false
+    latency-short events came in four minutes. A young pair is held against the fleet's pairs
+    as long as it (one ToR, one pod, or between pods); a length the fleet runs too few pairs of
+    is held to large shifts and bursts only. A pair within the pod is still held to the pod's
+    pairs (+10 us caught)."""
+    syn, det = _two_tor_fleet()
+    far = kind.endswith("far")
+    det.set_endpoint_groups(np.r_[np.zeros(5), np.ones(5), 2, 3].astype(np.int64))
+    # endpoints 10 and 11 under ToRs of their own, in one pod with the fleet or 11 in another
+    det.set_endpoint_pods(np.r_[np.zeros(11), 1 if far else 0].astype(np.int64))
+    young = Synth(n_eps=2, seed=23)
+    young.base_us[:] = 22.0 if far else 12.5
+
+    def extra(sec: int) -> float:
+        if kind == "repetitive-far":
+            return 104.0 if (sec - 403) % 17 < 11 else 0.0
+        return 10.0 if kind == "gpudirect-near" else 0.0
+
+    events = _young_beside(syn, det, young, extra)
+    want = set() if kind == "healthy-far" else {"latency-short"}
+    assert {e.kind for e in events} == want, [e.explanation for e in events]
+    assert all(set(e.pairs) <= {(10, 11), (11, 10)} for e in events)
+
+
+def test_endpoint_pods_must_be_integer_ids():
+    with pytest.raises(ConfigError, match="set_endpoint_pods"):
+        Detector().set_endpoint_pods(np.array([0.5, 1.0]))

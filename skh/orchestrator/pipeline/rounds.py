@@ -115,6 +115,8 @@ class Pipeline:
         self._tor_of = {
             (h.name, r.rail): r.tor for h in self.fabric.hosts.values() for r in h.rnics
         }
+        #: each ToR's pod: with the ToRs, a pair's path length (young pairs' latency reference)
+        self._pod_of_tor = self.fabric.tor_pods()
         self._left_out: frozenset[str] = frozenset()  # the last rows left out, said once
         self.detector = Detector(cfg.detector)
         self.counters = CounterHistory(cfg.history_s)
@@ -243,6 +245,17 @@ class Pipeline:
                     -1
                     if e.ep_id in cluster.gone
                     else self._links.setdefault((e.host, e.rail), len(self._links))
+                    for e in cluster.endpoints
+                ],
+                np.int64,
+            )
+        )
+        self.detector.set_endpoint_pods(
+            np.array(
+                [
+                    -1
+                    if e.ep_id in cluster.gone
+                    else self._pod_of_tor[self._tor_of[(e.host, e.rail)]]
                     for e in cluster.endpoints
                 ],
                 np.int64,
