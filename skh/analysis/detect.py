@@ -1121,8 +1121,32 @@ class Detector:
                 run = up & vj & (mj == 0)
                 first = np.where(run, pos, M).min(axis=1)
                 last = np.where(vj, pos, -1).max(axis=1)
-                ok |= (run.sum(axis=1) >= need_p + 1) & (last - first >= steps)
+                cand = ~ok & (run.sum(axis=1) >= need_p + 1) & (last - first >= steps)
+                if cand.any():
+                    c = np.flatnonzero(cand)
+                    span = (pos >= first[c, None]) & (pos <= last[c, None])
+                    ok[c] = self._other_flow_below(v[c] & span, up[c], path[c], j)
         return ok
+
+    def _other_flow_below(
+        self, v: np.ndarray, up: np.ndarray, path: np.ndarray, j: int
+    ) -> np.ndarray:
+        """Per row of samples (``v``: those within a flow's run, ``up``: above the gate): some
+        flow slot other than ``j`` sampled twice or more there, at most a quarter of its samples
+        above the gate. A slow ECMP path leaves the pair's other paths as they were; when every
+        path rose and fell with it, the shift is the pair's (congestion at a switch all its
+        paths cross), and the pair's own test judges it, the samples between episodes counted.
+        One flow's run alone bridged two benign episodes whenever its turn skipped the gap
+        between them (full field seed 1143058633: a pair's two ToRs congested 4.7 s apart,
+        its slot sampled every four seconds or so)."""
+        below = np.zeros(v.shape[0], bool)
+        for k in range(self.config.latency_paths):
+            if k == j:
+                continue
+            vk = v & (path == k)
+            n = vk.sum(axis=1)
+            below |= (n >= 2) & (4 * (vk & up).sum(axis=1) <= n)
+        return below
 
     def _steps(self, rows: np.ndarray, span_s: float) -> np.ndarray:
         """Per row: how many of its pair's latency samples apart span ``span_s``. A pair gets
