@@ -585,6 +585,25 @@ def test_a_short_congestion_episode_on_a_pair_probed_on_one_flow_is_not_a_fault(
         assert {e.kind for e in events} == want, [e.explanation for e in events]
 
 
+def _into4_lifted(lift_us, *, one_path: bool = False) -> list[SuspectEvent]:
+    """Seconds 400-469 of :func:`fresh_fast`'s pairs, ``lift_us(t)`` (t: a probe's send time,
+    in seconds) added to the RTTs of those into endpoint 4; every probe on path 0 if
+    ``one_path``. The events raised."""
+    syn, det = fresh_fast()
+    into4 = syn.dst == 4
+    events = []
+    for sec in range(400, 470):
+        b = _fast(
+            syn, sec, 10, extra_us=lambda j, sec=sec: np.where(into4, lift_us(sec + j / 10), 0.0)
+        )
+        if one_path:
+            b["path_id"] = 0
+        det.ingest(b)
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    return events
+
+
 def test_two_congestion_episodes_on_all_of_a_pairs_paths_are_not_one_slow_path():
     """Full field seed 1143058633 (main 498ac1c) at 982 s: benign congestion on one ToR of a
     pair (+4 us, 9 s), then on its other ToR (+6.8 us, 8.4 s) 4.7 s later, lifted every path of
@@ -594,19 +613,11 @@ def test_two_congestion_episodes_on_all_of_a_pairs_paths_are_not_one_slow_path()
     the gap is 3 s, which one of four slots sampled in turn always skips. A slow path leaves
     the pair's other paths as they were; a shift that holds on all of them is still found."""
     for gap, end, want in (((429.0, 432.0), 441.0, set()), ((0.0, 0.0), 450.0, {"latency-short"})):
-        syn, det = fresh_fast()
-        into4 = syn.dst == 4
-        events = []
-        for sec in range(400, 470):
-
-            def bump(j, sec=sec, gap=gap, end=end, into4=into4):
-                t = sec + j / 10
-                on = 420.0 <= t < end and not gap[0] <= t < gap[1]
-                return np.where(into4 & on, 7.0, 0.0)
-
-            det.ingest(_fast(syn, sec, 10, extra_us=bump))
-            det.heartbeat(np.unique(syn.src), T0 + sec * S)
-            events += det.tick(T0 + (sec + 1) * S)
+        events = _into4_lifted(
+            lambda t, gap=gap, end=end: (
+                7.0 if 420.0 <= t < end and not gap[0] <= t < gap[1] else 0.0
+            )
+        )
         assert {e.kind for e in events} == want, [e.explanation for e in events]
         if want:
             assert min(e.detected_ns for e in events) - T0 - 420 * S <= 30 * S
@@ -787,21 +798,12 @@ def test_chained_congestion_episodes_shorter_than_the_sustained_span_are_not_a_f
     span 19 s). A false latency-short on seven pairs through P10 and the ToR. A shift that holds
     on is still caught, at the first hop its samples span 20 s."""
     for start, end, want in ((420.5, 439.6, set()), (420.5, 450.6, {"latency-short"})):
-        syn, det = fresh_fast()
-        into4 = syn.dst == 4
-        events = []
-        for sec in range(400, 470):
-
-            def bump(j, sec=sec, into4=into4, start=start, end=end):
-                t = sec + j / 10
-                lift = 5.5 if t < 426.4 else 7.1 if t < 430.2 else 7.4
-                return np.where(into4 & (start <= t < end), lift, 0.0)
-
-            b = _fast(syn, sec, 10, extra_us=bump)
-            b["path_id"] = 0
-            det.ingest(b)
-            det.heartbeat(np.unique(syn.src), T0 + sec * S)
-            events += det.tick(T0 + (sec + 1) * S)
+        events = _into4_lifted(
+            lambda t, start=start, end=end: (
+                (5.5 if t < 426.4 else 7.1 if t < 430.2 else 7.4) if start <= t < end else 0.0
+            ),
+            one_path=True,
+        )
         assert {e.kind for e in events} == want, [e.explanation for e in events]
         if want:
             assert min(e.detected_ns for e in events) - T0 - 420 * S <= 30 * S
