@@ -1118,7 +1118,15 @@ class Detector:
             for j in range(cfg.latency_paths):
                 vj = v & (path == j)
                 mj = np.cumsum((vj & ~up)[:, ::-1], axis=1)[:, ::-1]
-                run = up & vj & (mj == 0)
+                # a run holds only while the flow is sampled: where two of its samples lie
+                # more than two turns apart, it did not show what it did between them
+                seen = np.where(vj, pos, -M)
+                prev = np.maximum.accumulate(
+                    np.pad(seen, ((0, 0), (1, 0)), constant_values=-M)[:, :-1], axis=1
+                )
+                gap = vj & (prev >= 0) & (pos - prev > 2 * cfg.latency_paths)
+                start = np.where(gap, pos, 0).max(axis=1)
+                run = up & vj & (mj == 0) & (pos >= start[:, None])
                 first = np.where(run, pos, M).min(axis=1)
                 last = np.where(vj, pos, -1).max(axis=1)
                 cand = ~ok & (run.sum(axis=1) >= need_p + 1) & (last - first >= steps)

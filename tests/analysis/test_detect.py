@@ -623,6 +623,33 @@ def test_two_congestion_episodes_on_all_of_a_pairs_paths_are_not_one_slow_path()
             assert min(e.detected_ns for e in events) - T0 - 420 * S <= 30 * S
 
 
+def test_a_flow_run_holds_only_while_the_flow_is_sampled():
+    """Full field seed 202281425 (main 15b6fef) at 1082 s: a pair probed every 0.31 s, whose
+    sampled path-id walk mostly takes late OKs of any id, had one flow slot above the gate in a
+    benign ToR episode, then in a spine episode on the paths through that spine, and no sample
+    of that slot between them: six samples spanning 20 s, read as a slow ECMP path, while the
+    slots off that spine stayed below. Here flows 1-3 are slow twice, flow 1 not probed between
+    (its probes go on path 0): no fault. Slow on and on, they are found."""
+    for slow_s, want in (((416, 429), (437, 452)), set()), (((416, 470),), {"latency-short"}):
+        syn, det = fresh_fast()
+        into4 = syn.dst == 4
+        events = []
+        for sec in range(400, 480):
+
+            def bump(j, sec=sec, slow_s=slow_s, into4=into4):
+                t = sec + j / 10
+                on = (sec * 10 + j) % 4 != 0 and any(a <= t < b for a, b in slow_s)
+                return np.where(into4 & on, 8.0, 0.0)
+
+            b = _fast(syn, sec, 10, extra_us=bump)
+            t = (b["t_wall_ns"] - T0) / S
+            b["path_id"][(b["path_id"] == 1) & (t >= 428.5) & (t < 437.5)] = 0
+            det.ingest(b)
+            det.heartbeat(np.unique(syn.src), T0 + sec * S)
+            events += det.tick(T0 + (sec + 1) * S)
+        assert {e.kind for e in events} == want, [e.explanation for e in events]
+
+
 def test_a_young_pair_is_held_against_the_fleet():
     """Two endpoints of a job that just started (no look-back of their own): healthy, nothing;
     10 us slower from their first probe (a fault on a new job), caught against the fleet's
