@@ -650,6 +650,48 @@ def test_a_flow_run_holds_only_while_the_flow_is_sampled():
         assert {e.kind for e in events} == want, [e.explanation for e in events]
 
 
+def test_a_pair_wide_episode_then_one_on_three_of_its_paths_are_not_a_slow_path():
+    """Field draw 920230969 (main 842dc16, CI) at 1992 s: congestion on a pair's ToR lifted
+    every path (+5.8 us, 9 s), 3.5 s later a spine lifted the paths through it (+7.5 us, 8 s),
+    then the ToR again (+4.5 us, 2.4 s). One flow through that spine, sampled either side of the
+    quiet 3.5 s and not in it, ran above the gate for 20 s; the other-flow test passed on a path
+    off the spine that was below it in the spine's episode, though it had risen with all the
+    others in the ToR's: a false latency-short. Here flow 0 is not probed in the quiet gap and
+    flow 2 is sampled in the ToR's episode once. A slow path leaves another path below the gate
+    in both halves of its run; three slow paths for good are still found."""
+    tor, spine, again = (
+        (414.0, 424.0, (0, 1, 2, 3)),
+        (427.5, 436.0, (0, 1, 3)),
+        (435.5, 438.0, (0, 1, 2, 3)),
+    )
+    for episodes, want in (
+        ((tor, spine, again), set()),
+        (((414.0, 480.0, (0, 1, 3)),), {"latency-short"}),
+    ):
+        syn, det = fresh_fast()
+        into4 = syn.dst == 4
+        events = []
+        for sec in range(400, 480):
+
+            def bump(j, sec=sec, episodes=episodes, into4=into4):
+                t = sec + j / 10
+                on = any(a <= t < b and (sec * 10 + j) % 4 in paths for a, b, paths in episodes)
+                return np.where(into4 & on, 7.0, 0.0)
+
+            b = _fast(syn, sec, 10, extra_us=bump)
+            if len(episodes) > 1:
+                t = (b["t_wall_ns"] - T0) / S
+                b["path_id"][(b["path_id"] == 0) & (t >= 423.5) & (t < 428.0)] = 2
+                flow2 = (b["path_id"] == 2) & (t >= 414.0) & (t < 424.0)
+                b["path_id"][flow2 & ((t < 417.0) | (t >= 419.0))] = 3
+            det.ingest(b)
+            det.heartbeat(np.unique(syn.src), T0 + sec * S)
+            events += det.tick(T0 + (sec + 1) * S)
+        assert {e.kind for e in events} == want, [e.explanation for e in events]
+        if want:
+            assert min(e.detected_ns for e in events) - T0 - 414 * S <= 30 * S
+
+
 def test_a_young_pair_is_held_against_the_fleet():
     """Two endpoints of a job that just started (no look-back of their own): healthy, nothing;
     10 us slower from their first probe (a fault on a new job), caught against the fleet's
