@@ -623,6 +623,30 @@ def test_two_congestion_episodes_on_all_of_a_pairs_paths_are_not_one_slow_path()
             assert min(e.detected_ns for e in events) - T0 - 420 * S <= 30 * S
 
 
+def _into4_on_paths(episodes, lift_us, remap=None) -> list[SuspectEvent]:
+    """Seconds 400-479 of :func:`fresh_fast`'s pairs, ``lift_us`` added to the probes into
+    endpoint 4 on the path ids of each ``(start_s, end_s, paths)`` episode; ``remap(batch, t)``
+    then relabels path ids (``t``: the probes' send times, in seconds), as a flow not probed for
+    a while. The events raised."""
+    syn, det = fresh_fast()
+    into4 = syn.dst == 4
+    events = []
+    for sec in range(400, 480):
+
+        def bump(j, sec=sec):
+            t = sec + j / 10
+            on = any(a <= t < b and (sec * 10 + j) % 4 in paths for a, b, paths in episodes)
+            return np.where(into4 & on, lift_us, 0.0)
+
+        b = _fast(syn, sec, 10, extra_us=bump)
+        if remap is not None:
+            remap(b, (b["t_wall_ns"] - T0) / S)
+        det.ingest(b)
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    return events
+
+
 def test_a_flow_run_holds_only_while_the_flow_is_sampled():
     """Full field seed 202281425 (main 15b6fef) at 1082 s: a pair probed every 0.31 s, whose
     sampled path-id walk mostly takes late OKs of any id, had one flow slot above the gate in a
@@ -630,23 +654,15 @@ def test_a_flow_run_holds_only_while_the_flow_is_sampled():
     of that slot between them: six samples spanning 20 s, read as a slow ECMP path, while the
     slots off that spine stayed below. Here flows 1-3 are slow twice, flow 1 not probed between
     (its probes go on path 0): no fault. Slow on and on, they are found."""
-    for slow_s, want in (((416, 429), (437, 452)), set()), (((416, 470),), {"latency-short"}):
-        syn, det = fresh_fast()
-        into4 = syn.dst == 4
-        events = []
-        for sec in range(400, 480):
 
-            def bump(j, sec=sec, slow_s=slow_s, into4=into4):
-                t = sec + j / 10
-                on = (sec * 10 + j) % 4 != 0 and any(a <= t < b for a, b in slow_s)
-                return np.where(into4 & on, 8.0, 0.0)
+    def flow1_unprobed(b, t):
+        b["path_id"][(b["path_id"] == 1) & (t >= 428.5) & (t < 437.5)] = 0
 
-            b = _fast(syn, sec, 10, extra_us=bump)
-            t = (b["t_wall_ns"] - T0) / S
-            b["path_id"][(b["path_id"] == 1) & (t >= 428.5) & (t < 437.5)] = 0
-            det.ingest(b)
-            det.heartbeat(np.unique(syn.src), T0 + sec * S)
-            events += det.tick(T0 + (sec + 1) * S)
+    for episodes, want in (
+        (((416.0, 429.0, (1, 2, 3)), (437.0, 452.0, (1, 2, 3))), set()),
+        (((416.0, 470.0, (1, 2, 3)),), {"latency-short"}),
+    ):
+        events = _into4_on_paths(episodes, 8.0, flow1_unprobed)
         assert {e.kind for e in events} == want, [e.explanation for e in events]
 
 
@@ -659,37 +675,22 @@ def test_a_pair_wide_episode_then_one_on_three_of_its_paths_are_not_a_slow_path(
     others in the ToR's: a false latency-short. Here flow 0 is not probed in the quiet gap and
     flow 2 is sampled in the ToR's episode once. A slow path leaves another path below the gate
     in both halves of its run; three slow paths for good are still found."""
+
+    def as_in_the_field(b, t):
+        b["path_id"][(b["path_id"] == 0) & (t >= 423.5) & (t < 428.0)] = 2
+        flow2 = (b["path_id"] == 2) & (t >= 414.0) & (t < 424.0)
+        b["path_id"][flow2 & ((t < 417.0) | (t >= 419.0))] = 3
+
     tor, spine, again = (
         (414.0, 424.0, (0, 1, 2, 3)),
         (427.5, 436.0, (0, 1, 3)),
         (435.5, 438.0, (0, 1, 2, 3)),
     )
-    for episodes, want in (
-        ((tor, spine, again), set()),
-        (((414.0, 480.0, (0, 1, 3)),), {"latency-short"}),
-    ):
-        syn, det = fresh_fast()
-        into4 = syn.dst == 4
-        events = []
-        for sec in range(400, 480):
-
-            def bump(j, sec=sec, episodes=episodes, into4=into4):
-                t = sec + j / 10
-                on = any(a <= t < b and (sec * 10 + j) % 4 in paths for a, b, paths in episodes)
-                return np.where(into4 & on, 7.0, 0.0)
-
-            b = _fast(syn, sec, 10, extra_us=bump)
-            if len(episodes) > 1:
-                t = (b["t_wall_ns"] - T0) / S
-                b["path_id"][(b["path_id"] == 0) & (t >= 423.5) & (t < 428.0)] = 2
-                flow2 = (b["path_id"] == 2) & (t >= 414.0) & (t < 424.0)
-                b["path_id"][flow2 & ((t < 417.0) | (t >= 419.0))] = 3
-            det.ingest(b)
-            det.heartbeat(np.unique(syn.src), T0 + sec * S)
-            events += det.tick(T0 + (sec + 1) * S)
-        assert {e.kind for e in events} == want, [e.explanation for e in events]
-        if want:
-            assert min(e.detected_ns for e in events) - T0 - 414 * S <= 30 * S
+    events = _into4_on_paths((tor, spine, again), 7.0, as_in_the_field)
+    assert not events, [e.explanation for e in events]
+    events = _into4_on_paths(((414.0, 480.0, (0, 1, 3)),), 7.0)
+    assert {e.kind for e in events} == {"latency-short"}
+    assert min(e.detected_ns for e in events) - T0 - 414 * S <= 30 * S
 
 
 def test_a_young_pair_is_held_against_the_fleet():
