@@ -6,6 +6,8 @@ API (what the analyzer daemon calls each round)::
     det.ingest(batch)            # PROBE_DTYPE rows, any order, duplicates and late rows allowed
     det.heartbeat(eps, t_ns)     # agents' heartbeats (endpoint ids: int or array) at t_ns
     det.retire(eps)              # containers stopped on purpose: forget them for good, never alert
+    det.link_state(counters)     # COUNTER_DTYPE rows: each VF's oper state (and
+    det.set_endpoint_containers(containers)  # which VFs share a container)
     events = det.tick(now_ns)    # -> list[SuspectEvent]
     det.open_incidents()         # -> (pairs, endpoints) whose incidents are still open
 
@@ -50,7 +52,9 @@ Streaming rules:
   inferred from reported failures, so a late agent cannot fake a network failure.
 - Endpoint health comes first (:mod:`skh.analysis.health`): a pair whose prober or responder
   is unhealthy is not a network suspect; its verdicts are withheld and the endpoint is
-  reported as ``agent`` instead.
+  reported as ``agent`` instead. What the probes cannot tell there, link state can
+  (:mod:`skh.analysis.linkstate`): an endpoint whose VF link reads down while another VF of
+  its container reads up raises ``unreachable`` on its withheld pairs, naming the endpoint.
 
 A new pair is judged by LOF once it has ``min_lookback_windows`` complete windows (3 min);
 until then its latency is held against the fleet (the established pairs' look-backs: only a
@@ -95,6 +99,7 @@ import numpy as np
 from skh.analysis.fastpath import FastPathConfig, FastPathState
 from skh.analysis.features import N_FEATURES, window_features
 from skh.analysis.health import ALERTING, EndpointHealth, HealthConfig, HealthReason
+from skh.analysis.linkstate import LinkState, LinkStateConfig
 from skh.analysis.lof import LofFit, fit_lof, score_lof
 from skh.analysis.longterm import LongTermConfig, LongTermState
 from skh.analysis.sampling import (
@@ -106,7 +111,7 @@ from skh.analysis.sampling import (
     sample_spacing_ns,
 )
 from skh.errors import ConfigError
-from skh.records import PROBE_DTYPE, ProbeStatus, is_loss, pair_keys
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE, ProbeStatus, is_loss, pair_keys
 
 __all__ = ["KINDS", "DetectorConfig", "SuspectEvent", "DetectorStats", "Detector"]
 
@@ -124,7 +129,9 @@ class SuspectEvent:
     """One new incident. ``pairs`` are ``(src_ep, dst_ep)``; for network kinds ``scores`` align
     with ``pairs`` (unreachable/loss: failed probes; latency-short: LOF; latency-long: z). An
     ``agent`` event names its ``endpoints``, its ``scores`` align with them (``HealthReason``
-    bits), and its ``pairs`` are the pair verdicts it withheld."""
+    bits), and its ``pairs`` are the pair verdicts it withheld. An ``unreachable`` event from
+    link state (:mod:`skh.analysis.linkstate`) names the ``endpoints`` whose VF link is down;
+    its pairs are those the endpoints' agents could not judge."""
 
     kind: str
     pairs: tuple[tuple[int, int], ...]
@@ -198,6 +205,7 @@ class DetectorConfig:
     fast: FastPathConfig = field(default_factory=FastPathConfig)
     longterm: LongTermConfig = field(default_factory=LongTermConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    link: LinkStateConfig = field(default_factory=LinkStateConfig)
 
     def __post_init__(self) -> None:
         hop_ns, win_ns = int(self.hop_s * 1e9), int(self.window_s * 1e9)
@@ -339,6 +347,7 @@ class Detector:
         self.fast = FastPathState(cfg.fast)
         self.longterm = LongTermState(cfg.longterm)
         self.health = EndpointHealth(cfg.health)
+        self.links = LinkState(cfg.link)
         self._any_retired = False
         #: newest hop end already scored, newest tumbling window closed, next long-term block
         self._scored_until_ns: int | None = None
@@ -407,6 +416,25 @@ class Detector:
         endpoint is judged against its link's past rather than a prior alone."""
         self.fast.set_links(links)
 
+    def set_endpoint_containers(self, containers: np.ndarray) -> None:
+        """The container of each endpoint: an int array mapping endpoint id -> container id (-1:
+        unknown). A VF reading down counts as a link down only while another VF of its container
+        reads up (:mod:`skh.analysis.linkstate`)."""
+        self.links.set_containers(containers)
+
+    def link_state(self, counters: np.ndarray) -> None:
+        """Fold one batch of counter rows (``COUNTER_DTYPE``) in: each VF's oper state."""
+        if not isinstance(counters, np.ndarray) or counters.dtype != COUNTER_DTYPE:
+            got = counters.dtype if isinstance(counters, np.ndarray) else type(counters).__name__
+            raise ConfigError(
+                "The 'counters' parameter of Detector.link_state must be a "
+                f"COUNTER_DTYPE array. Got {got} instead."
+            )
+        c = counters.ravel()
+        if c.size and self._any_retired:
+            c = c[~self.health.is_retired(c["ep"].astype(np.int64))]
+        self.links.observe(c["ep"], c["oper_up"] != 0, c["t_ns"])
+
     def retire(self, eps: np.ndarray | list[int]) -> None:
         """Endpoints stopped on purpose (container churn): drop their pairs and state now."""
         eps = np.unique(np.asarray(eps, np.uint32))
@@ -414,6 +442,7 @@ class Detector:
             return
         self._any_retired = True
         self.health.retire(eps.astype(np.int64))
+        self.links.forget(eps)
         if self._n:
             p = self.pairs[: self._n]
             gone = np.isin(p["src"], eps) | np.isin(p["dst"], eps)
@@ -432,6 +461,7 @@ class Detector:
             p = self.pairs[: self._n]
             self._drop(np.isin(p["src"], eps) | np.isin(p["dst"], eps))
         self.health.forget(eps)
+        self.links.forget(eps)
         for ep in eps.tolist():
             self._agent_since.pop(ep, None)
             self._restart_gap.pop(ep, None)
@@ -1287,6 +1317,7 @@ class Detector:
                     )
                 )
         events.extend(self._flap_events(now_ns, reasons, flaps))
+        events.extend(self._link_events(now_ns, reasons))
         events.extend(self._agent_events(now_ns, reasons, withheld))
         # failures seen while an endpoint was unhealthy are its agent's story, not evidence of
         # a network loss once it recovers
@@ -1331,6 +1362,53 @@ class Detector:
                     f"{self.config.fast.flap_window_s:g} s of recovering: flapping"
                 ),
                 flapping=True,
+            )
+        ]
+
+    def _link_events(self, now_ns: int, reasons: np.ndarray) -> list[SuspectEvent]:
+        """Pairs whose verdicts health withholds (an agent on them is unhealthy) while an
+        endpoint's VF link is down: unreachable, raised from link state. Pairs whose agents are
+        healthy are the probes' to judge."""
+        eps, since = self.links.down(now_ns)
+        if eps.size == 0 or self._n == 0:
+            return []
+        p = self.pairs[: self._n]
+        src = p["src"].astype(np.int64)
+        dst = p["dst"].astype(np.int64)
+        sick = np.zeros(self._n, bool)
+        for ep in (src, dst):
+            ok = ep < reasons.size
+            sick[ok] |= reasons[ep[ok]] != 0
+        on_src, on_dst = np.isin(src, eps), np.isin(dst, eps)
+        rows = np.flatnonzero((on_src | on_dst) & sick & ~p["dead"])
+        if rows.size == 0:
+            return []
+        ki = _NET_KINDS.index("unreachable")
+        p["act_last"][rows, ki] = now_ns
+        new = rows[p["act_since"][rows, ki] == _NONE]
+        if new.size == 0:
+            return []
+        p["act_since"][new, ki] = now_ns
+        new = new[np.lexsort((dst[new], src[new]))]
+        down = np.union1d(src[new][on_src[new]], dst[new][on_dst[new]])
+        since_of = dict(zip(eps.tolist(), since.tolist(), strict=True))
+        first = min(since_of[e] for e in down.tolist())
+        names = ", ".join(str(e) for e in down[:5].tolist()) + (
+            f" (+{down.size - 5} more)" if down.size > 5 else ""
+        )
+        return [
+            SuspectEvent(
+                kind="unreachable",
+                pairs=tuple(zip(src[new].tolist(), dst[new].tolist(), strict=True)),
+                scores=tuple((now_ns - first) / 1e9 for _ in new.tolist()),
+                first_seen_ns=int(first),
+                detected_ns=now_ns,
+                explanation=(
+                    f"{new.size} pair(s) unreachable: the VF link of endpoint(s) {names} is down "
+                    "while another VF of its container is up (oper state from the host); an "
+                    "agent on the pairs is unhealthy, so their probes could not tell"
+                ),
+                endpoints=tuple(int(e) for e in down.tolist()),
             )
         ]
 

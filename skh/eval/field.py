@@ -246,12 +246,15 @@ def field_run(sim: Simulation, profile: Any, seed: int) -> dict[str, Any]:
             det.set_endpoint_pods(sim.index.tor_pod[sim.index.rnic_tor[sim.eps.rnic]])
             # ... and its RNIC: the access link, whose loss history outlives the jobs
             det.set_endpoint_links(sim.eps.rnic.astype(np.int64))
+            # ... and its container: a VF down beside one up is a link down (link state)
+            det.set_endpoint_containers(sim.eps.container.astype(np.int64))
         for j in sim.jobs[n_seen:]:
             heapq.heappush(ends, (j.end_s, n_seen))
             n_seen += 1
         while ends and ends[0][0] <= t + 1:
             det.retire(sim.jobs[heapq.heappop(ends)[1]].ep_ids)
         det.heartbeat(step.heartbeats, int(sim.clock.wall_ns(t)))
+        det.link_state(step.counters)
         shipped = thinner.thin(step.probes)  # what the agents ship
         det.ingest(shipped)
         recent.append(shipped)

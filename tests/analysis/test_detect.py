@@ -12,7 +12,7 @@ from skh.analysis.detect import KINDS, Detector, DetectorConfig, SuspectEvent
 from skh.analysis.fastpath import FastPathConfig
 from skh.analysis.longterm import LongTermConfig
 from skh.errors import ConfigError
-from skh.records import PROBE_DTYPE, ProbeStatus, empty_probes
+from skh.records import PROBE_DTYPE, ProbeStatus, empty_counters, empty_probes
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9
@@ -945,3 +945,87 @@ def test_a_young_pair_between_pods_is_not_held_to_pairs_within_one(kind):
 def test_endpoint_pods_must_be_integer_ids():
     with pytest.raises(ConfigError, match="set_endpoint_pods"):
         Detector().set_endpoint_pods(np.array([0.5, 1.0]))
+
+
+def _counters(sec: int, down=(), eps=range(10)) -> np.ndarray:
+    """One counter row per endpoint at ``sec``: VF oper state up but for ``down``."""
+    c = empty_counters(len(eps))
+    c["ep"] = np.asarray(eps, np.uint32)
+    c["t_ns"] = T0 + sec * S
+    c["oper_up"] = ~np.isin(c["ep"], np.asarray(down, np.int64))
+    return c
+
+
+def test_a_link_down_under_a_dead_agent_is_raised_from_link_state():
+    """Field seed 920230969: a switch port went down under an agent crash on its container;
+    every pair of the endpoint had its verdict withheld, so probes could not tell. The VF's
+    oper state can: endpoint 7's link reads down while its container's other VF (8) reads up."""
+    syn, det = fresh()
+    det.set_endpoint_containers(np.array([0, 1, 2, 3, 4, 5, 6, 7, 7, 9], np.int64))
+    to_or_from7 = (syn.dst == 7) | (syn.src == 7)
+    events = []
+    for sec in range(400, 440):
+        det.link_state(_counters(sec, down=[7] if sec >= 420 else []))
+        det.ingest(syn.second(sec, lost=syn.dst == 7, keep=syn.src != 7))
+        det.heartbeat(np.setdiff1d(np.unique(syn.src), [7]), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    kinds = [e.kind for e in events]
+    assert kinds == ["agent", "unreachable"], kinds
+    link = events[1]
+    assert link.endpoints == (7,)
+    assert set(link.pairs) == set(
+        zip(syn.src[to_or_from7].tolist(), syn.dst[to_or_from7].tolist(), strict=True)
+    )
+    assert T0 + 420 * S <= link.first_seen_ns and link.detected_ns <= T0 + 423 * S
+    assert "VF link" in link.explanation
+    # raised once while it lasts; the incident holds the pairs
+    assert all(p in det.open_incidents(T0 + 440 * S)[0] for p in link.pairs)
+
+
+@pytest.mark.parametrize(
+    "containers, down, stale",
+    [
+        # a crashed container: all its VFs read down (its devices went with it)
+        ([0, 1, 2, 3, 4, 5, 6, 7, 7, 9], [7, 8], False),
+        # a container with one VF says nothing: gone and down read alike
+        ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [7], False),
+        # readings that arrive seconds late say nothing of now
+        ([0, 1, 2, 3, 4, 5, 6, 7, 7, 9], [7], True),
+    ],
+)
+def test_link_state_raises_nothing_without_a_live_container_or_fresh_readings(
+    containers, down, stale
+):
+    syn, det = fresh()
+    det.set_endpoint_containers(np.array(containers, np.int64))
+    events = []
+    for sec in range(400, 440):
+        at = sec - 5 if stale else sec
+        det.link_state(_counters(at, down=down if sec >= 420 else []))
+        det.ingest(syn.second(sec, lost=syn.dst == 7, keep=syn.src != 7))
+        det.heartbeat(np.setdiff1d(np.unique(syn.src), [7]), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    assert [e.kind for e in events] == ["agent"]
+
+
+def test_a_link_down_with_healthy_agents_is_left_to_the_probes():
+    """Link state speaks only where health withholds the probes' verdicts: with both agents
+    alive the probes find the outage (and tell a flapping port), as before."""
+    syn, det = fresh()
+    det.set_endpoint_containers(np.array([0, 1, 2, 3, 4, 5, 6, 7, 7, 9], np.int64))
+    seven = (syn.dst == 7) | (syn.src == 7)
+    events = []
+    for sec in range(400, 430):
+        det.link_state(_counters(sec, down=[7] if sec >= 420 else []))
+        det.ingest(syn.second(sec, lost=seven if sec >= 420 else None))
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += det.tick(T0 + (sec + 1) * S)
+    assert events and {(e.kind, e.endpoints) for e in events} == {("unreachable", ())}
+
+
+def test_link_state_api_validation():
+    det = Detector()
+    with pytest.raises(ConfigError, match="COUNTER_DTYPE"):
+        det.link_state(empty_probes(1))
+    with pytest.raises(ConfigError, match="set_containers"):
+        det.set_endpoint_containers(np.zeros((2, 2), np.int64))

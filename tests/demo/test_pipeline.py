@@ -516,3 +516,41 @@ def test_a_hosts_overlay_state_is_read_for_the_endpoints_alive(monkeypatch):
     src.overlay_tables(a.host)
     src.overlay_tables(b.host)
     assert read == [(a.host, [a.ip], [a.ip]), (b.host, [], [a.ip])]
+
+
+def test_a_switch_port_down_under_a_crashed_agent_is_named_from_link_state():
+    """An access port goes down while the agent of the container on it is dead (field seed
+    920230969, missed before): the pairs' probes are withheld, the VF's oper state in the
+    underlay agent's counters is not. The pipeline names the port beside the agent, and the
+    port's alert resolves with the link, not with the agent."""
+    from skh.demo.simmode import SimRun
+    from skh.failures import FailureType
+    from skh.sim.faults import Fault
+
+    run = SimRun(seed=1, script=())
+    sim = run.sim
+    host = sim.index.host_names[
+        sim.eps.host[sim.eps.container == sim.eps.container_id("job00000-c0")][0]
+    ]
+    port = next(
+        c for c in sim.candidates(FailureType.SWITCH_PORT_DOWN) if c.startswith(f"{host}:rnic3|")
+    )
+    sim.inject(Fault(FailureType.AGENT_CRASH, "job00000-c0", 60.0, 200.0))
+    sim.inject(Fault(FailureType.SWITCH_PORT_DOWN, port, 100.0, 150.0))
+    seen = []
+    for step, alerts in run.steps(230):
+        seen += [
+            (step.t_s, a["state"], a["component"], a["failure_type"])
+            for a in alerts
+            if a.get("kind") != "skeleton"
+        ]
+    ports = [s for s in seen if s[2] == port]
+    assert [s[1:] for s in ports] == [
+        ("open", port, "switch_port_down"),
+        ("resolved", port, "switch_port_down"),
+    ], seen
+    assert 100 <= ports[0][0] <= 103  # a second of link state, not the agent's 140 s
+    assert 150 < ports[1][0] < 200  # resolved with the link, before the agent is back
+    assert [s[1:] for s in seen if s[2] != port] == [
+        ("open", "job00000/job00000-c0", "agent_crash")
+    ]

@@ -92,6 +92,13 @@ def _same(e: Endpoint, m: Mapping[str, Any]) -> bool:
     return (e.job, e.container, e.host, e.rail, e.ip, e.netdev) == _registration(m)[1:]
 
 
+def _held_eps(ev: SuspectEvent | None) -> set[int]:
+    """The endpoints an alert opened on ``ev`` stays open for while detection finds them sick:
+    an agent event's. A link-state event's endpoints are sick for their agents' sake; its alert
+    lasts while its pairs' incident does (the link down)."""
+    return set(ev.endpoints) if ev is not None and ev.kind == "agent" else set()
+
+
 class Pipeline:
     """Synchronous: :meth:`process` one round of records; returns the alerts to publish.
 
@@ -256,6 +263,19 @@ class Pipeline:
                     -1
                     if e.ep_id in cluster.gone
                     else self._pod_of_tor[self._tor_of[(e.host, e.rail)]]
+                    for e in cluster.endpoints
+                ],
+                np.int64,
+            )
+        )
+        # a VF reading down is a link down while another VF of its container reads up
+        containers: dict[tuple[str, str], int] = {}
+        self.detector.set_endpoint_containers(
+            np.array(
+                [
+                    -1
+                    if e.ep_id in cluster.gone
+                    else containers.setdefault((e.job, e.container), len(containers))
                     for e in cluster.endpoints
                 ],
                 np.int64,
@@ -530,7 +550,9 @@ class Pipeline:
         ``open_incidents`` and :meth:`recent_probes` (the sharded analyzer,
         :mod:`skh.orchestrator.shard`, runs this half on each shard)."""
         alerts: list[dict[str, Any]] = []
-        self.counters.add(self._records_in(counters, ("ep",)))
+        counters = self._records_in(counters, ("ep",))
+        self.counters.add(counters)
+        self.detector.link_state(counters)
         if heartbeats is not None and heartbeats.size:
             self.heartbeat(heartbeats, now_ns)
         if probes.size:
@@ -634,18 +656,30 @@ class Pipeline:
         self.stats["events"] += len(events)
         held_pairs: set[tuple[int, int]] = set()
         held_eps: set[int] = set()
+        net_pairs: set[tuple[int, int]] = set()
         for key, (pairs, eps) in self._watch.items():
             if key[0] == "unexplained":
                 continue
             held_pairs |= pairs
             held_eps |= eps
+            if key[0] != "agent":
+                net_pairs |= pairs
         # a probe and its reply cross both directions: a pair and its reverse fail together
         held_pairs |= {(b, a) for a, b in held_pairs}
+        net_pairs |= {(b, a) for a, b in net_pairs}
         out = []
         for ev in events:
             pairs, eps = set(ev.pairs), set(ev.endpoints)
             if getattr(ev, "flapping", False):
                 out.append(ev)  # an outage that came back: it refines the open alert's type
+                continue
+            if ev.kind != "agent" and eps:
+                # a link down under a dead agent: the agent's alert holds these pairs but does
+                # not explain them; only a network alert on them does
+                if pairs <= net_pairs:
+                    self.stats["events_explained"] += 1
+                else:
+                    out.append(ev)
                 continue
             if (pairs or eps) and pairs <= held_pairs and eps <= held_eps:
                 self.stats["events_explained"] += 1
@@ -863,7 +897,7 @@ class Pipeline:
         for v in upd.new:
             ev = by_key.get(v.key)
             self._events[v.key] = ev
-            self._watch[v.key] = (set(v.pairs), set(ev.endpoints) if ev is not None else set())
+            self._watch[v.key] = (set(v.pairs), _held_eps(ev))
             out.append(
                 verdict_alert(self._alert_out(v), "open", ev, localization=self._localization)
             )
@@ -873,7 +907,7 @@ class Pipeline:
                 ev = by_key.get(v.key)
                 self._watch[v.key] = (
                     old_p | set(v.pairs),
-                    old_e | (set(ev.endpoints) if ev else set()),
+                    old_e | _held_eps(ev),
                 )
         for v in upd.resolved:
             self._watch.pop(v.key, None)

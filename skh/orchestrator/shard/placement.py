@@ -25,9 +25,15 @@ then pools over its part of the group (fewer pairs per test, the same test), and
 group's crossing history from its own pairs.
 
 Byte counters go to the job's *home* shard (the shard of its first cell): skeleton inference
-reads all of a job's endpoints at once. Placement is sticky, a cell never moves once placed
-(moving it would drop its look-back), and a new cell goes to the shard holding the fewest
-endpoints, so the order endpoints register in decides it, not a hash.
+reads all of a job's endpoints at once. So does link state (:mod:`skh.analysis.linkstate`): a VF
+reading down counts while another VF of its container reads up, and the container's VFs are on
+its rails. A job placed whole has its pairs on its home shard too; a job split into rail cells
+has its other rails' pairs elsewhere, and for those, under a dead agent, only the probes and
+the agent's own alert speak (link state needs a container's VFs and its pairs on one shard).
+
+Placement is sticky, a cell never moves once placed (moving it would drop its look-back), and a
+new cell goes to the shard holding the fewest endpoints, so the order endpoints register in
+decides it, not a hash.
 """
 
 from __future__ import annotations
