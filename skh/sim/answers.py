@@ -297,8 +297,8 @@ class _Ledger:
 
 @dataclass(slots=True)
 class _State:
-    """Per simulation, across rounds: the responders' token buckets, a draw counter, what was
-    produced."""
+    """Per simulation, across rounds: the responders' token buckets, how often each question
+    was asked at the current time, what was produced."""
 
     noise: AnswerNoise
     silent: frozenset[str]
@@ -306,7 +306,9 @@ class _State:
     host_clock: dict[str, float] = field(default_factory=dict)
     #: (hop, asker's RNIC, path ids) -> the path id its ICMP answer hashes onto
     back_pid: dict[tuple[str, int, int], int] = field(default_factory=dict)
-    draws: int = 0
+    #: (tag, question) -> times asked at ``asked_ms``; reset when the time moves on
+    asked: dict[tuple, int] = field(default_factory=dict)
+    asked_ms: int = -1
     ledger: _Ledger = field(default_factory=_Ledger)
 
 
@@ -386,9 +388,19 @@ class SimSource:
         self._dumps: dict[tuple[str, float], dict] = {}
         self._st = _state(sim, self.noise)
 
-    def _rng(self, tag: int) -> np.random.Generator:
-        self._st.draws += 1
-        return rng_for(self.sim.seed, 0xA45, tag, int(round(self.t_s * 1000)), self._st.draws)
+    def _rng(self, tag: int, *about: int | str) -> np.random.Generator:
+        """The generator for one question (``about`` names it: a pair and flow, a host), keyed
+        by the question and how often it was asked at this time, not by how many questions
+        came before it: the answer to a question does not hinge on which others a round
+        asked, so a change to detection that changes some questions leaves the answers to the
+        others as they were (an A/B then compares the change, not two draws)."""
+        st, ms = self._st, int(round(self.t_s * 1000))
+        if st.asked_ms != ms:
+            st.asked, st.asked_ms = {}, ms
+        key = (tag, *about)
+        n = st.asked[key] = st.asked.get(key, 0) + 1
+        words = [zlib.crc32(a.encode()) if isinstance(a, str) else int(a) for a in about]
+        return rng_for(self.sim.seed, 0xA45, tag, ms, *words, n)
 
     def _dump(self, host: str, t_s: float | None = None) -> dict:
         t = self.t_s if t_s is None else t_s
@@ -420,7 +432,7 @@ class SimSource:
         """Each hop probed ``trace_queries`` times (once per hop when 0: no loss sampling)."""
         nz, st, L = self.noise, self._st, self._st.ledger
         L.traces += 1
-        g = self._rng(0x7)
+        g = self._rng(0x7, src, dst, path_id)
         asker = src_key.rpartition(":rnic")[0]
         # this host's traces run one after another: this one starts when the last one ended
         t0 = max(self.t_s, st.host_clock.get(asker, -math.inf))
@@ -549,7 +561,7 @@ class SimSource:
             L.idle_rules += len(idle)
             # OVS keeps the idle peers' rules; their offloaded flows were evicted
             expected = expected[:-1] + idle + expected[-1:]
-            g = self._rng(0xF1)
+            g = self._rng(0xF1, host, rail)
             if nz.flow_dump_race_p > 0 and offloaded and g.random() < nz.flow_dump_race_p:
                 L.dump_races += 1
                 i = int(g.integers(len(offloaded)))
@@ -590,7 +602,7 @@ class SimSource:
             return HostReport(host, **self._flags(host, self.t_s))
         L = self._st.ledger
         L.reports += 1
-        g = self._rng(0x4E)
+        g = self._rng(0x4E, host)
         if g.random() < nz.report_missing_p:
             L.reports_missing += 1
             return None

@@ -431,9 +431,32 @@ def test_field_answers_carry_their_noise_and_say_so(sim):
     )
     with pytest.raises(ConfigError):
         AnswerNoise(trace_rate_limit_p=2.0)
-    # the same seed, the same answers
-    a = SimSource(sim, t_s=9.0, noise=FIELD_ANSWERS).traceroute(pairs[0], 1)
-    assert a.nodes == a.nodes
+
+
+def test_an_answer_does_not_hinge_on_the_questions_asked_before_it(sim):
+    """A change to detection changes which questions a round asks; the answers to the
+    questions both sides ask must stay the same, or an A/B compares two draws of the answer
+    noise rather than the change (the responders' rate limits aside: those do depend on
+    what was asked before, as on a real switch)."""
+    from skh.sim.answers import FIELD_ANSWERS, QUIET, SimSource
+
+    noise = dataclasses.replace(FIELD_ANSWERS, icmp_rate_per_s=0.0, trace_rate_limit_p=0.3)
+    pairs = [tuple(int(x) for x in p) for p in sim.pairs[:80]]
+    hosts = sorted({e.host for e in sim.cluster.endpoints})
+
+    def ask(first: bool):
+        SimSource(sim, noise=QUIET)  # a fresh answer state for the noisy sources below
+        src = SimSource(sim, t_s=9.0, noise=noise)
+        if not first:
+            for k, p in enumerate(pairs[1:]):
+                src.traceroute(p, k % 4)
+            for h in hosts[6:]:
+                src.host_report(h)
+        tr = src.traceroute(pairs[0], 1)
+        reps = [src.host_report(h) for h in hosts[:6]]
+        return tr.nodes, tr.hop_loss, [None if r is None else (r.read, r.age_s) for r in reps]
+
+    assert ask(first=True) == ask(first=False)
 
 
 def test_a_crc_fault_grows_the_receiving_rnics_rx_errors_only():
