@@ -20,6 +20,7 @@ from skh.analysis.localize import (
     Localizer,
     Suspect,
     Trace,
+    link_name,
     vote,
 )
 from skh.analysis.localize.classify import classify_flow_diff
@@ -547,3 +548,49 @@ def test_a_pair_slow_over_both_spines_is_no_spine_links_partial_fault():
     ok2 += [tr(a, 19, "s1") for a in (2, 3, 4, 5, 6, 7) for _ in range(5)]
     got = vote(two, ok2, expected_paths=_expected, soft=range(len(two)))
     assert [c.component for c in got.culprits][:1] in (["s0|t0"], ["s0|t1"])
+
+
+def test_a_spine_port_that_came_back_is_known_on_a_pair_traced_off_it_too():
+    """A spine port fails only the flows hashed onto it. Once it is up again, detection still
+    holds a pair whose failed flows include one off the port (a benign loss there): the trace
+    of that flow misses the port, the other crosses it. The open alert explains the pair (the
+    port came back: flapping), though not every trace crossed it (field seed 920230969,
+    SWITCH_PORT_FLAPPING on P8|S23r4, left unexplained while only elements every trace
+    crossed were asked)."""
+
+    class Ecmp(World):
+        def path(self, pair, path_id=0):
+            a, b = self.ep(pair[0]), self.ep(pair[1])
+            ra, rb = self.fabric.rnic(a.host, a.rail), self.fabric.rnic(b.host, b.rail)
+            paths = self.fabric.ecmp_paths(ra, rb)
+            return paths[path_id % len(paths)]
+
+        def traceroute(self, pair, path_id=0):
+            p, nodes = self.path(pair, path_id), []
+            for x, y in zip(p, p[1:], strict=False):
+                nodes.append(x)
+                if link_name(x, y) in self.down or y in self.down or x in self.down:
+                    return Trace(pair, tuple(nodes), False)
+            return Trace(pair, (*nodes, p[-1]), True)
+
+    w = Ecmp()
+    port = "spine1|tor2r1"
+    w.down.add(port)
+    flows = {
+        p: tuple(k for k in range(2) if port in w.elements(w.path(p, k)))
+        for p in w.pairs
+        if len(w.fabric.ecmp_paths(*(w.fabric.rnic(w.ep(e).host, w.ep(e).rail) for e in p))) == 2
+    }
+    held = sorted(p for p, ks in flows.items() if ks)
+    assert held and all(len(flows[p]) == 1 for p in held)
+    healthy = np.array([p for p in w.pairs if p not in set(held)], np.int64)
+    loc, trk = Localizer(w.cluster), AlertTracker()
+    first = Suspect(tuple(held), "unreachable", 1_000, path_ids={p: flows[p] for p in held})
+    vs = loc.localize([first], w, healthy_pairs=healthy, now_ns=10**9)
+    assert [named(v) for v in vs] == [("underlay", port, F.SWITCH_PORT_DOWN)]
+    trk.update(vs, now_ns=10**9)
+    # up again; one held pair was lossy on its other flow too
+    w.down = set()
+    again = Suspect(tuple(held[:1]), "unreachable", 1_000, path_ids={held[0]: (0, 1)})
+    vs = loc.localize([again], w, healthy_pairs=healthy, now_ns=2 * 10**9, known=trk.open)
+    assert [named(v) for v in vs] == [("underlay", port, F.SWITCH_PORT_FLAPPING)]

@@ -891,24 +891,34 @@ class Localizer:
                 continue
             traces.setdefault(t.pair, []).append(t)
 
-        # the elements every trace of the pair crossed, for pairs whose traces all got through
-        crossed = {p: self._crossed(ts) for p, ts in traces.items() if all(t.reached for t in ts)}
+        # for pairs whose traces all got through: the nodes every trace crossed, and the links
+        # any trace crossed. A port fails only the flows hashed onto it, and a pair's failed
+        # flows may include one off it (benign loss on another path): a spine port that came
+        # back, crossed by one of the traces, was dropped by the others' intersection (field
+        # seed 920230969, SWITCH_PORT_FLAPPING on P8|S23r4)
+        sets = {
+            p: [self._elements(t) for t in ts]
+            for p, ts in traces.items()
+            if all(t.reached for t in ts)
+        }
+        every = {p: set.intersection(*ss) for p, ss in sets.items()}
+        some = {p: set.union(*ss) for p, ss in sets.items()}
         for v in w.known:
+            crossed = some if v.component_kind == "link" else every
             pairs = sorted(p for p, el in crossed.items() if p in w.left and v.component in el)
             if pairs and self._known_outage(w, {v.component}, pairs) is v:
                 evidence = {"path": list(traces[pairs[0]][0].nodes)}
                 self._came_back(w, v, pairs, evidence, now_ns)
 
+    def _elements(self, trace: Trace) -> set[str]:
+        """The links and nodes ``trace`` crossed (a silent hop is named where the fabric allows
+        one node only, a ToR behind its RNIC)."""
+        links, nodes = known_elements(fill_silent(trace, self._expected_paths(trace)))
+        return {*links, *nodes}
+
     def _crossed(self, traces: Sequence[Trace]) -> set[str]:
-        """The links and nodes every one of ``traces`` crossed (a silent hop is named where the
-        fabric allows one node only, a ToR behind its RNIC)."""
-        sets = [
-            {*links, *nodes}
-            for links, nodes in (
-                known_elements(fill_silent(t, self._expected_paths(t))) for t in traces
-            )
-        ]
-        return set.intersection(*sets) if sets else set()
+        """The links and nodes every one of ``traces`` crossed."""
+        return set.intersection(*map(self._elements, traces)) if traces else set()
 
     def _add_finding(
         self,
