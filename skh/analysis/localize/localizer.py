@@ -46,6 +46,7 @@ from skh.analysis.localize.underlay import (
     known_elements,
     last_answer_lost,
     link_name,
+    silent_switches,
     vote,
 )
 from skh.errors import ConfigError
@@ -883,11 +884,12 @@ class Localizer:
         answering = frozenset(
             n for t in (*w.failing, *w.healthy) for n in t.nodes[1:] if n is not None
         )
+        silent = silent_switches((*w.failing, *w.healthy), self._expected_paths)
         traces: dict[Pair, list[Trace]] = {}
         for t in w.failing:
             if t.pair not in w.left or w.symptom.get(t.pair) != "unreachable":
                 continue
-            if not t.reached and last_answer_lost(t, answering, self._expected_paths):
+            if not t.reached and last_answer_lost(t, answering, self._expected_paths, silent):
                 continue
             traces.setdefault(t.pair, []).append(t)
 

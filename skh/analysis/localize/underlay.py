@@ -43,6 +43,7 @@ __all__ = [
     "fill_silent",
     "known_elements",
     "last_answer_lost",
+    "silent_switches",
     "link_name",
     "loss_trusted",
     "rtt_trusted",
@@ -109,14 +110,34 @@ def last_answer_lost(
     tr: Trace,
     answering: frozenset[str],
     expected_paths: Callable[[Trace], Sequence[Sequence[str]]] | None,
+    silent: frozenset[str] = frozenset(),
 ) -> bool:
-    """A trace that stopped one hop short of its destination while the destination answered
+    """A trace that stopped one hop short of its destination, or short of switches that
+    answer nobody (``silent``) and then its destination, while the destination answered
     other traces of the round: its last answer, not its probe, was lost."""
     if expected_paths is None:
         return False
     k = max(i for i, n in enumerate(tr.nodes) if n is not None)
     paths = _consistent(Trace(tr.pair, tr.nodes[: k + 1], False), expected_paths(tr))
-    return bool(paths) and all(len(p) == k + 2 and p[-1] in answering for p in paths)
+    return bool(paths) and all(
+        len(p) >= k + 2 and p[-1] in answering and set(p[k + 1 : -1]) <= silent for p in paths
+    )
+
+
+def silent_switches(
+    traces: Iterable[Trace], expected_paths: Callable[[Trace], Sequence[Sequence[str]]] | None
+) -> frozenset[str]:
+    """Switches that stayed silent in traces that went on past them: they answer nobody."""
+    if expected_paths is None:
+        return frozenset()
+    return frozenset(
+        p[i]
+        for tr in traces
+        if tr.reached and None in tr.nodes
+        for p in _consistent(tr, expected_paths(tr))
+        for i, n in enumerate(tr.nodes)
+        if n is None
+    )
 
 
 def fill_silent(tr: Trace, expected: Sequence[Sequence[str]] | None) -> tuple[str | None, ...]:
@@ -310,15 +331,7 @@ def vote(
 
     failing = [filled(t) for t in failing]
     healthy = [filled(t) for t in healthy]
-    # switches that stayed silent in traces that went on past them answer nobody
-    silent = frozenset(
-        p[i]
-        for tr in (*failing, *healthy)
-        if tr.reached and expected_paths and None in tr.nodes
-        for p in _consistent(tr, expected_paths(tr))
-        for i, n in enumerate(tr.nodes)
-        if n is None
-    )
+    silent = silent_switches((*failing, *healthy), expected_paths)
     # nodes other traces went past (they answered and something further answered too)
     forwarding = frozenset(
         n
