@@ -46,10 +46,16 @@ def test_pipeline_config_is_checked_at_the_boundary():
                 "hop_s": 2.0,
                 "latency_sample_s": 0.25,
                 "fast": {"loss_count": 3},
+                "link": {"down_after_s": 2.0},
             },
         }
     )
     assert cfg.detector.window_s == 4.0 and cfg.detector.fast.loss_count == 3
+    assert cfg.detector.link.down_after_s == 2.0
+    with pytest.raises(ConfigError, match="stale_s"):
+        PipelineConfig.from_mapping({"fabric": fab, "detector": {"link": {"stale_s": 0}}})
+    with pytest.raises(ConfigError, match="detector.link"):
+        PipelineConfig.from_mapping({"fabric": fab, "detector": {"link": {"nope": 1}}})
     with pytest.raises(ConfigError, match="unknown pipeline setting"):
         PipelineConfig.from_mapping({"fabric": fab, "nope": 1})
     with pytest.raises(ConfigError, match="detector.fast"):

@@ -12,6 +12,7 @@ from typing import Any
 from skh.analysis.detect import DetectorConfig
 from skh.analysis.fastpath import FastPathConfig
 from skh.analysis.health import HealthConfig
+from skh.analysis.linkstate import LinkStateConfig
 from skh.analysis.longterm import LongTermConfig
 from skh.analysis.skeleton import SkeletonParams
 from skh.errors import ConfigError
@@ -36,12 +37,14 @@ def _sub(cls: type, where: str, data: Any) -> Any:
 
 
 def detector_config(data: Mapping[str, Any] | None) -> DetectorConfig:
-    """A :class:`DetectorConfig` from a plain mapping (nested ``fast``/``longterm``/``health``)."""
+    """A :class:`DetectorConfig` from a plain mapping (nested ``fast``/``longterm``/``health``/
+    ``link``)."""
     data = dict(data or {})
     nested = {
         "fast": _sub(FastPathConfig, "detector.fast", data.pop("fast", None)),
         "longterm": _sub(LongTermConfig, "detector.longterm", data.pop("longterm", None)),
         "health": _sub(HealthConfig, "detector.health", data.pop("health", None)),
+        "link": _sub(LinkStateConfig, "detector.link", data.pop("link", None)),
     }
     return (
         _sub(DetectorConfig, "detector", {**data, **nested}) if data or nested else DetectorConfig()
