@@ -673,7 +673,7 @@ class Pipeline:
             if getattr(ev, "flapping", False):
                 out.append(ev)  # an outage that came back: it refines the open alert's type
                 continue
-            if ev.kind != "agent" and eps:
+            if eps and ev.kind != "agent":
                 # a link down under a dead agent: the agent's alert holds these pairs but does
                 # not explain them; only a network alert on them does
                 if pairs <= net_pairs:
