@@ -106,6 +106,10 @@ class _Detection:
         """Nothing to do: each shard's own :meth:`Pipeline.set_endpoints` tells its detector
         the pods, from the members it is sent."""
 
+    def set_endpoint_containers(self, containers: np.ndarray) -> None:
+        """Nothing to do: each shard's own :meth:`Pipeline.set_endpoints` tells its detector
+        the containers (link state), from the members it is sent."""
+
     def retire(self, eps: Sequence[int]) -> None:
         """Nothing to do: endpoints that left the members are retired by each shard's own
         :meth:`Pipeline.set_endpoints` (and those stopped, by :meth:`ShardedPipeline.retire`)."""
