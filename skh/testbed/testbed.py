@@ -234,7 +234,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, state_dir: Path | None = None) -
     for name in ("state.json", "state.tmp", "lock"):
         with contextlib.suppress(FileNotFoundError):
             (state_dir / name).unlink()
-    for sub in ("logs", "traffic"):
+    for sub in ("logs", "traffic", "gloo"):
         shutil.rmtree(state_dir / sub, ignore_errors=True)
     with contextlib.suppress(OSError):
         state_dir.rmdir()

@@ -20,7 +20,7 @@ from skh.model import JobShape
 from skh.testbed import JobSpec, Testbed, TestbedSpec
 from skh.testbed.netns import in_netns, list_netns, pids_in_netns, socket_in
 from skh.testbed.spec import owns
-from skh.testbed.testbed import OWNER_ENV
+from skh.testbed.testbed import OWNER_ENV, default_state_dir
 
 #: CI and ``make demo`` use the default; on a shared development machine another prefix keeps
 #: concurrent runs of two people from removing each other's testbed
@@ -41,7 +41,7 @@ SMALL = TestbedSpec(
 def leftovers(prefix: str = PREFIX) -> dict[str, list]:
     """Everything of ``prefix`` still present: namespaces, root links, nft tables, processes (the
     ones a testbed of ``prefix`` spawned, by the owner mark in their environment, so another
-    prefix's testbed running beside this one does not count)."""
+    prefix's testbed running beside this one does not count), and its state directory."""
     links = [n for n in os.listdir("/sys/class/net") if owns(prefix, n)]
     tables = []
     res = os.popen("nft list tables 2>/dev/null").read()
@@ -62,7 +62,15 @@ def leftovers(prefix: str = PREFIX) -> dict[str, list]:
                 continue
             procs.append((int(entry), cmd))
     namespaces = [n for n in list_netns(prefix) if owns(prefix, n)]
-    return {"namespaces": namespaces, "links": links, "nft": tables, "processes": procs}
+    state = default_state_dir(prefix)
+    files = sorted(str(p) for p in state.rglob("*")) if state.exists() else []
+    return {
+        "namespaces": namespaces,
+        "links": links,
+        "nft": tables,
+        "processes": procs,
+        "state": files or ([str(state)] if state.exists() else []),
+    }
 
 
 def assert_clean(prefix: str = PREFIX) -> None:
