@@ -1114,10 +1114,13 @@ class Detector:
     def _sustained(
         self, rows: np.ndarray, valid: np.ndarray, thr: np.ndarray, span_s: float
     ) -> np.ndarray:
-        """Per row: the newest samples of its query window lie above ``thr`` over at least
+        """Per row: a run of its query window's samples lies above ``thr`` over at least
         ``span_s`` (first to last), allowing ``sustained_gaps`` samples below it (a heavy-tailed
         healthy sample can be high, a faulty one low; a short congestion episode is not a
-        fault) — or the newest samples of one of its flows do (a slow ECMP path: the samples
+        fault). The run may have ended: windows are scored once a hop, so a shift that held
+        its span between two hops' ends was never the newest samples' at a hop (+104 us for
+        10 s, short of 8 s at one hop's end and over two samples before the next; CI draw
+        1535673014) — or the newest samples of one of its flows do (a slow ECMP path: the samples
         visit the flows in turn, so only every ``latency_paths``-th one is slow)."""
         cfg = self.config
         p = self.pairs
@@ -1128,14 +1131,11 @@ class Detector:
         rtt = np.take_along_axis(p["ring_rtt"][rows], order, axis=1)
         up = v & (rtt > thr[:, None])
         miss = v & ~up
-        # walking back from the newest sample: misses so far (inclusive)
-        misses_from_end = np.cumsum(miss[:, ::-1], axis=1)[:, ::-1]
-        in_span = v & (misses_from_end <= cfg.sustained_gaps)
         # samples ``steps`` apart span ``span_s``, so the run needs one more than that (twenty
         # samples a second apart span 19 s: a chain of three benign congestion episodes on one
         # path, 19.1 s, passed for 20 s on field seed 338585251)
         steps = self._steps(rows, span_s)
-        ok = (up & in_span).sum(axis=1) >= steps + 1
+        ok = self._longest_run(up, miss, cfg.sustained_gaps) >= steps + 1
         if cfg.latency_paths > 1 and not ok.all():
             path = np.take_along_axis(p["ring_path"][rows], order, axis=1)
             # per flow: samples visit the flows in turn, so one more than a turn's share spans
@@ -1173,6 +1173,24 @@ class Detector:
                         v[c] & early, up[c], path[c], j
                     ) & self._other_flow_below(v[c] & late, up[c], path[c], j)
         return ok
+
+    @staticmethod
+    def _longest_run(up: np.ndarray, miss: np.ndarray, gaps: int) -> np.ndarray:
+        """Per row: the most samples above the gate (``up``) in a stretch holding at most
+        ``gaps`` below it (``miss``; samples neither up nor missed, outside the window, do
+        not count): for each end, the ups since its ``gaps + 1``-th miss back."""
+        pos = np.arange(up.shape[1])[None, :]
+        last_miss = np.maximum.accumulate(np.where(miss, pos, -1), axis=1)
+        back = last_miss
+        for _ in range(gaps):
+            back = np.where(
+                back > 0,
+                np.take_along_axis(last_miss, np.maximum(back - 1, 0), axis=1),
+                -1,
+            )
+        ups = np.cumsum(up, axis=1)
+        before = np.where(back >= 0, np.take_along_axis(ups, np.maximum(back, 0), axis=1), 0)
+        return (ups - before).max(axis=1, initial=0)
 
     def _other_flow_below(
         self, v: np.ndarray, up: np.ndarray, path: np.ndarray, j: int

@@ -860,6 +860,29 @@ def test_recurring_short_bursts_of_a_large_shift_are_caught():
             assert min(e.detected_ns for e in ev) - (T0 + 400 * S) <= 60 * S
 
 
+@pytest.mark.parametrize("end, want", [(412, {"latency-short"}), (409, set())])
+def test_a_large_shift_held_long_enough_between_two_hops_is_caught(end, want):
+    """CI draw 1535673014 + 1617177968: repetitive flow offloading for 32 s, +104 us for 10 s,
+    then the fault ended two seconds into its second burst. Windows are scored once a hop
+    (5 s): at the hop inside the burst its newest samples spanned 7 s of the 8 s a large shift
+    must hold, at the next the burst had ended three samples before; the test read only the
+    newest samples, and the fault passed unseen. A run that held its span within the window
+    counts wherever it lies; a 7 s burst is still no fault."""
+    syn, det = fresh()
+    slow = syn.src == 3
+
+    def at(sec):
+        return {"extra_us": np.where(slow & (402 <= sec < end), 100.0, 0.0)}
+
+    ev = run(det, syn, range(400, 460), at)
+    assert {e.kind for e in ev} == want, [e.explanation for e in ev]
+    if want:
+        assert {p for e in ev for p in e.pairs} <= set(
+            zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
+        )
+        assert min(e.detected_ns for e in ev) - (T0 + 400 * S) <= 20 * S
+
+
 def test_chained_congestion_episodes_shorter_than_the_sustained_span_are_not_a_fault():
     """Field seed 338585251 (quick profile, main 242e479): benign congestion on the one path of
     a same-rail pair, spine P10 +5.5 us for 5.9 s, then its ToR +7.1 us for 9.4 s, then P10 again
