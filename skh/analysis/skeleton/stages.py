@@ -41,7 +41,6 @@ from skh.analysis.skeleton.model import (
     row_quantiles,
     standardize,
 )
-from skh.analysis.skeleton.spectrum import per_second
 
 __all__ = ["Split", "bursts", "coherence", "host_quartile", "split_stages"]
 
@@ -585,17 +584,18 @@ def split_stages(
         coh = coherence(feat, c.label)
         return Split(blocks, c.score, how, coh, c.order_clear, quartile=quartile)
     coh = coherence(feat, c.label)
-    if coh.min() < _LOCKSTEP_COHERENCE and not _collective(_burst_part(*per_second(quartile, hz))):
+    if coh.min() < _LOCKSTEP_COHERENCE:
         # Faster samples see a pipeline's train of sends as a comb of short bursts, and a 1F1B
         # schedule's stages s and s + 3 (a backward is two forwards) send in the same phase:
-        # their combs pass for one group's bursts. A DP group runs one collective, so its
-        # members' burst series are the same series; stages differ in warm-up and cool-down.
-        # Groups that alike only in part, with no collective burst to see per second either,
-        # are no DP groups.
+        # their combs pass for one group's bursts; neighbouring stages exchange the sends, so
+        # theirs correlate too, per second as well (a PP4 DP1 job read as 2 stages x 2
+        # replicas, its middle link unprobed: CI draw 1535673014). A DP group runs one
+        # collective, so its members' burst series are the same series; stages differ in
+        # warm-up and cool-down. Groups alike only in part are no DP groups.
         blocks = _blocks(one[hinv], np.zeros(1, np.int64), 1, rail_inv, n_rails, rank, host)
         how = (
-            f"no collective bursts per second, and groups alike only in part (a member's "
-            f"coherence {coh.min():.2f} < {_LOCKSTEP_COHERENCE}): one group per rail"
+            f"groups alike only in part (a member's coherence {coh.min():.2f} < "
+            f"{_LOCKSTEP_COHERENCE}): one group per rail"
         )
         return Split(blocks, 1.0, how, coherence(feat, one), quartile=quartile)
     shared = _shared_links(feat, c.label, c.order, hz)
