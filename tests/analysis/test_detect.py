@@ -77,6 +77,11 @@ WARM = range(0, 400)  # look-back fills after 6 windows (3 min) plus the latenes
 _WARM: list = []
 
 
+def _pairs(syn: Synth, mask: np.ndarray) -> set[tuple[int, int]]:
+    """The (src, dst) pairs of ``syn`` selected by ``mask``."""
+    return set(zip(syn.src[mask].tolist(), syn.dst[mask].tolist(), strict=True))
+
+
 def fresh() -> tuple[Synth, Detector]:
     """A private copy of a detector that has seen 400 s of healthy traffic (and its generator)."""
     if not _WARM:
@@ -102,7 +107,7 @@ def test_latency_shift_of_one_endpoint_is_caught_within_one_window():
     assert lat and {e.kind for e in ev} == {"latency-short"}
     first = lat[0]
     assert first.detected_ns - (T0 + onset * S) <= 30 * S
-    assert set(first.pairs) <= set(zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True))
+    assert set(first.pairs) <= _pairs(syn, slow)
     assert sum(len(e.pairs) for e in lat) == slow.sum()
     assert (
         "LOF" in first.explanation
@@ -125,9 +130,7 @@ def test_unreachable_endpoint_is_flagged_within_two_seconds():
     un = [e for e in ev if e.kind == "unreachable"]
     assert un and {e.kind for e in ev} == {"unreachable"}
     assert un[0].detected_ns - (T0 + 400 * S) <= 2 * S
-    assert {p for e in un for p in e.pairs} == set(
-        zip(syn.src[dead].tolist(), syn.dst[dead].tolist(), strict=True)
-    )
+    assert {p for e in un for p in e.pairs} == _pairs(syn, dead)
     assert un[0].first_seen_ns >= T0 + 400 * S
 
 
@@ -190,7 +193,7 @@ def test_dead_agent_is_an_agent_problem_not_a_network_one():
     assert [e.kind for e in ev] == ["agent"]
     assert ev[0].endpoints == (7,)
     assert "MISSED_HEARTBEATS" in ev[0].explanation
-    assert set(ev[0].pairs) <= set(zip(syn.src[to7].tolist(), syn.dst[to7].tolist(), strict=True))
+    assert set(ev[0].pairs) <= _pairs(syn, to7)
     # when it comes back, what it missed is not replayed as loss
     assert run(det, syn, range(420, 460)) == []
 
@@ -353,7 +356,7 @@ def test_slow_drift_is_caught_by_the_long_term_test():
     )
     assert ev and {e.kind for e in ev} == {"latency-long"}
     flagged = {p for e in ev for p in e.pairs}
-    assert flagged <= set(zip(syn.src[drifting].tolist(), syn.dst[drifting].tolist(), strict=True))
+    assert flagged <= _pairs(syn, drifting)
     assert len(flagged) == drifting.sum()
     assert "z=" in ev[0].explanation
 
@@ -510,9 +513,7 @@ def test_ten_probes_a_second_keep_one_latency_sample_a_second_and_find_loss_fast
     # 2 s: five to seven settled failures reach the 1e-9 tail (a sequential test would need
     # about five), three to six seconds in, seen at the next tick
     assert min(e.detected_ns for e in events) - (T0 + 400 * S) <= 8 * S
-    assert {p for e in events for p in e.pairs} <= set(
-        zip(syn.src[into6].tolist(), syn.dst[into6].tolist(), strict=True)
-    )
+    assert {p for e in events for p in e.pairs} <= _pairs(syn, into6)
 
 
 def test_a_restart_seen_a_batch_after_its_peers_ok_is_not_loss():
@@ -854,9 +855,7 @@ def test_recurring_short_bursts_of_a_large_shift_are_caught():
         ev = run(det, syn, range(400, 500), at)
         assert {e.kind for e in ev} == want, [e.explanation for e in ev]
         if want:
-            assert {p for e in ev for p in e.pairs} <= set(
-                zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
-            )
+            assert {p for e in ev for p in e.pairs} <= _pairs(syn, slow)
             assert min(e.detected_ns for e in ev) - (T0 + 400 * S) <= 60 * S
 
 
@@ -877,9 +876,7 @@ def test_a_large_shift_held_long_enough_between_two_hops_is_caught(end, want):
     ev = run(det, syn, range(400, 460), at)
     assert {e.kind for e in ev} == want, [e.explanation for e in ev]
     if want:
-        assert {p for e in ev for p in e.pairs} <= set(
-            zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
-        )
+        assert {p for e in ev for p in e.pairs} <= _pairs(syn, slow)
         assert min(e.detected_ns for e in ev) - (T0 + 400 * S) <= 20 * S
 
 
@@ -931,9 +928,7 @@ def test_a_pair_probed_less_often_than_the_sample_period_holds_a_shift_over_time
             d.heartbeat(np.unique(syn.src), T0 + sec * S)
             events += d.tick(T0 + (sec + 1) * S)
         assert {e.kind for e in events} == want, [e.explanation for e in events]
-        assert {p for e in events for p in e.pairs} <= set(
-            zip(syn.src[slow].tolist(), syn.dst[slow].tolist(), strict=True)
-        )
+        assert {p for e in events for p in e.pairs} <= _pairs(syn, slow)
 
 
 @pytest.mark.parametrize("kind", ["healthy-far", "repetitive-far", "gpudirect-near"])
@@ -996,9 +991,7 @@ def test_a_link_down_under_a_dead_agent_is_raised_from_link_state():
     assert kinds == ["agent", "unreachable"], kinds
     link = events[1]
     assert link.endpoints == (7,)
-    assert set(link.pairs) == set(
-        zip(syn.src[to_or_from7].tolist(), syn.dst[to_or_from7].tolist(), strict=True)
-    )
+    assert set(link.pairs) == _pairs(syn, to_or_from7)
     assert T0 + 420 * S <= link.first_seen_ns and link.detected_ns <= T0 + 423 * S
     assert "VF link" in link.explanation
     # raised once while it lasts; the incident holds the pairs

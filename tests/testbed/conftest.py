@@ -63,13 +63,14 @@ def leftovers(prefix: str = PREFIX) -> dict[str, list]:
             procs.append((int(entry), cmd))
     namespaces = [n for n in list_netns(prefix) if owns(prefix, n)]
     state = default_state_dir(prefix)
-    files = sorted(str(p) for p in state.rglob("*")) if state.exists() else []
+    # what is left inside it, or the empty directory itself
+    kept = (sorted(str(p) for p in state.rglob("*")) or [str(state)]) if state.exists() else []
     return {
         "namespaces": namespaces,
         "links": links,
         "nft": tables,
         "processes": procs,
-        "state": files or ([str(state)] if state.exists() else []),
+        "state": kept,
     }
 
 
