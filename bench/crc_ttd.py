@@ -4,6 +4,7 @@ with CRC errors as its only fault type, and each fault's path from its first fai
 the first event that detects it. Prints one JSON object.
 
     python bench/crc_ttd.py [--seed N ...] [--duration S] [--faults-per-h F] [--access-floor R]
+        [--min-interval S]
 
 Per fault: the link (``access``: an RNIC's link to its ToR; ``fabric``: ToR–spine), the probes
 per second crossing it and failing (what the agents sent, before thinning), the send times of
@@ -26,6 +27,10 @@ With each pair held to its own rate in its endpoint's test (9af7741): 5.71 s (4.
 With what pairs crossing a ToR's uplinks lost as a young pair's prior (session 12): 5.55 s
 (4.19, 7.24, 17.55); with no pair expecting less than its endpoint's rate too: 5.96 s (4.65,
 7.64, 17.55).
+Session 24, the plan's access floor (``--access-floor``, ``--min-interval``): 80/s 5.96 s,
+160/s 4.38 (3.61, 4.84, 12.55), 240/s 4.03, 320/s 3.42 with 2 false events; 160/s with one pair
+allowed 100/s (``min_interval_s`` 0.01) 3.32 s (2.19, 3.44, 16.55), 0 false here, but a false
+loss event on a quick eval draw (docs/probing.md: not kept).
 """
 
 from __future__ import annotations
@@ -275,10 +280,15 @@ def main() -> None:
     ap.add_argument(
         "--access-floor", type=float, help="the plan's access_link_min_per_s (default: its own)"
     )
+    ap.add_argument(
+        "--min-interval", type=float, help="the plan's min_interval_s (default: its own)"
+    )
     args = ap.parse_args()
     policy = ProbePolicy(interval_s=QUICK.probe_interval_s)
     if args.access_floor is not None:
         policy = dataclasses.replace(policy, access_link_min_per_s=args.access_floor)
+    if args.min_interval is not None:
+        policy = dataclasses.replace(policy, min_interval_s=args.min_interval)
     runs = [run(s, args.duration, args.faults_per_h, policy) for s in args.seed or [7301]]
     ttd = [f["ttd_s"] for r in runs for f in r["faults"] if f["ttd_s"] is not None]
     by_class: dict[str, list[float]] = {}
@@ -299,6 +309,7 @@ def main() -> None:
                 "ttd_mean_s": round(float(np.mean(ttd)), 2) if ttd else None,
                 "ttd_p50_s": round(float(np.median(ttd)), 2) if ttd else None,
                 "access_link_min_per_s": policy.access_link_min_per_s,
+                "min_interval_s": policy.min_interval_s,
             },
             indent=1,
         )
