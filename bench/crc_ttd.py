@@ -30,7 +30,8 @@ With what pairs crossing a ToR's uplinks lost as a young pair's prior (session 1
 Session 24, the plan's access floor (``--access-floor``, ``--min-interval``): 80/s 5.96 s,
 160/s 4.38 (3.61, 4.84, 12.55), 240/s 4.03, 320/s 3.42 with 2 false events; 160/s with one pair
 allowed 100/s (``min_interval_s`` 0.01) 3.32 s (2.19, 3.44, 16.55), 0 false here, but a false
-loss event on a quick eval draw (docs/probing.md: not kept).
+loss event on a quick eval draw; with the far ends' rates in the endpoint test (the defaults
+since): 3.42 s (2.19, 3.84, 17.05), 0 false (docs/probing.md).
 """
 
 from __future__ import annotations

@@ -35,17 +35,19 @@ class ProbePolicy:
     #: a pair's interval when nothing asks for another: 10 probes/s, so a 2 % loss shows in a
     #: second (R-Pingmesh also asks >= 10 probes/s on every link)
     interval_s: float = 0.1
-    #: the fastest a floor may probe a pair
-    min_interval_s: float = 0.02
+    #: the fastest a floor may probe a pair: 100/s, so that a pair alone on an access link can
+    #: pay that link's floor by itself (within an endpoint's budget)
+    min_interval_s: float = 0.01
     #: probes/s one endpoint (a VF's engine) sends at most
     budget_per_s: float = 100.0
     #: probes/s every link of the job's skeleton should see
     link_min_per_s: float = 10.0
     #: probes/s every access link (RNIC to ToR) of the skeleton should see: the loss test's
     #: time to detect a lossy link falls with the probes crossing it (a CRC-style 2 % loss shows
-    #: in ~5 failures), and on a sparse skeleton an access link carries one pair both ways,
-    #: 2 x 10/s; 4x that is paid only by endpoints with few peers (docs/probing.md)
-    access_link_min_per_s: float = 80.0
+    #: in 5-9 failures against a ~1e-4 baseline at alpha 1e-9: ~3 s at 160/s), and on a sparse
+    #: skeleton an access link carries one pair both ways, 2 x 10/s; 8x that is paid only by
+    #: endpoints with few peers (docs/probing.md, "Effect on time to detect")
+    access_link_min_per_s: float = 160.0
     #: the chance a given ECMP path of a pair is among its path ids
     path_coverage: float = 0.995
     #: every path id of a pair is probed within this long

@@ -63,9 +63,9 @@ def test_a_link_few_pairs_cross_gets_its_floor_within_the_budget():
     assert tight.summary()["links_below_floor"] > 0
 
 
-def test_access_links_get_four_times_the_probes_within_the_budget():
+def test_access_links_get_their_floor_within_the_budget():
     """A sparse skeleton's access link carries one pair both ways (2 x 10/s): the access floor
-    (80/s) probes that pair 4x as fast, while a source whose peers already load its access link
+    (160/s) probes that pair 8x as fast, while a source whose peers already load its access link
     beyond the floor, is left as it was, and one whose budget is spent goes no faster."""
     fab = Fabric.from_params(hosts=8, rnics_per_host=1, hosts_per_segment=2, spines=2)
     links = FabricLinks(fab)
@@ -79,18 +79,20 @@ def test_access_links_get_four_times_the_probes_within_the_budget():
     inc = links.incidence([rnic[a] for a in pairs[:, 0]], [rnic[b] for b in pairs[:, 1]])
     assert inc.access.sum() == 7  # the 7 RNICs' access links, no switch link
     plan = plan_probes(pairs, ProbePolicy(), links=inc)
-    assert plan.lookup(0)[2][0] == plan.lookup(2)[0][0] == 0.025  # 40/s each way: 4 x 10/s
+    # 80/s each way pays the floor; the millisecond grid rounds 12.5 ms down to 12
+    assert plan.lookup(0)[2][0] == plan.lookup(2)[0][0] == 0.012
     # source 3's peers' access links carry one pair each: sped up as far as 3's budget goes
     # (100/s over 4 peers)
     assert {iv for iv, _n in plan.lookup(3).values()} == {0.04}
     assert plan.endpoint_rates()[1].max() <= 100.0
     rate = dict(zip(plan.link_names, plan.link_rate.tolist(), strict=True))
-    assert rate[("host0:rnic0", "tor0r0")] == pytest.approx(80.0)
-    # 4..7 probe 3 at the fastest a floor may (50/s), 3 probes each at 25/s (its budget): 75/s
-    # on their access links, short of the floor, and the plan says so
-    assert rate[("host4:rnic0", "tor2r0")] == pytest.approx(75.0)
+    assert rate[("host0:rnic0", "tor0r0")] == pytest.approx(500.0 / 3)
+    # 4..7 probe 3 at the fastest a floor may (100/s, also their budget), 3 probes each at
+    # 25/s (its budget): 125/s on their access links, short of the floor, and the plan says so
+    assert {iv for iv, _n in plan.lookup(4).values()} == {0.01}
+    assert rate[("host4:rnic0", "tor2r0")] == pytest.approx(125.0)
     assert plan.summary()["links_below_floor"] == 4
-    # within the budget: 30 probes/s per endpoint cannot pay 40/s, the budget wins and says so
+    # within the budget: 30 probes/s per endpoint cannot pay 80/s, the budget wins and says so
     tight = plan_probes(pairs, ProbePolicy(budget_per_s=30.0), links=inc)
     assert tight.endpoint_rates()[1].max() <= 30.0
     assert tight.summary()["links_below_floor"] > 0
@@ -170,10 +172,10 @@ def test_plans_at_the_paper_scale_fabric_are_fast():
     s = plan.summary()
     assert s["pairs_slower_than_coverage"] == 0 and s["endpoint_rate_max"] <= 100.0
     # every link meets its floor but access links whose one pair, one way, already goes as fast
-    # as a floor may (50/s, short of the 80/s access floor)
+    # as a floor may (100/s, short of the 160/s access floor)
     short = plan.link_rate < plan.link_floor - 1e-9
     assert s["links_below_floor"] == short.sum() > 0
-    assert np.allclose(plan.link_rate[short], 50.0)
+    assert np.allclose(plan.link_rate[short], 1.0 / ProbePolicy().min_interval_s)
 
 
 def test_the_eval_plans_its_cluster_and_covers_every_ecmp_path():

@@ -941,21 +941,39 @@ class FastPathState:
         mu = np.zeros(m)
         mu_c = np.zeros(m)  # the part the crossing histories set ...
         shape_c = np.full(m, np.inf)  # ... and the least known of them
-        for end in (a, b):
+        mu_f = np.zeros(m)  # the part the far ends' rates set, and its variance
+        var_f = np.zeros(m)
+        for end, far in ((a, b), (b, a)):
             # the pair's own posterior, the endpoint's rate its prior; never below that rate: the
             # pair's probes are in it already, and counted twice they pulled a clean pair's
             # expectation ten times under its endpoint's (a false loss event on held-out draw
             # 305340123: a 40/s pair with 10k clean probes expected 4e-6, lost 5 in 30 s)
             own = (s["base_f"] + cfg.prior_probes * mean_e[end]) / (s["base_n"] + cfg.prior_probes)
             rate_p = np.maximum(own, mean_e[end])
-            by_c = c_mean > rate_p
-            e = n_p * np.maximum(rate_p, c_mean)
+            # nor below its far end's rate: the pair crosses that end's access link too. A new
+            # job's pair whose far end sat on a fresh RNIC (the prior alone) behind a benign bad
+            # link lost 9 in 10 s at 83/s, judged against its near end's long clean history
+            # (1.9e-4, shape 25): 1e-22 (a false loss event, session 24, quick draw 1560214748
+            # with access links at 160/s). Each far end's rate is known as well as its shape
+            # says, independently of the others': their variances add
+            hi = np.maximum(rate_p, c_mean)
+            by_f = mean_e[far] > hi
+            by_c = (c_mean > rate_p) & ~by_f
+            e = n_p * np.maximum(hi, mean_e[far])
             mu += np.bincount(end, e, m)
             mu_c += np.bincount(end[by_c], e[by_c], m)
             np.minimum.at(shape_c, end[by_c], c_shape[by_c])
-        mu_l = mu - mu_c
-        var = mu_l**2 / A_g + np.where(mu_c > 0, mu_c**2 / np.where(mu_c > 0, shape_c, 1.0), 0.0)
+            mu_f += np.bincount(end[by_f], e[by_f], m)
+            var_f += np.bincount(end[by_f], e[by_f] ** 2 / A_g[far[by_f]], m)
+        var_c = np.where(mu_c > 0, mu_c**2 / np.where(mu_c > 0, shape_c, 1.0), 0.0)
+        var = (mu - mu_c) ** 2 / A_g + var_c
         A_w = np.where((mu_c > 0) & (var > 0), mu**2 / np.maximum(var, 1e-300), A_g)
+        # the far ends only ever widen the test: independent parts' variances add in
+        # quadrature, so many well-known far ends would narrow it past what the near end knows
+        var = (mu - mu_c - mu_f) ** 2 / A_g + var_c + var_f
+        A_w = np.where(
+            (mu_f > 0) & (var > 0), np.minimum(A_w, mu**2 / np.maximum(var, 1e-300)), A_w
+        )
         return A_w, np.where(mu > 0, A_w * n_g / np.maximum(mu, 1e-300), B_g)
 
     def _crossing_mean(
