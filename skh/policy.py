@@ -44,7 +44,7 @@ class ProbePolicy:
     link_min_per_s: float = 10.0
     #: probes/s every access link (RNIC to ToR) of the skeleton should see: the loss test's
     #: time to detect a lossy link falls with the probes crossing it (a CRC-style 2 % loss shows
-    #: in 5-9 failures against a ~1e-4 baseline at alpha 1e-9: ~3 s at 160/s), and on a sparse
+    #: in 5-9 failures against a ~1e-4 baseline at alpha 1e-9: ~2 s at 160/s), and on a sparse
     #: skeleton an access link carries one pair both ways, 2 x 10/s; 8x that is paid only by
     #: endpoints with few peers (docs/probing.md, "Effect on time to detect")
     access_link_min_per_s: float = 160.0
