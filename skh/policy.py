@@ -18,10 +18,15 @@ from typing import Any
 
 from skh.errors import ConfigError, ProtocolError
 
-__all__ = ["MS_MAX", "ProbePolicy", "path_count", "plan_rows", "source_plan"]
+__all__ = ["ENGINE_TICK_S", "MS_MAX", "ProbePolicy", "path_count", "plan_rows", "source_plan"]
 
 #: a pair's interval on the wire: whole milliseconds, uint16
 MS_MAX = 65_535
+#: the overlay agent's engine tick by default (``agent.engine_tick_s``): each engine thread wakes
+#: up at most once per tick and answers what arrived meanwhile together. RTTs are wire-stamped
+#: where it applies, so they do not move; responder and prober delays grow by up to a tick, and
+#: the simulator (:class:`skh.sim.probes.ProbeModel`) adds the same (docs/engine.md, "Wake-ups")
+ENGINE_TICK_S = 0.005
 #: ``[controller]`` setting of each policy field whose name is not ``probe_<field>``
 _CONFIG_KEYS = {"ok_sample_s": "ok_sample_s"}
 

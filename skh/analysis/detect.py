@@ -111,7 +111,7 @@ from skh.analysis.sampling import (
     sample_spacing_ns,
 )
 from skh.errors import ConfigError
-from skh.records import COUNTER_DTYPE, PROBE_DTYPE, ProbeStatus, is_loss, pair_keys
+from skh.records import COUNTER_DTYPE, PROBE_DTYPE, ProbeStatus, TsSource, is_loss, pair_keys
 
 __all__ = ["KINDS", "DetectorConfig", "SuspectEvent", "DetectorStats", "Detector"]
 
@@ -523,6 +523,7 @@ class Detector:
             b["prober_delay_ns"],
             b["responder_delay_ns"],
             int(ProbeStatus.REFUSED),
+            b["ts_source"] >= TsSource.KERNEL,
         )
         # reply loss is loss: a lost answer is a packet the reverse path dropped
         failed = is_loss(status) | (status == ProbeStatus.UNREACHABLE)

@@ -19,7 +19,12 @@ this module tracks:
   times and by at least ``delay_floor_us``), in every batch for ``delay_persist_s``, means an
   overloaded host, whose user-space stamps inflate RTTs. The median and the persistence keep
   benign stalls out: a host that stalls for a moment (a page-fault storm, a lock) answers a
-  few probes late and is fine again, while a late agent is late on every probe.
+  few probes late and is fine again, while a late agent is late on every probe. An endpoint
+  whose records are stamped on the wire (kernel or NIC stamps) runs its engine on a tick
+  (``agent.engine_tick_s``) and answers and reads up to a tick late on every probe by design, so
+  its rises must also exceed ``delay_tick_us``: one sample a second (the latency sample the
+  agents forward) wanders over the whole tick, and a baseline learnt from a low one would
+  read every later one as a rise.
 
 Endpoints retired by the orchestrator (a container stopped on purpose) are forgotten, so churn
 never reads as a dead agent.
@@ -33,6 +38,7 @@ from enum import IntFlag
 import numpy as np
 
 from skh.errors import ConfigError
+from skh.policy import ENGINE_TICK_S
 
 __all__ = ["HealthConfig", "HealthReason", "ALERTING", "EndpointHealth"]
 
@@ -70,6 +76,9 @@ class HealthConfig:
     refused_hold_s: float = 10.0
     delay_factor: float = 3.0
     delay_floor_us: float = 50.0
+    #: the agents' engine tick (``agent.engine_tick_s``): how far a wire-stamped endpoint's
+    #: delays wander on their own; its rises must exceed the floor and this
+    delay_tick_us: float = ENGINE_TICK_S * 1e6
     #: EWMA weight per batch of the slow delay average (the baseline)
     delay_slow_alpha: float = 0.01
     #: a delay rise alerts once it has lasted this long
@@ -94,6 +103,11 @@ class HealthConfig:
                     f"The '{name}' parameter of HealthConfig must be > 0. "
                     f"Got {getattr(self, name)!r} instead."
                 )
+        if not self.delay_tick_us >= 0:
+            raise ConfigError(
+                "The 'delay_tick_us' parameter of HealthConfig must be >= 0. "
+                f"Got {self.delay_tick_us!r} instead."
+            )
         if not 0 < self.delay_slow_alpha <= 1:
             raise ConfigError(
                 "The 'delay_slow_alpha' parameter of HealthConfig must be in (0, 1]. "
@@ -171,8 +185,10 @@ class EndpointHealth:
         prober_delay_ns: np.ndarray,
         responder_delay_ns: np.ndarray,
         refused_code: int,
+        wire_stamped: np.ndarray,
     ) -> None:
-        """Fold one batch in (after de-duplication)."""
+        """Fold one batch in (after de-duplication); ``wire_stamped``: per record, whether its
+        stamps were taken on the wire (its engines tick)."""
         if len(src) == 0:
             return
         self.ensure(int(max(src.max(), dst.max())))
@@ -196,10 +212,11 @@ class EndpointHealth:
             ok = delay >= 0
             if not ok.any():
                 continue
-            eps, med_us = _median_by(who[ok], delay[ok] / 1e3)
+            eps, med_us, ticks = _median_by(who[ok], delay[ok] / 1e3, wire_stamped[ok])
             s_cur = s[slow][eps]
+            floor_us = cfg.delay_floor_us + np.where(ticks, cfg.delay_tick_us, 0.0)
             with np.errstate(invalid="ignore"):
-                high = (med_us > cfg.delay_factor * s_cur) & (med_us - s_cur > cfg.delay_floor_us)
+                high = (med_us > cfg.delay_factor * s_cur) & (med_us - s_cur > floor_us)
             # the baseline does not learn a rise it is meant to detect
             s[slow][eps] = np.where(
                 np.isnan(s_cur),
@@ -250,10 +267,13 @@ class EndpointHealth:
         return reasons
 
 
-def _median_by(key: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique keys, the median of ``v`` per key; the lower one of an even count)."""
+def _median_by(
+    key: np.ndarray, v: np.ndarray, flag: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unique keys, the median of ``v`` per key (the lower one of an even count), whether any
+    ``flag`` of the key is set)."""
     order = np.lexsort((v, key))
     k, vs = key[order], v[order]
     start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     cnt = np.diff(np.r_[start, k.size])
-    return k[start], vs[start + (cnt - 1) // 2]
+    return k[start], vs[start + (cnt - 1) // 2], np.logical_or.reduceat(flag[order], start)

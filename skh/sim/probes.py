@@ -4,7 +4,10 @@ A healthy probe's network RTT is log-normal around a per-pair base: a fixed part
 encap/decap offloaded in the RNIC) plus a per-link share, so it grows with the hop count of the
 path (2 links under one ToR, 4 via a spine, 6 via a core), plus a fixed per-pair offset (cables,
 queues) drawn from a hash of the pair. The defaults give 12–16 µs with nearly all samples under
-20 µs, the paper's anchor. Healthy loss is zero unless ``loss_rate`` says otherwise.
+20 µs, the paper's anchor. Healthy loss is zero unless ``loss_rate`` says otherwise. Responder
+and prober delays are a few µs plus up to the agents' engine tick (``tick_ns``, the agent's
+default :data:`skh.policy.ENGINE_TICK_S`): the engines answer and read what arrived within a tick
+together, which moves the delays but not the wire-stamped RTTs.
 
 How often and over which path ids each pair probes is a :class:`ProbeSchedule`: flat (every pair
 every ``interval_s`` over the same path ids), or as deployed — the controller's probe plan
@@ -24,6 +27,7 @@ import numpy as np
 
 from skh.errors import ConfigError
 from skh.model import Cluster
+from skh.policy import ENGINE_TICK_S
 from skh.probeplan import FabricLinks, ProbePolicy, paths_needed, plan_probes
 from skh.records import ProbeStatus, TsSource, empty_probes
 from skh.sim.topology import EndpointTable, FabricIndex, mix_hash
@@ -77,12 +81,17 @@ class ProbeModel:
         loss_rate: float = 0.0,
         responder_delay_ns: float = 2_000.0,
         prober_delay_ns: float = 4_000.0,
+        tick_ns: float = ENGINE_TICK_S * 1e9,
         ts_source: TsSource = TsSource.HW,
     ) -> None:
         if not fixed_ns > 0 or per_link_ns < 0 or pair_spread_ns < 0 or not 0 <= sigma < 1:
             raise ConfigError(
                 "ProbeModel: fixed_ns must be > 0, per_link_ns and pair_spread_ns >= 0, "
                 "sigma in [0, 1)."
+            )
+        if not tick_ns >= 0:
+            raise ConfigError(
+                f"The 'tick_ns' parameter of ProbeModel must be >= 0. Got {tick_ns!r} instead."
             )
         if not 0.0 <= loss_rate <= 1.0:
             raise ConfigError(
@@ -99,6 +108,10 @@ class ProbeModel:
         self.loss_rate = float(loss_rate)
         self.responder_delay_ns = float(responder_delay_ns)
         self.prober_delay_ns = float(prober_delay_ns)
+        #: the agents' engine tick: a probe read on the responder's next tick is answered up to a
+        #: tick late, and its answer read up to a tick late on the prober's (RTTs, stamped on the
+        #: wire, do not move)
+        self.tick_ns = float(tick_ns)
         self.ts_source = TsSource(ts_source)
 
     def base_rtt_ns(self, src_ep: np.ndarray, dst_ep: np.ndarray) -> np.ndarray:
@@ -135,6 +148,14 @@ class ProbeModel:
         rtt = base_ns * np.exp(self.sigma * z)
         resp = self.responder_delay_ns * (1.0 + 0.25 * rng.random(n, dtype=np.float32))
         prob = self.prober_delay_ns * (1.0 + 0.25 * rng.random(n, dtype=np.float32))
+        if self.tick_ns:
+            # where in each side's tick the datagram fell: hashed from the probe, so the draws of
+            # everything else are those of a model without a tick
+            h = mix_hash(src_ep, seq, t_wall_ns, np.uint64(self.seed))
+            lo = (h & np.uint64(0xFFFFFFFF)).astype(np.float32) / np.float32(2**32)
+            hi = (h >> np.uint64(32)).astype(np.float32) / np.float32(2**32)
+            resp = resp + self.tick_ns * lo
+            prob = prob + self.tick_ns * hi
         status = np.zeros(n, np.uint8)
         if self.loss_rate > 0:
             status[rng.random(n, dtype=np.float32) < self.loss_rate] = ProbeStatus.LOST

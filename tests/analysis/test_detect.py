@@ -10,9 +10,11 @@ import pytest
 
 from skh.analysis.detect import KINDS, Detector, DetectorConfig, SuspectEvent
 from skh.analysis.fastpath import FastPathConfig
+from skh.analysis.health import HealthConfig
 from skh.analysis.longterm import LongTermConfig
 from skh.errors import ConfigError
-from skh.records import PROBE_DTYPE, ProbeStatus, empty_counters, empty_probes
+from skh.policy import ENGINE_TICK_S
+from skh.records import PROBE_DTYPE, ProbeStatus, TsSource, empty_counters, empty_probes
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9
@@ -243,6 +245,39 @@ def test_slow_prober_host_withholds_its_latency_verdicts():
     )
     assert [e.kind for e in ev] == ["agent"] and ev[0].endpoints == (2,)
     assert "PROBER_DELAY" in ev[0].explanation
+
+
+def _agent_events_of_ticking_engines(det: Detector, seconds: range, rise_ns: float) -> list:
+    """Wire-stamped records whose delays wander over the engines' tick, one OK per prober and
+    second (the latency sample the agents forward); endpoint 2's prober delay up by ``rise_ns``."""
+    syn = Synth(seed=5)
+    rng = np.random.default_rng(5)
+    tick_ns = ENGINE_TICK_S * 1e9
+    events = []
+    for sec in seconds:
+        b = syn.second(sec)
+        b["ts_source"] = TsSource.KERNEL
+        ok = b["status"] == ProbeStatus.OK
+        pd = 4_000 + rng.uniform(0, tick_ns, syn.n) + np.where(syn.src == 2, rise_ns, 0)
+        b["prober_delay_ns"] = np.where(ok, pd, -1)
+        b["responder_delay_ns"] = np.where(ok, 2_000 + rng.uniform(0, tick_ns, syn.n), -1)
+        pick = [rng.choice(np.flatnonzero(syn.src == e)) for e in np.unique(syn.src)]
+        det.ingest(b[np.sort(pick)])
+        det.heartbeat(np.unique(syn.src), T0 + sec * S)
+        events += [e for e in det.tick(T0 + (sec + 1) * S) if e.kind == "agent"]
+    return events
+
+
+def test_a_ticking_engines_delays_are_no_slow_host():
+    # without the tick's allowance the same samples read as slow hosts: the baseline is learnt
+    # from a low one and every later sample is three times it
+    blind = Detector(DetectorConfig(health=HealthConfig(delay_tick_us=0)))
+    assert _agent_events_of_ticking_engines(blind, range(300), 0.0)
+    det = Detector()
+    assert _agent_events_of_ticking_engines(det, range(300), 0.0) == []
+    # a rise past the tick is still a slow host
+    ev = _agent_events_of_ticking_engines(det, range(300, 330), 4 * ENGINE_TICK_S * 1e9)
+    assert [e.endpoints for e in ev] == [(2,)] and "PROBER_DELAY" in ev[0].explanation
 
 
 def test_a_late_agent_cannot_fake_a_failure():

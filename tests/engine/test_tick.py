@@ -122,10 +122,12 @@ def test_agent_config_sets_the_engines_tick_and_grid():
     from skh.errors import ConfigError
     from skh.orchestrator.agent_overlay import default_engine_factory
     from skh.orchestrator.config import EndpointSpec, load_config
+    from skh.policy import ENGINE_TICK_S
 
     spec = EndpointSpec(rail=0, ip="127.0.0.1")
-    cases = (({}, 0.0, False), ({"agent.engine_tick_s": 0.002}, 0.002, False))
-    cases += (({"agent.engine_wall_grid": True}, 0.0, True),)
+    cases = (({}, ENGINE_TICK_S, False), ({"agent.engine_tick_s": 0.002}, 0.002, False))
+    cases += (({"agent.engine_tick_s": 0.0}, 0.0, False),)
+    cases += (({"agent.engine_wall_grid": True}, ENGINE_TICK_S, True),)
     for over, tick_s, wall_grid in cases:
         eng = default_engine_factory(spec, load_config(None, over).agent)
         try:

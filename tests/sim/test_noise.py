@@ -162,3 +162,27 @@ def test_clock_steps_shift_a_hosts_send_times():
     same = (p["src_ep"][1:] == p["src_ep"][:-1]) & (p["dst_ep"][1:] == p["dst_ep"][:-1])
     gap = np.diff(p["t_wall_ns"].astype(np.int64))[same]
     assert (np.abs(gap) > 300_000_000).any()
+
+
+def test_the_engines_tick_moves_the_delays_not_the_rtts():
+    from skh.policy import ENGINE_TICK_S
+
+    ticking = _run(_sim("field", seed=5), 20)[0]
+    plain_sim = _sim("field", seed=5)
+    plain_sim.probe_model.tick_ns = 0.0
+    plain = _run(plain_sim, 20)[0]
+    # the same probes, the same outcomes and wire-stamped RTTs
+    for f in ("src_ep", "dst_ep", "seq", "status", "rtt_ns"):
+        assert np.array_equal(ticking[f], plain[f]), f
+    ok = ticking["status"] == ProbeStatus.OK
+    tick_ns = ENGINE_TICK_S * 1e9
+    for f in ("responder_delay_ns", "prober_delay_ns"):
+        extra = (ticking[f] - plain[f])[ok]
+        assert extra.min() >= -1 and extra.max() <= tick_ns + 1  # float32 sums, rounded
+        # spread over the whole tick, each side on its own
+        assert np.allclose(
+            np.quantile(extra, [0.1, 0.5, 0.9]) / tick_ns, [0.1, 0.5, 0.9], atol=0.03
+        )
+    r = ticking["responder_delay_ns"][ok] - plain["responder_delay_ns"][ok]
+    p = ticking["prober_delay_ns"][ok] - plain["prober_delay_ns"][ok]
+    assert abs(np.corrcoef(r, p)[0, 1]) < 0.05
