@@ -40,7 +40,9 @@ engine_tick_s=0.005`` (six interleaved pairs); peers in bursts 3.85-4.05 % (docs
 agent 5.07 % (engines 4.6, Python 0.67), the bare responder 1.07 %, so the bare floor
 (``bare_floor_cpu_pct``) 2.13 %: on this 2-vCPU VM the kernel's UDP work alone at the busiest
 container's rate is above the issue's 2 %; the agent is 2.4x that floor (849 wake-ups/s against
-the responder's batches).
+the responder's batches). Session 25: the agent's engines tick (5 ms) by default
+(``skh.policy.ENGINE_TICK_S``; ``--agent-set engine_tick_s=0`` measures without): 4.88 -> 3.75 %
+on average over three interleaved pairs at load ~2.7 (docs/probing.md, session 25).
 """
 
 from __future__ import annotations
