@@ -575,3 +575,44 @@ def test_three_in_a_row_on_one_flow_of_a_lossy_pair_is_benign_loss_not_an_outage
         flags = _one_pair(1500, 8, failed)
         assert not any(f.unreachable.size for f in flags[:1400])
         assert any(f.unreachable.size for f in flags[1400:]) == want, (every, run)
+
+
+def _new_job_across_pods(seed: int, loss: float, seconds: int) -> list[np.ndarray]:
+    """Job X: endpoints 0-3 under ToR 0 probe endpoints 4-7 under ToR 1 (same pod, clean
+    1e-4) for ten minutes, and go on. Then job Z starts: endpoints 8-11 under ToR 0 and two
+    peers each under ToRs 2-5 (other pods), both ways, 10 probes a second a pair, every pair of
+    Z losing ``loss``. The flags of Z's pairs per second."""
+    rng = np.random.default_rng(seed)
+    tor = np.r_[np.zeros(4), np.ones(4), np.zeros(4), np.repeat(np.arange(2, 6), 2)].astype(int)
+    n_eps = tor.size
+    x_src, x_dst = np.r_[0:4, 4:8], np.r_[4:8, 0:4]
+    near = np.repeat(np.arange(8, 12), 8)
+    far = np.tile(np.arange(12, 20), 4)
+    z_src, z_dst = np.r_[near, far], np.r_[far, near]
+    fp = FastPathState(FastPathConfig(), x_src.size)
+    fp.set_links(np.arange(n_eps))
+    old = _job_on_rnics(fp, x_src, x_dst, 600, 1e-4, rng, per=10, groups=[tor])
+    assert not any(f.size for f in old)
+    fp.resize(x_src.size + z_src.size)
+    src, dst = np.r_[x_src, z_src], np.r_[x_dst, z_dst]
+    p = np.r_[np.full(x_src.size, 1e-4), np.full(z_src.size, loss)][:, None]
+    flags = _job_on_rnics(fp, src, dst, seconds, p, rng, 600, per=10, groups=[tor])
+    return [f[f >= x_src.size] for f in flags]
+
+
+def test_a_new_jobs_pairs_through_a_lossy_core_link_do_not_make_their_tor_lossy():
+    """Full-profile seed 1268465575: a new job's 84 pairs from one ToR to four ToRs in other
+    pods, all through a core link at 1.8e-3 (benign: the field regime's bad links), lost 30 in
+    30 s against the ToR's clean history from its older pairs (1e-4 here); the ToR's test
+    fired at 1e-23 and corroborated the pairs that had lost two (here on seeds 3, 4 and 6 of
+    six). What the young pairs expect nobody knows yet: the ToR's excess must hold in its older
+    pairs or in its young ones against their prior. A 2 % loss on all of the young pairs (a
+    fault on the ToR's uplinks, for the new job's paths) is still found within seconds (4-8 s
+    on these seeds, mean 6.0; 3-4 s judged by the older pairs' history)."""
+    found = []
+    for seed in range(1, 7):
+        flags = _new_job_across_pods(seed, 1.8e-3, 120)
+        assert not any(f.size for f in flags), (seed, [i for i, f in enumerate(flags) if f.size])
+        flags = _new_job_across_pods(seed, 0.02, 30)
+        found.append(next(i + 1 for i, f in enumerate(flags) if f.size))
+    assert np.mean(found) <= 7, found
