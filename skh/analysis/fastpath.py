@@ -989,6 +989,10 @@ class FastPathState:
         shape_c = np.full(m, np.inf)  # ... and the least known of them
         mu_f = np.zeros(m)  # the part the far ends' rates set, and its variance
         var_f = np.zeros(m)
+        # each part of every pair's path as its own (independent) unknown: the near end's link
+        # (shared by the endpoint's pairs), the far ends' links, the crossing
+        mu_near = np.zeros(m)
+        var_far = np.zeros(m)
         for end, far in ((a, b), (b, a)):
             # the pair's own posterior, the endpoint's rate its prior; never below that rate: the
             # pair's probes are in it already, and counted twice they pulled a clean pair's
@@ -1011,6 +1015,10 @@ class FastPathState:
             np.minimum.at(shape_c, end[by_c], c_shape[by_c])
             mu_f += np.bincount(end[by_f], e[by_f], m)
             var_f += np.bincount(end[by_f], e[by_f] ** 2 / A_g[far[by_f]], m)
+            mu_near += np.bincount(end, n_p * rate_p, m)
+            # a pair's two directions share its far end: their parts add before squaring,
+            # bounded here by twice the sum of squares (no pairing of directions needed)
+            var_far += np.bincount(end, 2.0 * (n_p * mean_e[far]) ** 2 / A_g[far], m)
         var_c = np.where(mu_c > 0, mu_c**2 / np.where(mu_c > 0, shape_c, 1.0), 0.0)
         var = (mu - mu_c) ** 2 / A_g + var_c
         A_w = np.where((mu_c > 0) & (var > 0), mu**2 / np.maximum(var, 1e-300), A_g)
@@ -1020,6 +1028,10 @@ class FastPathState:
         A_w = np.where(
             (mu_f > 0) & (var > 0), np.minimum(A_w, mu**2 / np.maximum(var, 1e-300)), A_w
         )
+        # where the crossing or the near end set the mean, the far ends' links are still
+        # unknown in their own right, and where the crossing set it, so is the near end's own
+        var = mu_near**2 / A_g + var_c + var_far
+        A_w = np.where(var > 0, np.minimum(A_w, mu**2 / np.maximum(var, 1e-300)), A_w)
         return A_w, np.where(mu > 0, A_w * n_g / np.maximum(mu, 1e-300), B_g)
 
     def _crossing_mean(
