@@ -36,6 +36,8 @@ Session 25 (with the engines' tick in the simulator: the same 3.42 s, fault for 
 fabric links' floor (``--link-floor``) 10 -> 40/s: 3.25 s (2.69, 4.04, 8.05), 0 false; not kept.
 Session 26 (a restart's excuse ends its flows' runs; a ToR's excess must hold in its older or in
 its young pairs): 3.42 s (2.19, 3.84, 17.05), 31 of 31, 0 false: unchanged.
+Session 27 (each part of a path's own variance bounds the endpoint test: a fresh far RNIC stays
+unknown where a crossing history sets the mean): 3.48 s (2.19, 4.04, 17.55), 31 of 31, 0 false.
 """
 
 from __future__ import annotations

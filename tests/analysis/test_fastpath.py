@@ -639,11 +639,16 @@ def test_a_new_jobs_pairs_through_a_lossy_core_link_do_not_make_their_tor_lossy(
     six). What the young pairs expect nobody knows yet: the ToR's excess must hold in its older
     pairs or in its young ones against their prior. A 2 % loss on all of the young pairs (a
     fault on the ToR's uplinks, for the new job's paths) is still found within seconds (4-8 s
-    on these seeds, mean 6.0; 3-4 s judged by the older pairs' history)."""
+    on these seeds, mean 6.0; 3-4 s judged by the older pairs' history). At 2.4e-3 (the regime's
+    bad paths reach that) seed 1 still fired through the endpoint test, its young pairs taking
+    the ToR uplinks' crossing history as how well their whole path was known (until session
+    27: each part of a path is its own unknown there)."""
     found = []
     for seed in range(1, 7):
-        flags = _new_job_across_pods(seed, 1.8e-3, 120)
-        assert not any(f.size for f in flags), (seed, [i for i, f in enumerate(flags) if f.size])
+        for benign in (1.8e-3, 2.4e-3):
+            flags = _new_job_across_pods(seed, benign, 120)
+            fired = [i for i, f in enumerate(flags) if f.size]
+            assert not fired, (seed, benign, fired)
         flags = _new_job_across_pods(seed, 0.02, 30)
         found.append(next(i + 1 for i, f in enumerate(flags) if f.size))
     assert np.mean(found) <= 7, found
