@@ -978,9 +978,10 @@ class FastPathState:
         The shape says how well the mean is known: the endpoint's, or, where crossing histories
         set part of the mean, the moments of the two parts matched (the crossing history is
         long and its mean well known; a clean link's few failures leave its rate uncertain, and
-        its shape alone had a 2 % CRC behind a lossy uplink wait for 33 failures). The crossing's
-        certainty is not the young pair's, though: the near and far links of its path are as
-        unknown as their own histories say, and their variances bound the shape too."""
+        its shape alone had a 2 % CRC behind a lossy uplink wait for 33 failures). The history that
+        set the mean is other paths', though: the links of a young pair's path that their own
+        histories know less well (a fresh far end's; under a crossing, the near end's) bound
+        the shape by their variances too."""
         cfg = self.config
         s = self.state[: len(a)]
         m = B_g.size
@@ -994,7 +995,6 @@ class FastPathState:
         # the parts of a pair's path less known than the history that set its mean: that
         # history is other paths' (the crossing's, or the near link's under earlier jobs), and
         # knew neither a young far end's link nor, under a crossing, the near end's own
-        mu_own = np.zeros(m)  # the part the near end's rate sets
         mu_near_x = np.zeros(m)
         var_far_x = np.zeros(m)
         for end, far in ((a, b), (b, a)):
@@ -1019,8 +1019,6 @@ class FastPathState:
             np.minimum.at(shape_c, end[by_c], c_shape[by_c])
             mu_f += np.bincount(end[by_f], e[by_f], m)
             var_f += np.bincount(end[by_f], e[by_f] ** 2 / A_g[far[by_f]], m)
-            own_set = ~by_c & ~by_f
-            mu_own += np.bincount(end[own_set], e[own_set], m)
             set_shape = np.where(by_f, A_g[far], np.where(by_c, c_shape, A_g[end]))
             near_x = by_c & (A_g[end] < set_shape)
             mu_near_x += np.bincount(end[near_x], n_p[near_x] * rate_p[near_x], m)
@@ -1042,7 +1040,7 @@ class FastPathState:
         # the links of a young pair its own history knows less well than that (it stood for
         # the whole path: a fresh far RNIC on a bad link, 15 lost in 30 s at
         # 3.4e-3 against 3.4e-4 of shape 104, a false loss event on quick draw 1616493882)
-        var = (mu_own + mu_near_x) ** 2 / A_g + var_c + var_f + var_far_x
+        var = (mu - mu_c - mu_f + mu_near_x) ** 2 / A_g + var_c + var_f + var_far_x
         A_w = np.where(
             ((mu_near_x > 0) | (var_far_x > 0)) & (var > 0),
             np.minimum(A_w, mu**2 / np.maximum(var, 1e-300)),
