@@ -8,7 +8,15 @@ this module tracks:
   and misses them for ``heartbeat_timeout_s`` is *dead*. Already after ``heartbeat_overdue_s``
   (one missed beat) its pairs' network verdicts are held back, without an alert of its own: a
   crashed container's probes fail within a second, before a timeout could confirm the death,
-  and blaming the network for that second would be wrong.
+  and blaming the network for that second would be wrong. An endpoint whose heartbeats come
+  back overdue (``heartbeat_overdue_s`` past its own usual gap: an agent that ships every 2 s
+  is not late every time) ``late_beats`` times within ``late_beats_window_s`` is a *late
+  agent*: alive, but stuck again and again (CPU-starved, throttled, paging). A benign host
+  stall or an agent restart is one overdue beat, and those are rare enough that three in half
+  a minute are not benign. Its delays need not show it: a wire-stamped endpoint's engine tick
+  (5 ms) hides a late agent's 2 ms, and before this check the simulator's late agents were
+  found only by the loss their late answers left, never named end to end (0 of 5 on the full
+  profile).
 - **progress**: the newest send time of the probes it reported as a prober. An endpoint whose
   results stop arriving for ``late_after_s`` while others' do is *late* (its agent, host or
   uplink to the analyzer is stuck); its windows are then incomplete, never "lossy".
@@ -52,6 +60,8 @@ class HealthReason(IntFlag):
     RESPONDER_DELAY = 16
     #: one heartbeat missed: hold verdicts, do not alert yet
     HEARTBEAT_OVERDUE = 32
+    #: heartbeats overdue again and again, each time coming back: alive but late
+    LATE_HEARTBEATS = 64
 
 
 #: reasons that are an alert of their own; the others (late results, one missed heartbeat) only
@@ -61,6 +71,7 @@ ALERTING = (
     | HealthReason.REFUSED
     | HealthReason.PROBER_DELAY
     | HealthReason.RESPONDER_DELAY
+    | HealthReason.LATE_HEARTBEATS
 )
 
 
@@ -72,6 +83,11 @@ class HealthConfig:
     #: dead one, and its pairs' verdicts are already withheld from ``heartbeat_overdue_s``
     heartbeat_timeout_s: float = 6.0
     late_after_s: float = 5.0
+    #: this many heartbeats each overdue (``heartbeat_overdue_s`` past the agent's usual gap
+    #: after the one before), all within ``late_beats_window_s``, make a late agent: alive,
+    #: but late again and again
+    late_beats: int = 3
+    late_beats_window_s: float = 30.0
     #: a REFUSED reply marks the responder unhealthy for this long
     refused_hold_s: float = 10.0
     delay_factor: float = 3.0
@@ -91,8 +107,14 @@ class HealthConfig:
                 "must be in (0, heartbeat_timeout_s]. "
                 f"Got {self.heartbeat_overdue_s!r} instead."
             )
+        if not (isinstance(self.late_beats, int) and self.late_beats >= 1):
+            raise ConfigError(
+                "The 'late_beats' parameter of HealthConfig must be an int >= 1. "
+                f"Got {self.late_beats!r} instead."
+            )
         for name in (
             "heartbeat_timeout_s",
+            "late_beats_window_s",
             "late_after_s",
             "refused_hold_s",
             "delay_factor",
@@ -134,12 +156,22 @@ class EndpointHealth:
                 ("rd_slow", "<f8"),
                 ("pd_rise_ns", "<i8"),  # since when every batch's median has been up (or never)
                 ("rd_rise_ns", "<i8"),
+                ("beat_gap_ns", "<f8"),  # its usual heartbeat gap (an average; nan: none yet)
+                # when its newest ``late_beats`` overdue heartbeats came, oldest first
+                ("late_beat_ns", "<i8", (config.late_beats,)),
             ]
         )
         self._blank = np.zeros(1, self._dtype)
-        for f in ("heartbeat_ns", "progress_ns", "refused_ns", "pd_rise_ns", "rd_rise_ns"):
+        for f in (
+            "heartbeat_ns",
+            "progress_ns",
+            "refused_ns",
+            "pd_rise_ns",
+            "rd_rise_ns",
+            "late_beat_ns",
+        ):
             self._blank[f] = _NEVER
-        for f in ("pd_slow", "rd_slow"):
+        for f in ("pd_slow", "rd_slow", "beat_gap_ns"):
             self._blank[f] = np.nan
         self.state = np.repeat(self._blank, 0)
 
@@ -158,7 +190,23 @@ class EndpointHealth:
         if eps.size == 0:
             return
         self.ensure(int(eps.max()))
-        np.maximum.at(self.state["heartbeat_ns"], eps, t_ns)
+        eps = np.unique(eps)
+        s = self.state
+        last = s["heartbeat_ns"][eps]
+        gap = np.where(last != _NEVER, t_ns - last, 0).astype(np.float64)
+        usual = s["beat_gap_ns"][eps]
+        # overdue past the agent's own cadence (an agent that ships every 2 s is not late
+        # every time); the usual gap does not learn the late ones it is meant to tell apart
+        overdue = gap > usual + self.config.heartbeat_overdue_s * 1e9
+        learn = (gap > 0) & ~overdue
+        s["beat_gap_ns"][eps[learn]] = np.where(
+            np.isnan(usual[learn]), gap[learn], usual[learn] + 0.1 * (gap[learn] - usual[learn])
+        )
+        if overdue.any():
+            late = eps[overdue]
+            ring = s["late_beat_ns"][late]
+            s["late_beat_ns"][late] = np.c_[ring[:, 1:], np.full(late.size, t_ns)]
+        s["heartbeat_ns"][eps] = np.maximum(last, t_ns)
 
     def retire(self, eps: np.ndarray) -> None:
         self.ensure(int(eps.max(initial=0)))
@@ -242,6 +290,13 @@ class EndpointHealth:
         reasons |= np.where(
             known & (hb < now_ns - int(cfg.heartbeat_overdue_s * 1e9)),
             int(HealthReason.HEARTBEAT_OVERDUE),
+            0,
+        )
+        # the oldest of the newest few overdue beats: a host stall or an agent restart is one
+        lb = s["late_beat_ns"][:, 0]
+        reasons |= np.where(
+            live & (lb != _NEVER) & (lb >= now_ns - int(cfg.late_beats_window_s * 1e9)),
+            int(HealthReason.LATE_HEARTBEATS),
             0,
         )
         pr = s["progress_ns"]

@@ -224,6 +224,34 @@ def test_a_host_frozen_for_seconds_is_no_dead_agent():
             assert ev[0].detected_ns - (T0 + 400 * S) <= 8 * S
 
 
+def test_an_agent_late_again_and_again_is_a_late_agent():
+    """An agent alive but stuck most of the time (its heartbeats come every fifth second, a tenth
+    of the answers to its probes too late) is named: its delays need not rise past the engines'
+    tick. One multi-second stall, or two far apart, is no late agent; nor is one that ships
+    every other second from now on (overdue counts past its own cadence)."""
+    for quiet, want in (
+        (lambda sec: 400 <= sec < 460 and sec % 5 != 0, ["agent"]),
+        (lambda sec: 400 <= sec < 405 or 440 <= sec < 445, []),
+        (lambda sec: sec % 2 == 1, []),
+    ):
+        syn, det = fresh()
+        to7 = syn.dst == 7
+        rng = np.random.default_rng(1)
+
+        def late(sec, to7=to7, quiet=quiet, rng=rng):
+            return {"lost": to7 & (rng.random(to7.size) < 0.1)} if quiet(sec) else {}
+
+        ev = run(det, syn, range(400, 460), late, dead=lambda sec, q=quiet: [7] if q(sec) else [])
+        agent = [e for e in ev if e.kind == "agent"]
+        assert [e.kind for e in agent] == want, [e.explanation for e in ev]
+        if want:
+            assert agent[0].endpoints == (7,)
+            assert "LATE_HEARTBEATS" in agent[0].explanation
+            assert "MISSED_HEARTBEATS" not in agent[0].explanation
+            # the third overdue beat: three periods of five seconds
+            assert agent[0].detected_ns - (T0 + 400 * S) <= 16 * S
+
+
 def test_refused_means_the_responder_agent_is_gone():
     syn, det = fresh()
     to4 = np.flatnonzero(syn.dst == 4)
