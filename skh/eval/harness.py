@@ -288,6 +288,8 @@ def seed_run(
     window_ns = int(DetectorConfig().window_s * 1e9)
     eps_of = _eps_of(sim, run["records"])
     gray = set(run["gray"])
+    masked = {r.fault_id for r in run["records"] if sim.engine.masked(r.fault_id)}
+    run["masked"] = sorted(masked)
     det = detection_scores(
         run["records"],
         run["events"],
@@ -295,9 +297,10 @@ def seed_run(
         eps_of,
         ignore=gray,
         invisible_are_misses=True,
+        masked=masked,
     )
     _, detected = match_events(run["records"], run["events"], window_ns, eps_of)
-    e2e = e2e_localization(sim, run, detected, skip=gray)
+    e2e = e2e_localization(sim, run, detected, skip=gray | masked)
     non_gray = [r for r in run["records"] if r.fault_id not in gray]
     new = [r for r in non_gray if r.fault_id in run["new_job"] and FAULT_SPECS[r.type].in_paper]
     out = {
@@ -447,7 +450,12 @@ def _first_events(r: dict):
     _, detected = match_events(run["records"], run["events"], window_ns, r["eps_of"])
     for rec in run["records"]:
         evs = detected[rec.fault_id]
-        if evs and rec.fault_id not in run["gray"] and FAULT_SPECS[rec.type].in_paper:
+        if (
+            evs
+            and rec.fault_id not in run["gray"]
+            and rec.fault_id not in run.get("masked", ())
+            and FAULT_SPECS[rec.type].in_paper
+        ):
             yield rec, min(evs, key=lambda e: e.detected_ns)
 
 
@@ -792,6 +800,8 @@ def run_eval(
         "faults_planned": sum(r["run"]["planned"] for r in runs),
         "faults_not_placed": [x for r in runs for x in r["run"]["skipped"]],
         "invisible_faults": sum(r["detection"]["invisible_faults"] for r in runs),
+        "masked_faults": sum(r["detection"]["masked_faults"] for r in runs),
+        "masked": [x for r in runs for x in r["detection"]["masked"]],
         "per_type": _merge_per_type(runs),
         "per_kind": {
             k: {

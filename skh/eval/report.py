@@ -256,7 +256,11 @@ def tables(r: dict[str, Any]) -> list[Table]:
             "(*) not one of the paper's 19 types (the simulator's extras: agent crash, late agent, "
             "vswitch loop); left out of the headline. 'kind fits': share of the events matched to "
             "the type's faults whose kind fits its symptom. A fault no probed pair crosses counts "
-            f"as missed ({d['invisible_faults']} such).",
+            f"as missed ({d['invisible_faults']} such). A fault every probe of which another "
+            "fault had already failed outright (a latency fault on an RNIC whose link is down) "
+            f"is left out, since no monitor could see it ({d.get('masked_faults', 0)} such"
+            + (f": {', '.join(d['masked'][:8])}" if d.get("masked") else "")
+            + ").",
         )
     )
     gray_rows = tuple(

@@ -143,6 +143,7 @@ def detection_scores(
     paper_only: bool = True,
     ignore: Iterable[int] = (),
     invisible_are_misses: bool = False,
+    masked: Iterable[int] = (),
 ) -> dict[str, Any]:
     """Precision, recall and time to detect, overall and per fault type. With ``paper_only``
     the headline numbers count only the paper's 19 types (events matched to the simulator's
@@ -150,8 +151,12 @@ def detection_scores(
     per-type table always lists every type injected. Faults in ``ignore`` (gray faults, scored
     apart) count nowhere: neither their detection nor their events. With
     ``invisible_are_misses`` a fault no probed pair crosses is a miss (it sits on pairs the jobs
-    use, so a probe list that skips them failed), else it is left out of recall."""
+    use, so a probe list that skips them failed), else it is left out of recall. Faults in
+    ``masked`` (every probe they touched was failed outright by another fault:
+    :meth:`skh.sim.faults.FaultEngine.masked`) are left out of recall and counted and listed
+    apart: no monitor could have seen them."""
     ignore = set(ignore)
+    masked = set(masked) - ignore
     matched, detected = match_events(records, events, window_ns, eps_of, ignore)
     keep = [
         (m, ev)
@@ -160,7 +165,12 @@ def detection_scores(
     ]
     matched, events = [m for m, _ in keep], [ev for _, ev in keep]
     records = [r for r in records if r.fault_id not in ignore]
-    visible = [r for r in records if len(r.affected_pairs) or invisible_are_misses]
+    hidden = [r for r in records if r.fault_id in masked]
+    visible = [
+        r
+        for r in records
+        if (len(r.affected_pairs) or invisible_are_misses) and r.fault_id not in masked
+    ]
 
     def counts(rec: Any) -> bool:
         return not paper_only or FAULT_SPECS[rec.type].in_paper
@@ -209,6 +219,8 @@ def detection_scores(
         "matched_events": n_match,
         "detected_faults": len(found),
         "invisible_faults": sum(not len(r.affected_pairs) for r in head),
+        "masked_faults": sum(counts(r) for r in hidden),
+        "masked": [f"{r.type.name}@{r.component}" for r in hidden if counts(r)],
         "precision": _ratio(n_match, len(ev_head), 1.0),
         "recall": _ratio(len(found), len(head)),
         "precision_kind": _ratio(n_kind, len(ev_head), 1.0),

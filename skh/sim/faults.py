@@ -270,6 +270,19 @@ class FaultEngine:
         self.index = index
         self.eps = eps
         self._cycle_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        #: per fault id: probes it touched while on, and of those, probes another fault had
+        #: already failed outright (down, unreachable, a dead agent): what no prober could see
+        #: of it (:meth:`masked`)
+        self.rows_on: dict[int, int] = {}
+        self.rows_hidden: dict[int, int] = {}
+
+    def masked(self, fault_id: int) -> bool:
+        """Whether every probe fault ``fault_id`` touched while on was failed outright by
+        another fault (a latency fault on an RNIC whose link is down): no probe could show it,
+        so no monitor could have seen it. False for a fault that touched no probe at all (that
+        is the probe list's doing, not another fault's)."""
+        on = self.rows_on.get(fault_id, 0)
+        return on > 0 and self.rows_hidden.get(fault_id, 0) == on
 
     # -- components --------------------------------------------------------------------------------
     def check(self, fault: Fault) -> None:
@@ -431,6 +444,9 @@ class FaultEngine:
         ``masks`` may give each fault's :meth:`affected` rows when the caller caches them."""
         n = len(rows)
         eff: Effects | None = None
+        # per row, how many faults fail it outright; per fault, its rows and its own share
+        kills = np.zeros(n, np.int32)
+        touched: list[tuple[int, np.ndarray, np.ndarray]] = []
         for i, f in enumerate(faults):
             idx = np.flatnonzero(self.affected(f, rows) if masks is None else masks[i])
             if idx.size == 0:
@@ -441,8 +457,10 @@ class FaultEngine:
             eff = eff or Effects.none(n)
             spec = f.spec
             sym = spec.symptom
+            own = np.zeros(idx.size, bool)
             if sym in ("unreachable", "flapping"):
                 eff.status[idx] = spec.status
+                own[:] = True
             elif sym == "loss":
                 # corruption drops packets both ways: the request or, past the link, the reply
                 p = 1.0 - math.sqrt(1.0 - f.eff("loss_rate"))
@@ -458,10 +476,17 @@ class FaultEngine:
                 if sym == "agent_down":
                     eff.status[dst] = ProbeStatus.LOST
                     eff.emit[src] = False
+                    own[np.isin(idx, dst) | np.isin(idx, src)] = True
                 else:  # agent_slow: its prober and responder lag; late replies time out
                     k = f.eff("extra_ns")
                     eff.prober_extra_ns[src] += k * self.scale(f, rows.t_s[src])
                     eff.responder_extra_ns[dst] += k * self.scale(f, rows.t_s[dst])
                     p = f.eff("loss_rate")  # the request arrived; the answer came too late
                     eff.rep_loss_p[dst] = 1.0 - (1.0 - eff.rep_loss_p[dst]) * (1.0 - p)
+            kills[idx[own]] += 1
+            touched.append((f.fault_id, idx, own))
+        for fid, idx, own in touched:
+            self.rows_on[fid] = self.rows_on.get(fid, 0) + idx.size
+            hidden = int((kills[idx] - own > 0).sum())
+            self.rows_hidden[fid] = self.rows_hidden.get(fid, 0) + hidden
         return eff

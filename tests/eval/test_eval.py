@@ -213,6 +213,12 @@ def test_scoring_counts_matches_misses_and_false_events():
     g = detection_scores(recs, evs, 30 * s, {}, ignore={3}, invisible_are_misses=True)
     assert g["events"] == 5 and g["faults"] == 4 and g["invisible_faults"] == 1
     assert g["recall"] == 0.5 and g["precision"] == 0.6
+    # a fault no probe could show (another fault failed every probe it touched) is neither
+    # missed nor found: counted and listed apart
+    m = detection_scores(recs, evs, 30 * s, {}, ignore={3}, invisible_are_misses=True, masked={2})
+    assert m["faults"] == 3 and m["missed"] == ["SWITCH_PORT_DOWN@x"]
+    assert m["masked_faults"] == 1 and m["masked"] == ["CRC_ERROR@x"]
+    assert m["recall"] == round(2 / 3, 4) and m["precision"] == 0.6
     lo, hi = wilson(3, 5)
     assert 0.2 < lo < 0.6 < hi < 0.95 and wilson(0, 0) == (None, None)
 

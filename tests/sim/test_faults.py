@@ -263,6 +263,26 @@ def test_both_layers_at_once(small_sim):
     assert set(a.jobs) & set(b.jobs)
 
 
+def test_a_fault_no_probe_could_show_is_masked(small_sim):
+    """Held-out quick seed 1474656799: an RNIC's firmware fault (+40 us) lay wholly inside its
+    link being down, every probe across it lost, and was scored as a miss though no monitor
+    could have seen it. A fault every probe of which another fault failed outright is masked;
+    one that began before the port went down showed for a while, and the port-down itself
+    shows: neither is."""
+    sim = small_sim
+    rnic = f"{sim.cluster.endpoints[0].host}:rnic0"
+    down = sim.inject(Fault(T.RNIC_PORT_DOWN, rnic, 5.0, 40.0))
+    inside = sim.inject(Fault(T.RNIC_FIRMWARE_NOT_RESPONDING, rnic, 10.0, 30.0, flow_share=1.0))
+    before = sim.inject(Fault(T.OFFLOADING_FAILURE, rnic, 2.0, 30.0))
+    _collect(sim, 45)
+    assert sim.engine.rows_on[inside.fault_id] > 0
+    assert sim.engine.masked(inside.fault_id)
+    assert not sim.engine.masked(down.fault_id)
+    assert not sim.engine.masked(before.fault_id)
+    # a fault that touched no probe at all is the probe list's miss, not masked
+    assert not sim.engine.masked(10**6)
+
+
 def test_ramp_profile_drifts(small_sim):
     """Gradual drift for the long-term test: the added latency grows over 1.5 h."""
     sim = small_sim
