@@ -731,3 +731,28 @@ def test_syncs_one_sample_long_are_bursts_at_any_phase(start):
         if a < b and rail[a] == rail[b] and stage[a] == stage[b] and host[a] != host[b]
     }
     assert want <= same, sk.reason
+
+
+def test_a_contradicted_hint_names_no_partners():
+    """bench/skeleton.py's seed 57, job 24 (an MoE job, TP8 PP4 DP8 EP2, under 500 MB/s of
+    co-tenant flows per RNIC), its ranks in the containers' registration order: the hint's stage
+    blocks are not the traffic's and it was reported dropped, but where the traffic's own best
+    guess named the partner the hint named, the rows together "confirmed" it: 3 wrong partners
+    of 256 kept confidently (coverage 0.985). A contradicted hint names no partner; the rows
+    keep their tied candidates, as without a hint."""
+    cluster = Cluster(Fabric.from_params(hosts=32))
+    job = make_job(cluster, "mix24", JobShape(8, 4, 8, 2), kind="ep", iteration_s=16.0, seed=57024)
+    model = TrafficModel([job], seed=57 * 7919 + 24, sample_hz=HZ, contention_bytes_per_s=5e8)
+    t0 = float(np.ceil(model.train_start.max())) + 1.0
+    n_cont = int(job.container.max()) + 1
+    ready = job.ready_s[:: job.plan.rnics] + np.random.default_rng(0).uniform(0, 1e-3, n_cont)
+    hint = np.argsort(np.argsort(ready))[job.container]
+    sk = plain = None
+    for w in range(2):  # the bench's two windows, evidence carried over
+        tx, rx = model.window(t0 + w * WINDOW_S, int(WINDOW_S * HZ))
+        sk = _infer(job, tx + rx, tx, hint=hint, prior=sk)
+        plain = _infer(job, tx + rx, tx, hint="none", prior=plain)
+    assert sk.confident and sk.hint == "contradicted", sk.reason
+    assert pairs_coverage(job.skeleton_pairs, sk.pairs) == 1.0, sk.reason
+    assert "0 confirming the rank hint" in sk.reason, sk.reason
+    assert np.array_equal(sk.pairs, plain.pairs), (sk.reason, plain.reason)
