@@ -6,7 +6,8 @@ figures in the report) over ``window_s`` seconds of training. Every job runs in 
 (:mod:`skh.sim.traffic`: per-replica pipeline schedules, shared partner bursts, loaders,
 checkpoints, background) on seeds derived from ``--seed`` (default 1). Seeds 1, 11 and 31 were
 looked at while the method was changed (session 7: the one-replica chain; 31 showed a silent
-miss that was fixed); 4, 57 and 73 only measured.
+miss that was fixed), and 57 in session 29 (two silent misses: a contradicted rank hint's
+partners, fixed); 4 and 73 only measured.
 
 Keys:
 
