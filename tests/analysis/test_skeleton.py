@@ -17,6 +17,7 @@ from skh.analysis.skeleton import (
     traffic_changed,
 )
 from skh.analysis.skeleton.stages import bursts
+from skh.demo.live import DemoSpec
 from skh.errors import ConfigError
 from skh.model import Cluster, Fabric, JobShape, same_rail_pairs
 from skh.sim import LINGJUN_TOPO
@@ -709,14 +710,7 @@ def test_syncs_one_sample_long_are_bursts_at_any_phase(start):
     (three of these ten starts failed so, with CI's words; the demo's own counters: its DP 4
     job's hosts bursting 62 % of the time in one inference in two)."""
     ep, host, rail, x, tx, stage = _demo_counters(start)
-    params = SkeletonParams(
-        window_s=16,
-        hop_s=4,
-        min_duration_s=44,
-        min_period_s=2.0,
-        max_period_s=20.0,
-        idle_bytes_per_s=1e5,
-    )
+    params = SkeletonParams(**DemoSpec().pipeline_settings()["skeleton"])  # the demo's own
     sk = infer_skeleton(ep, host, rail, x, tx_bytes=tx, sample_hz=HZ, params=params)
     assert sk.mode == MODE_SKELETON and sk.n_stages == 2, sk.reason
     assert "no collective bursts" not in sk.reason, sk.reason
