@@ -459,6 +459,17 @@ def _first_events(r: dict):
             yield rec, min(evs, key=lambda e: e.detected_ns)
 
 
+def _replayable(runs: list[dict]) -> dict[str, list[str]]:
+    """The misses and false events of ``runs``, each named with its seed: CI prints them when
+    the gate fails, and ``skh eval --seed N`` replays that seed's run exactly."""
+    return {
+        "missed": [f"{m} (seed {r['seed']})" for r in runs for m in r["detection"]["missed"]][:20],
+        "false_events_sample": [
+            f"seed {r['seed']}: {e}" for r in runs for e in r["detection"]["false_events"]
+        ][:10],
+    }
+
+
 def _merge_per_type(runs: list[dict]) -> dict[str, Any]:
     out: dict[str, dict] = {}
     for r in runs:
@@ -810,8 +821,7 @@ def run_eval(
             }
             for k in runs[0]["detection"]["per_kind"]
         },
-        "missed": [m for r in runs for m in r["detection"]["missed"]][:20],
-        "false_events_sample": [e for r in runs for e in r["detection"]["false_events"]][:10],
+        **_replayable(runs),
         "new_jobs": {
             "faults": sum(r["new_job"]["faults"] for r in runs),
             "detected": sum(r["new_job"]["detected"] for r in runs),

@@ -230,6 +230,9 @@ def detection_scores(
         "per_kind": per_kind,
         "missed": [f"{r.type.name}@{r.component}" for r in head if not detected[r.fault_id]],
         "false_events": [
-            f"{ev.kind}@{ev.detected_ns}: {ev.explanation[:100]}" for m, ev in ev_head if m is None
+            # whole: the explanation names the worst pair and its evidence, what a replay needs
+            f"{ev.kind}@{ev.detected_ns}: {ev.explanation}"
+            for m, ev in ev_head
+            if m is None
         ][:20],
     }

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from skh.eval import MAXIMA, THRESHOLDS, profile, run_eval
+from skh.eval.harness import _replayable
 from skh.eval.probing import greedy_probe_matrix, path_links, random_sample_pairs
 from skh.eval.report import (
     README_SECTION,
@@ -196,7 +197,7 @@ def test_scoring_counts_matches_misses_and_false_events():
         _Ev("loss", ((2, 1),), 103 * s),  # matched, but not the symptom of a port down
         _Ev("latency-short", ((5, 6),), 320 * s),
         _Ev("latency-short", ((9, 9),), 330 * s),  # false
-        _Ev("loss", ((7, 8),), 700 * s),  # too late for fault 2: false
+        _Ev("loss", ((7, 8),), 700 * s, explanation="x" * 150 + " worst 7->8: 6 lost"),  # late
     ]
     r = detection_scores(recs, evs, 30 * s, {})
     assert r["faults"] == 3 and r["events"] == 5
@@ -204,6 +205,8 @@ def test_scoring_counts_matches_misses_and_false_events():
     assert r["precision_kind"] == 0.4
     assert r["ttd_s"]["mean"] == 11.0 and r["ttd_s"]["p50"] == 11.0
     assert r["missed"] == ["CRC_ERROR@x"]
+    # a false event keeps its whole explanation: the worst pair, what a replay starts from
+    assert r["false_events"][1] == f"loss@{700 * s}: " + "x" * 150 + " worst 7->8: 6 lost"
     assert r["per_type"]["RNIC_PORT_DOWN"]["precision_kind"] == 0.5
     assert r["per_type"]["PCIE_NIC_ERROR"]["ttd_s"]["mean"] == 20.0
     # a gray fault's events are neither true nor false; a fault no probe crosses is a miss
@@ -219,6 +222,12 @@ def test_scoring_counts_matches_misses_and_false_events():
     assert m["faults"] == 3 and m["missed"] == ["SWITCH_PORT_DOWN@x"]
     assert m["masked_faults"] == 1 and m["masked"] == ["CRC_ERROR@x"]
     assert m["recall"] == round(2 / 3, 4) and m["precision"] == 0.6
+    # what the gate prints of several seeds names the seed that replays each
+    runs = [{"seed": 11, "detection": r}, {"seed": 12, "detection": m}]
+    named = _replayable(runs)
+    assert named["missed"] == ["CRC_ERROR@x (seed 11)", "SWITCH_PORT_DOWN@x (seed 12)"]
+    assert named["false_events_sample"][0] == f"seed 11: latency-short@{330 * s}: "
+    assert named["false_events_sample"][-1].startswith(f"seed 12: loss@{700 * s}: xxx")
     lo, hi = wilson(3, 5)
     assert 0.2 < lo < 0.6 < hi < 0.95 and wilson(0, 0) == (None, None)
 
