@@ -481,7 +481,7 @@ def _burst_part(x: np.ndarray, hz: float) -> np.ndarray:
         # Of the series itself: shifting a row by its level and clipping at zero commute with
         # it, so the burst part's opening below is this one shifted
         eroded = minimum_filter1d(x, width, axis=1, output=np.empty_like(x))
-        opened = maximum_filter1d(eroded, width, axis=1, output=eroded.copy())
+        opened = maximum_filter1d(eroded, width, axis=1, output=np.empty_like(eroded))
         lasting = row_quantiles(opened, (0.99,))[0]
         peak = np.where(lasting >= _LONG_PEAK * peak, lasting, peak)
     level = np.maximum(3.0 * q[0], 0.5 * peak)[:, None]
