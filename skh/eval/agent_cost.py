@@ -31,22 +31,36 @@ def _harness() -> ModuleType | None:
 
 
 def agent_cost(
-    rate_per_s: float, duration_s: float, *, paths: int = 1, endpoints: int = 8
+    rate_per_s: float,
+    duration_s: float,
+    *,
+    paths: int = 1,
+    endpoints: int = 8,
+    runs: int = 1,
 ) -> dict[str, Any]:
     """The agent with ``endpoints`` endpoints probing ``rate_per_s`` in all for ``duration_s``,
     each pair rotating over ``paths`` path ids, and answering as many probes from its peers:
     its CPU % of one core, VmRSS (``rss_mb``, and where it is: ``rss_by_mapping_mb``,
     ``rss_imports_mb``), own memory (``uss_mb``: what one more sidecar on a host costs; shared
     library pages count once per host) and the probe rate it reached. ``{"error": ...}`` when
-    the engine or the harness is not available here."""
+    the engine or the harness is not available here. With ``runs`` > 1 the agent is measured
+    that many times, each a fresh agent, and the run of the median CPU is the result
+    (``cpu_pct_runs``: every run's, in order): on a small shared machine runs of the same code
+    spread by a quarter (1.84-2.59 % in session 32's 20-40 s runs at the busiest container's
+    rate), so one short run decides little."""
     mod = _harness()
     if mod is None:
         return {"error": f"agent-process harness not found at {_HARNESS}"}
-    try:
-        r = mod.measure(float(rate_per_s), float(duration_s), paths=paths, endpoints=endpoints)
-    except Exception as exc:  # noqa: BLE001 - a missing engine build is reported, not fatal
-        log.warning("agent cost not measured: %s", exc)
-        return {"error": str(exc)[-300:]}
+    got = []
+    for _ in range(max(1, runs)):
+        try:
+            got.append(
+                mod.measure(float(rate_per_s), float(duration_s), paths=paths, endpoints=endpoints)
+            )
+        except Exception as exc:  # noqa: BLE001 - a missing engine build is reported, not fatal
+            log.warning("agent cost not measured: %s", exc)
+            return {"error": str(exc)[-300:]}
+    r = sorted(got, key=lambda x: x["cpu_pct_one_core"])[len(got) // 2]
     return {
         "rate_per_s": round(float(rate_per_s), 1),
         "duration_s": r["duration_s"],
@@ -58,6 +72,8 @@ def agent_cost(
         "inbound_phases": r["inbound_phases"],
         "engine_wakeups_per_s": r["engine_per_s"]["wakeups"],
         "cpu_pct_one_core": r["cpu_pct_one_core"],
+        "runs": len(got),
+        "cpu_pct_runs": [x["cpu_pct_one_core"] for x in got],
         # the agent's datagrams at a bare C engine's cost, measured beside it: for scale
         "bare_floor_cpu_pct": r["bare_floor_cpu_pct"],
         "rss_mb": r["rss_mb"],

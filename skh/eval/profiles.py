@@ -145,7 +145,7 @@ PROFILES: dict[str, Profile] = {
             ramp_s=2700.0,
             loc_trials=3,
             loc_both_layers=True,
-            agent_s=10.0,
+            agent_s=20.0,
         ),
     )
 }

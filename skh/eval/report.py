@@ -450,7 +450,7 @@ def tables(r: dict[str, Any]) -> list[Table]:
     ar = t["agent_rate"]
     if "cpu_pct_one_core" in ag:
         ag_rows = (
-            ("CPU, % of one core", _num(ag["cpu_pct_one_core"]), _num(paper["agent_cpu_pct"], 1)),
+            ("CPU, % of one core", _agent_cpu(ag), _num(paper["agent_cpu_pct"], 1)),
             ("RSS (MB)", _num(ag["rss_mb"], 1), _num(paper["agent_rss_mb"], 1)),
             ("own memory, USS (MB)", _num(ag.get("uss_mb"), 1), ""),
         )
@@ -467,7 +467,14 @@ def tables(r: dict[str, Any]) -> list[Table]:
             ("measure", "ours", "paper"),
             ag_rows,
             f"One real agent process (the C engine) probing at {ag.get('rate_per_s', '—')} "
-            f"probes/s over {ag.get('paths', 1)} path ids for {ag.get('duration_s', '—')} s: "
+            f"probes/s over {ag.get('paths', 1)} path ids for {ag.get('duration_s', '—')} s"
+            + (
+                f" ({ag['runs']} fresh agents: the median run's figures, the runs' CPU range "
+                "beside it)"
+                if ag.get("runs", 1) > 1
+                else ""
+            )
+            + ": "
             "the busiest container's rate under the controller's probe plan (docs/probing.md; "
             f"{ar['probes_per_s_container_max']} probes/s at the flat "
             f"{ar['probe_interval_s']} s interval; median container "
@@ -648,7 +655,7 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(
             (
                 "Agent cost",
-                f"{_num(ag['cpu_pct_one_core'])} % of one core and {_num(ag['rss_mb'], 1)} MB RSS "
+                f"{_agent_cpu(ag)} % of one core and {_num(ag['rss_mb'], 1)} MB RSS "
                 f"({_num(ag.get('uss_mb'), 1)} MB of its own, USS) "
                 f"at {ag['rate_per_s']:g} probes/s (the busiest container's skeleton rate; it "
                 "answers as many from its peers) against "
@@ -678,6 +685,14 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
     if r["below_thresholds"]:
         out.append(("Below the CI thresholds", "; ".join(r["below_thresholds"]) + "."))
     return out
+
+
+def _agent_cpu(ag: dict) -> str:
+    """The agent's CPU %: the median run's, with every run's range where there were several."""
+    runs = ag.get("cpu_pct_runs") or []
+    if len(runs) < 2:
+        return _num(ag["cpu_pct_one_core"])
+    return f"{_num(ag['cpu_pct_one_core'])} ({_num(min(runs))}–{_num(max(runs))}, {len(runs)} runs)"
 
 
 def _md_table(tb: Table, level: str = "##") -> list[str]:
