@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 CommandHandler = Callable[[dict[str, Any]], Any]
 _DONE_CACHE = 256
 _MAX_RUNNING = 64  # commands running or queued for the pool; more are answered "busy"
+#: how long a loop that sleeps until its next timer waits at most while a command runs in the
+#: pool (its answer goes out on the loop's next turn)
+COMMAND_POLL_S = 0.05
 
 
 class AgentBase:
@@ -104,6 +107,12 @@ class AgentBase:
             self._next_heartbeat = now + self.heartbeat_interval_s
             self.send(MsgType.HEARTBEAT, self.heartbeat_body())
         self._finish_commands()
+
+    def session_due(self, now: float) -> float:
+        """When :meth:`session_tick` next has work (monotonic s): a register retry or a
+        heartbeat, sooner while a command's answer is pending."""
+        due = self._next_heartbeat if self.epoch else self._next_register
+        return min(due, now + COMMAND_POLL_S) if self._running else due
 
     def heartbeat_body(self) -> dict[str, Any]:
         return {"agent": self.name, "epoch": self.epoch, "jobs": {}}

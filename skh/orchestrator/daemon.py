@@ -78,6 +78,15 @@ class RetryRefused:
             zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED
         )
 
+    @property
+    def monitor(self) -> zmq.Socket:
+        """The handshake monitor, for the owner's poller: an event wakes its loop."""
+        return self._mon
+
+    def due(self) -> float:
+        """When :meth:`tick` next has a reconnect to make (monotonic s; infinity: none)."""
+        return float("inf") if self._retry_at is None else self._retry_at
+
     def tick(self, now: float) -> None:
         while self._mon.poll(0):
             # a monitor event's first frame: u16 event id, u32 value (zmq_socket_monitor);

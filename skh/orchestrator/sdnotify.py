@@ -60,6 +60,13 @@ class Notifier:
     def stopping(self) -> bool:
         return self.notify("STOPPING=1")
 
+    def watchdog_due(self) -> float:
+        """When :meth:`watchdog` next pings (monotonic s; infinity without a watchdog), for a
+        loop that sleeps until its next timer."""
+        if not self.watchdog_interval_s or self._sock is None:
+            return float("inf")
+        return self._last_ping + self.watchdog_interval_s
+
     def watchdog(self, *, now: float | None = None) -> bool:
         """Ping the watchdog if half its period passed since the last ping; call it every loop
         iteration (a hung loop then stops pinging and systemd restarts the daemon)."""

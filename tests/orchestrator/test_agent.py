@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from skh.orchestrator.agent_overlay import OverlayAgent, ResultBuffer
 from skh.orchestrator.analyzer import Analyzer
@@ -460,3 +461,43 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("numpy", "scipy", "sk
     assert skeleton == "[(1, (0.05, 4)), (3, (0.2, 19))]"
     records, thinned, bad_plans = map(int, counts.split())
     assert records == 150 and 0 < thinned < records and bad_plans == 0
+
+
+def test_the_loop_sleeps_until_its_next_timer(cfg, ctx):
+    """The overlay agent's poll waits for its next timer (results, session, ready file, a
+    command's answer), never longer than MAX_WAIT_S, instead of waking ten times a second."""
+    import concurrent.futures
+
+    from skh.orchestrator.agent_base import COMMAND_POLL_S
+    from skh.orchestrator.agent_overlay import MAX_WAIT_S, READY_POLL_S
+
+    agent = _one_endpoint_agent(cfg, ctx, _RecordingEngine([]))
+    try:
+        now = 1000.0
+        assert agent.wait_s(now) == 0.0  # not registered: register now
+        agent.epoch, agent.ready_reported = "e1", True
+        agent._next_heartbeat, agent._next_flush = now + 2.0, now + 0.7
+        assert agent.wait_s(now) == pytest.approx(0.7)
+        agent._next_flush = now + 30.0
+        assert agent.wait_s(now) == MAX_WAIT_S
+        agent.ready_reported, agent._next_ready = False, now - 1.0  # waiting for the ready file
+        assert agent.wait_s(now) == pytest.approx(READY_POLL_S)
+        agent.ready_reported = True
+        agent._running["c1"] = concurrent.futures.Future()
+        assert agent.wait_s(now) == pytest.approx(COMMAND_POLL_S)
+    finally:
+        agent._running.clear()
+        agent.close()
+
+
+def test_an_idle_agent_wakes_about_once_a_second(cfg, ctx, run_daemon):
+    """Counted on the running loop: its turns over 3 s (the 10 Hz poll it replaced took 30)."""
+    agent = _one_endpoint_agent(cfg, ctx, _RecordingEngine([]))
+    turns = []
+    tick = agent.tick
+    agent.tick = lambda events, now: turns.append(now) or tick(events, now)
+    agent.epoch, agent.ready_reported = "e1", True  # registered: heartbeats every 2 s
+    agent._next_heartbeat = float("inf")  # the controller port is closed: nothing would ack
+    with run_daemon(agent):
+        time.sleep(3.0)
+    assert 2 <= len(turns) <= 8, turns
