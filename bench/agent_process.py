@@ -301,11 +301,14 @@ def measure(
     endpoints: int = 8,
     warmup_s: float = 4.0,
     inbound: bool = True,
+    inbound_rate: float | None = None,
     phases: str | None = None,
     agent_set: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The agent at ``rate`` probes/s over ``endpoints`` endpoints, ``paths`` path ids per pair;
-    with ``inbound`` its endpoints also answer the peers' probes at that rate (its responder's
+    with ``inbound`` its endpoints also answer the peers' probes, ``inbound_rate`` of them a
+    second in all (None: ``rate``; the same peers, each probing at ``inbound_rate / rate``
+    times the agent's pair rate; its responder's
     tables are part of what it costs), arriving as ``phases`` says (``_inbound``; None: as
     peers with the agent's own settings send them, ``wall`` where its engines are on the wall
     clock's grid, else ``spread``). ``agent_set``: ``KEY=VALUE`` settings of the agent's
@@ -387,7 +390,8 @@ def measure(
             codec = Codec()
             if inbound:
                 ports = _agent_ports(admin, codec, endpoints)
-                probers = _inbound(ports, peers, interval_s, paths, phases)
+                in_iv = interval_s if inbound_rate is None else peers * endpoints / inbound_rate
+                probers = _inbound(ports, peers, round(in_iv, 3), paths, phases)
             time.sleep(warmup_s)
 
             def counters() -> dict[str, int]:
@@ -437,7 +441,9 @@ def measure(
         "targets": targets,
         "paths": paths,
         "planned_probes_per_s": round(rate, 1),
-        "inbound_probes_per_s": round(rate, 1) if inbound else 0.0,
+        "inbound_probes_per_s": round(rate if inbound_rate is None else inbound_rate, 1)
+        if inbound
+        else 0.0,
         "inbound_phases": phases if inbound else "",
         "agent_set": list(agent_set),
         "probes_per_s": round((n1["sent"] - n0["sent"]) / wall, 1),
@@ -502,6 +508,12 @@ def main() -> int:
         "--no-inbound", action="store_true", help="nobody probes the agent (it only probes)"
     )
     ap.add_argument(
+        "--inbound-rate",
+        type=float,
+        help="probes/s the agent answers in all (default: --rate; a revision given by "
+        "--against must know the option)",
+    )
+    ap.add_argument(
         "--inbound",
         choices=INBOUND_PHASES,
         help="the peers' probes arrive one by one (spread), in one burst per interval (burst), "
@@ -522,6 +534,7 @@ def main() -> int:
         args = ["--rate", str(a.rate), "--duration", str(a.duration), "--paths", str(a.paths)]
         args += ["--endpoints", str(a.endpoints)] + (["--no-inbound"] if a.no_inbound else [])
         args += ["--inbound", a.inbound] if a.inbound else []
+        args += ["--inbound-rate", str(a.inbound_rate)] if a.inbound_rate is not None else []
         before = _at_revision(a.against, args) | {"revision": a.against}
     r = measure(
         a.rate,
@@ -529,6 +542,7 @@ def main() -> int:
         paths=a.paths,
         endpoints=a.endpoints,
         inbound=not a.no_inbound,
+        inbound_rate=a.inbound_rate,
         phases=a.inbound,
         agent_set=tuple(a.agent_set),
     )

@@ -62,15 +62,23 @@ def main() -> None:
     out["regime"] = (
         f"eval profile {prof.name}: Lingjun scaled to {len(fabric.hosts)} hosts x "
         f"{fabric.rails} RNICs, {prof.jobs} jobs + arrivals over {duration} virtual s, seed "
-        f"{args.seed}; default policy (budget 100/s per endpoint, links >= 10/s, path coverage "
+        f"{args.seed}; default policy (budget 100/s sent and 100/s answered per endpoint, links >= "
+        "10/s, path coverage "
         "0.995 within 10 s); switch hash uniform at random"
     )
     out["plan_s"] = round(time.perf_counter() - t0, 1)
     b = out["busiest_container"]
     b["ratio_planned_to_flat"] = round(b["planned_probes_per_s"] / b["flat_probes_per_s"], 3)
     if args.agent_s > 0:
-        planned = agent_cost(b["planned_probes_per_s"], args.agent_s, paths=out["busiest_paths"])
-        flat = agent_cost(b["flat_probes_per_s"], args.agent_s)
+        planned = agent_cost(
+            b["planned_probes_per_s"],
+            args.agent_s,
+            paths=out["busiest_paths"],
+            answers_per_s=b["planned_answers_per_s"],
+        )
+        flat = agent_cost(
+            b["flat_probes_per_s"], args.agent_s, answers_per_s=b["flat_answers_per_s"]
+        )
         out["agent"] = {"planned": planned, "flat": flat}
         if "error" not in planned and "error" not in flat:
             out["agent_cpu_pct_busiest"] = planned["cpu_pct_one_core"]

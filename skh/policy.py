@@ -13,7 +13,7 @@ import math
 import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from skh.errors import ConfigError, ProtocolError
@@ -45,6 +45,10 @@ class ProbePolicy:
     min_interval_s: float = 0.01
     #: probes/s one endpoint (a VF's engine) sends at most
     budget_per_s: float = 100.0
+    #: probes/s one endpoint is asked to answer at most (its peers' probes to it, the same
+    #: datagram work as its own): without it an endpoint many peers probe answered 1,148/s
+    #: (the full eval's plan, seed 1), and its container cost more than the busiest sender's
+    answer_budget_per_s: float = 100.0
     #: probes/s every link of the job's skeleton should see
     link_min_per_s: float = 10.0
     #: probes/s every access link (RNIC to ToR) of the skeleton should see: the loss test's
@@ -76,7 +80,13 @@ class ProbePolicy:
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise bad(f.name, "a finite number")
-        for name in ("interval_s", "min_interval_s", "budget_per_s", "coverage_s"):
+        for name in (
+            "interval_s",
+            "min_interval_s",
+            "budget_per_s",
+            "answer_budget_per_s",
+            "coverage_s",
+        ):
             if getattr(self, name) <= 0:
                 raise bad(name, "> 0")
         for name in ("link_min_per_s", "access_link_min_per_s", "ok_sample_s"):
@@ -152,7 +162,9 @@ def source_plan(k: int, policy: ProbePolicy) -> tuple[float, int]:
     """``(interval_s, paths)`` of each of one source's ``k`` pairs as
     :func:`skh.probeplan.plan_probes` plans them without a fabric: every pair alike, so the
     planner's vectors are one number here."""
-    p = policy
+    # a preload list is symmetric (each endpoint probes its k same-rail peers, and they it), so
+    # an endpoint answers what it sends: the smaller budget binds
+    p = replace(policy, budget_per_s=min(policy.budget_per_s, policy.answer_budget_per_s))
     paths = path_count(p.default_ecmp_paths, p.path_coverage, p.max_paths)
     max_rate = 1.0 / p.min_interval_s
     base = min(1.0 / p.interval_s, p.budget_per_s / k)

@@ -18,7 +18,9 @@ The plan (docs/probing.md has the reasoning and its effect on time to detect):
    which a given path is missed with probability at most ``1 - path_coverage``:
    ``n = ceil(ln(1 - path_coverage) / ln(1 - 1/m))``, capped at ``max_paths``.
 2. **Budget.** An endpoint (one VF and its engine) sends at most ``budget_per_s`` probes a
-   second; a source with ``k`` peers probes each every ``max(interval_s, k / budget_per_s)``.
+   second and is asked to answer at most ``answer_budget_per_s``; a source with ``k`` peers
+   probes each every ``max(interval_s, k / budget_per_s)``, slower where the destination has
+   more askers than its answer budget pays for.
 3. **Floors**, within the budget: a pair is probed faster (down to ``min_interval_s``) when
    one of its links sees fewer than ``link_min_per_s`` probes a second from the whole plan (a link
    few pairs cross), or when its ``n`` path ids would not all be probed within ``coverage_s``.
@@ -202,10 +204,11 @@ class ProbePlan:
     def rate_per_s(self) -> np.ndarray:
         return 1000.0 / self.interval_ms
 
-    def endpoint_rates(self) -> tuple[np.ndarray, np.ndarray]:
-        """(source endpoint ids, the probes/s each sends)."""
-        src, inv = np.unique(self.pairs[:, 0], return_inverse=True)
-        return src, np.bincount(inv, weights=self.rate_per_s, minlength=src.size)
+    def endpoint_rates(self, *, answered: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(source endpoint ids, the probes/s each sends); ``answered``: (destination endpoint
+        ids, the probes/s each is asked to answer)."""
+        ep, inv = np.unique(self.pairs[:, 1 if answered else 0], return_inverse=True)
+        return ep, np.bincount(inv, weights=self.rate_per_s, minlength=ep.size)
 
     def lookup(self, src: int) -> dict[int, tuple[float, int]]:
         """``dst -> (interval_s, paths)`` of one source's pairs."""
@@ -225,11 +228,13 @@ class ProbePlan:
         pair takes to probe all its path ids (max), links and their load, what falls short."""
         p = self.policy
         _, ep_rate = self.endpoint_rates()
+        _, ep_ans = self.endpoint_rates(answered=True)
         cycle = self.paths * self.interval_s
         out: dict[str, Any] = {
             "pairs": int(self.pairs.shape[0]),
             "endpoint_rate_max": round(float(ep_rate.max()), 3) if ep_rate.size else 0.0,
             "endpoint_rate_p50": round(float(np.median(ep_rate)), 3) if ep_rate.size else 0.0,
+            "endpoint_answers_max": round(float(ep_ans.max()), 3) if ep_ans.size else 0.0,
             "interval_s_max": float(self.interval_s.max()) if self.pairs.size else 0.0,
             "interval_s_p99": float(np.percentile(self.interval_s, 99)) if self.pairs.size else 0.0,
             "pairs_slower_than_interval": int((self.interval_s > p.interval_s + 1e-9).sum()),
@@ -279,7 +284,8 @@ def _fit_budget(
 ) -> np.ndarray:
     """Rates within each source's budget: a source under it gets what its pairs want; one over it
     pays its pairs' floors first (shrunk alike if they alone exceed it) and shares what is left in
-    proportion to what each pair wants beyond its floor."""
+    proportion to what each pair wants beyond its floor. (``src`` may as well be the pairs'
+    destinations, for the answer budget.)"""
 
     def per_src(x: np.ndarray) -> np.ndarray:
         return np.bincount(src, weights=x, minlength=n_src)
@@ -335,9 +341,14 @@ def plan_probes(
     if m == 0:
         return ProbePlan(pairs, np.zeros(0, np.uint16), paths, p, np.zeros(0))
     src_ids, src = np.unique(pairs[:, 0], return_inverse=True)
+    dst_ids, dst = np.unique(pairs[:, 1], return_inverse=True)
     k = np.bincount(src, minlength=src_ids.size)
+    k_in = np.bincount(dst, minlength=dst_ids.size)
     max_rate = 1.0 / p.min_interval_s
-    base = np.minimum(1.0 / p.interval_s, p.budget_per_s / k[src])
+    base = np.minimum(
+        1.0 / p.interval_s,
+        np.minimum(p.budget_per_s / k[src], p.answer_budget_per_s / k_in[dst]),
+    )
     # every pair at least once per latency sample period (the detector's latency windows need one
     # RTT per pair and period), and each of its path ids within coverage_s
     sample_s = p.ok_sample_s if p.ok_sample_s > 0 else p.interval_s
@@ -359,12 +370,16 @@ def plan_probes(
             want = np.maximum(want, rate * factor)
         want = np.minimum(want, max_rate)
         rate = _fit_budget(want, floor, src, src_ids.size, p.budget_per_s)
+        # then each destination's answers: a pair slowed for its destination leaves its
+        # source budget that the next round shares among the source's other pairs
+        rate = _fit_budget(rate, floor, dst, dst_ids.size, p.answer_budget_per_s)
     # whole milliseconds: rounded down (a floor stays met) unless that puts the source over its
-    # budget, then up (a plan never sends faster than its budget)
+    # budget or the destination over its answer budget, then up (a plan never goes past either)
     lo = max(1, math.ceil(p.min_interval_s * 1000 - 1e-9))
     iv = np.clip(np.floor(1000.0 / rate + 1e-9), lo, _MS_MAX)
-    over = np.bincount(src, weights=1000.0 / iv, minlength=src_ids.size) > p.budget_per_s + 1e-9
-    up = over[src]
+    sent = np.bincount(src, weights=1000.0 / iv, minlength=src_ids.size)
+    answered = np.bincount(dst, weights=1000.0 / iv, minlength=dst_ids.size)
+    up = (sent > p.budget_per_s + 1e-9)[src] | (answered > p.answer_budget_per_s + 1e-9)[dst]
     iv[up] = np.clip(np.ceil(1000.0 / rate[up] - 1e-9), lo, _MS_MAX)
     if links is None:
         return ProbePlan(pairs, iv.astype(np.uint16), paths, p, np.zeros(0))

@@ -87,11 +87,17 @@ def test_access_links_get_their_floor_within_the_budget():
     assert plan.endpoint_rates()[1].max() <= 100.0
     rate = dict(zip(plan.link_names, plan.link_rate.tolist(), strict=True))
     assert rate[("host0:rnic0", "tor0r0")] == pytest.approx(500.0 / 3)
-    # 4..7 probe 3 at the fastest a floor may (100/s, also their budget), 3 probes each at
-    # 25/s (its budget): 125/s on their access links, short of the floor, and the plan says so
-    assert {iv for iv, _n in plan.lookup(4).values()} == {0.01}
-    assert rate[("host4:rnic0", "tor2r0")] == pytest.approx(125.0)
+    # 4..7 would probe 3 at the fastest a floor may (100/s, their budget), but 3 answers at
+    # most 100/s: 25/s each, and 3 probes each at 25/s (its budget): 50/s on their access
+    # links, short of the floor, and the plan says so
+    assert {iv for iv, _n in plan.lookup(4).values()} == {0.04}
+    assert plan.endpoint_rates(answered=True)[1].max() <= 100.0
+    assert rate[("host4:rnic0", "tor2r0")] == pytest.approx(50.0)
     assert plan.summary()["links_below_floor"] == 4
+    # without the answer budget, 4..7 go to 100/s each (125/s on their links) and 3 answers 400/s
+    open_ = plan_probes(pairs, ProbePolicy(answer_budget_per_s=1000.0), links=inc)
+    assert {iv for iv, _n in open_.lookup(4).values()} == {0.01}
+    assert open_.summary()["endpoint_answers_max"] == pytest.approx(400.0)
     # within the budget: 30 probes/s per endpoint cannot pay 80/s, the budget wins and says so
     tight = plan_probes(pairs, ProbePolicy(budget_per_s=30.0), links=inc)
     assert tight.endpoint_rates()[1].max() <= 30.0
@@ -117,10 +123,12 @@ def test_path_coverage_sets_a_rate_floor():
 )
 def test_no_source_ever_exceeds_its_budget(raw, budget):
     pairs = np.array([p for p in raw if p[0] != p[1]] or [(0, 1)], np.uint32)
-    pol = ProbePolicy(budget_per_s=budget)
+    pol = ProbePolicy(budget_per_s=budget, answer_budget_per_s=budget)
     plan = plan_probes(pairs, pol)
     _, rate = plan.endpoint_rates()
     assert (rate <= budget + 1e-6).all()
+    _, answered = plan.endpoint_rates(answered=True)
+    assert (answered <= budget + 1e-6).all()
     assert (plan.interval_ms >= 20).all()
     assert np.array_equal(plan.pairs, np.unique(pairs, axis=0))
 
@@ -257,15 +265,19 @@ def test_the_longest_rotation_fits_the_detectors_flow_slots():
         ProbePolicy(interval_s=0.25, min_interval_s=0.01, budget_per_s=400.0, max_paths=7),
         ProbePolicy(coverage_s=1.0, default_ecmp_paths=9, budget_per_s=13.0),
         ProbePolicy(interval_s=3.0, min_interval_s=1.0, budget_per_s=1.0, ok_sample_s=5.0),
+        ProbePolicy(budget_per_s=100.0, answer_budget_per_s=30.0),
     ],
 )
 def test_an_agents_own_plan_of_one_source_is_the_planners(policy):
-    """An overlay agent plans its preload list without numpy (skh.policy.source_plan): each
-    of one source's k pairs gets what plan_probes gives it, budget edges included."""
+    """An overlay agent plans its preload list without numpy (skh.policy.source_plan): on a
+    same-rail list (k + 1 endpoints, each probing the k others) each pair gets what plan_probes
+    gives it, budget edges (sent and answered) included."""
     from skh.policy import source_plan
 
-    for k in [*range(1, 40), 63, 64, 99, 100, 101, 333, 1000, 4095]:
-        plan = plan_probes(np.column_stack([np.full(k, 5), np.arange(10, 10 + k)]), policy)
+    for k in [*range(1, 40), 63, 64, 99, 100, 101, 333, 700]:
+        ep = np.arange(k + 1)
+        src, dst = np.repeat(ep, k + 1), np.tile(ep, k + 1)
+        plan = plan_probes(np.column_stack([src, dst])[src != dst], policy)
         assert set(plan.interval_ms.tolist()) == {round(source_plan(k, policy)[0] * 1000)}
         assert set(plan.paths.tolist()) == {source_plan(k, policy)[1]}
 
@@ -287,3 +299,21 @@ def test_an_agent_reads_its_rows_of_the_skeletons_plan():
     bad = plan.to_wire() | {"paths": bytes(2 * len(src))}
     with pytest.raises(ProtocolError):
         plan_rows(bad, src, dst, 3)
+
+
+def test_a_hot_destination_answers_within_its_budget_and_its_askers_probe_elsewhere():
+    """Twenty sources each probe one hot destination and one peer of their own: the hot one is
+    asked 20 x 10/s, twice its answer budget, so its askers probe it at 5/s, and the budget
+    that frees goes to nobody (their other pairs already get the 10/s they want); without a
+    fabric no floor asks more."""
+    hot = 100
+    pairs = np.array([[s, hot] for s in range(20)] + [[s, 200 + s] for s in range(20)], np.uint32)
+    plan = plan_probes(pairs, ProbePolicy(answer_budget_per_s=100.0))
+    answered = dict(zip(*plan.endpoint_rates(answered=True), strict=True))
+    assert answered[hot] <= 100.0 + 1e-9
+    assert answered[hot] == pytest.approx(100.0, rel=0.05)
+    assert {plan.lookup(s)[hot][0] for s in range(20)} == {0.2}
+    assert {plan.lookup(s)[200 + s][0] for s in range(20)} == {0.1}
+    # a destination asked less than its budget is left alone
+    loose = plan_probes(pairs, ProbePolicy(answer_budget_per_s=400.0))
+    assert {loose.lookup(s)[hot][0] for s in range(20)} == {0.1}

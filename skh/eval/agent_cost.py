@@ -36,10 +36,12 @@ def agent_cost(
     *,
     paths: int = 1,
     endpoints: int = 8,
+    answers_per_s: float | None = None,
     runs: int = 1,
 ) -> dict[str, Any]:
     """The agent with ``endpoints`` endpoints probing ``rate_per_s`` in all for ``duration_s``,
-    each pair rotating over ``paths`` path ids, and answering as many probes from its peers:
+    each pair rotating over ``paths`` path ids, and answering ``answers_per_s`` probes from its
+    peers (None: as many as it sends):
     its CPU % of one core, VmRSS (``rss_mb``, and where it is: ``rss_by_mapping_mb``,
     ``rss_imports_mb``), own memory (``uss_mb``: what one more sidecar on a host costs; shared
     library pages count once per host) and the probe rate it reached. ``{"error": ...}`` when
@@ -55,7 +57,13 @@ def agent_cost(
     for _ in range(max(1, runs)):
         try:
             got.append(
-                mod.measure(float(rate_per_s), float(duration_s), paths=paths, endpoints=endpoints)
+                mod.measure(
+                    float(rate_per_s),
+                    float(duration_s),
+                    paths=paths,
+                    endpoints=endpoints,
+                    inbound_rate=None if answers_per_s is None else float(answers_per_s),
+                )
             )
         except Exception as exc:  # noqa: BLE001 - a missing engine build is reported, not fatal
             log.warning("agent cost not measured: %s", exc)

@@ -863,6 +863,7 @@ def run_eval(
             profile.agent_s,
             paths=plan["busiest_paths"],
             endpoints=fabric.rails,
+            answers_per_s=max(1.0, np.ceil(plan["busiest_container"]["planned_answers_per_s"])),
             runs=AGENT_RUNS,
         ),
         "agent_unplanned": {"skipped": True}

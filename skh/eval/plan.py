@@ -6,7 +6,8 @@ Plans are made per job, as the controller makes them (a job's link floors count 
 
 Figures (deterministic for a seed):
 
-- probes/s per container under each (the busiest container is where the agent's CPU goes);
+- probes/s per container under each, sent and answered (the busiest container, the one with the
+  most of both, is where the agent's CPU goes);
 - skeleton links below the plan's ``link_min_per_s`` under each;
 - ``ecmp_paths_covered_share``: the share of (ping pair, ECMP path) probed at least once in
   every ``window_s`` (10 s) window: one of the pair's path ids must hash onto it, and the pair
@@ -60,9 +61,15 @@ def path_coverage(
     return covered / float(m.sum()), float(one.mean())
 
 
-def _container_rates(sim: Simulation, plan: ProbePlan) -> np.ndarray:
-    src, rate = plan.endpoint_rates()
-    return np.bincount(sim.eps.container[src.astype(np.int64)], weights=rate)
+def _container_rates(sim: Simulation, plan: ProbePlan) -> tuple[np.ndarray, np.ndarray]:
+    """Per container: the probes/s its endpoints send, and those they answer."""
+    n = int(sim.eps.container.max()) + 1 if len(sim.eps) else 0
+
+    def per_container(answered: bool) -> np.ndarray:
+        ep, rate = plan.endpoint_rates(answered=answered)
+        return np.bincount(sim.eps.container[ep.astype(np.int64)], weights=rate, minlength=n)
+
+    return per_container(False), per_container(True)
 
 
 def planned_probing(
@@ -123,9 +130,12 @@ def planned_probing(
         policy,
         np.zeros(0),
     )
-    c_plan, c_flat = _container_rates(sim, plan), _container_rates(sim, flat)
+    (c_plan, a_plan), (c_flat, a_flat) = _container_rates(sim, plan), _container_rates(sim, flat)
     peers = np.bincount(sim.eps.container[pairs[:, 0].astype(np.int64)], minlength=c_plan.size)
-    bp, bf = int(np.argmax(c_plan)), int(np.argmax(c_flat))
+    # the busiest container does the most datagram work: answering a probe costs its agent
+    # what sending one does (bench/agent_process.py), and hot destinations answer more than any
+    # container sends
+    bp, bf = int(np.argmax(c_plan + a_plan)), int(np.argmax(c_flat + a_flat))
     rng = rng_for(seed, 0xC0E)
     draws = np.array(
         [path_coverage(plan, ecmp, rng, window_s) for _ in range(hash_seeds)] if m else [(1.0, 1.0)]
@@ -140,8 +150,10 @@ def planned_probing(
         "plan": s,
         "busiest_container": {
             "planned_probes_per_s": round(float(c_plan[bp]), 1),
+            "planned_answers_per_s": round(float(a_plan[bp]), 1),
             "planned_peers": int(peers[bp]),
             "flat_probes_per_s": round(float(c_flat[bf]), 1),
+            "flat_answers_per_s": round(float(a_flat[bf]), 1),
             "flat_peers": int(peers[bf]),
         },
         "busiest_paths": int(plan.paths.max()) if m else 1,

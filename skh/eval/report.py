@@ -467,7 +467,8 @@ def tables(r: dict[str, Any]) -> list[Table]:
             ("measure", "ours", "paper"),
             ag_rows,
             f"One real agent process (the C engine) probing at {ag.get('rate_per_s', '—')} "
-            f"probes/s over {ag.get('paths', 1)} path ids for {ag.get('duration_s', '—')} s"
+            f"probes/s and answering {ag.get('inbound_probes_per_s', '—')} over "
+            f"{ag.get('paths', 1)} path ids for {ag.get('duration_s', '—')} s"
             + (
                 f" ({ag['runs']} fresh agents: the median run's figures, the runs' CPU range "
                 "beside it)"
@@ -657,8 +658,9 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
                 "Agent cost",
                 f"{_agent_cpu(ag)} % of one core and {_num(ag['rss_mb'], 1)} MB RSS "
                 f"({_num(ag.get('uss_mb'), 1)} MB of its own, USS) "
-                f"at {ag['rate_per_s']:g} probes/s (the busiest container's skeleton rate; it "
-                "answers as many from its peers) against "
+                f"at {ag['rate_per_s']:g} probes/s sent and "
+                f"{ag.get('inbound_probes_per_s', ag['rate_per_s']):g} answered (the busiest "
+                "container's planned rates: the container with the most of both) against "
                 "the paper's ~1 % and ~35 MB. Ours is the real overlay agent process (the C "
                 "engine under Python, one engine per endpoint, its ping list and plan from a real "
                 "controller) on loopback UDP; its RSS is mostly the interpreter and libzmq (the "

@@ -111,12 +111,13 @@ class ControllerConfig:
     #: a skeleton to ``probe_link_min_per_s`` and size path rotation from the real ECMP width
     fabric: str = ""
     #: the probe policy handed out with every ping list (:class:`skh.probeplan.ProbePolicy`,
-    #: docs/probing.md): a pair's interval, the fastest a floor may go, probes/s per endpoint,
-    #: probes/s per link, path coverage and its time, path ids per pair, ECMP width without a
-    #: fabric, and the OK sampling agents and the analyzer share
+    #: docs/probing.md): a pair's interval, the fastest a floor may go, probes/s per endpoint
+    #: sent and answered, probes/s per link, path coverage and its time, path ids per pair,
+    #: ECMP width without a fabric, and the OK sampling agents and the analyzer share
     probe_interval_s: float = _POLICY.interval_s
     probe_min_interval_s: float = _POLICY.min_interval_s
     probe_budget_per_s: float = _POLICY.budget_per_s
+    probe_answer_budget_per_s: float = _POLICY.answer_budget_per_s
     probe_link_min_per_s: float = _POLICY.link_min_per_s
     probe_access_link_min_per_s: float = _POLICY.access_link_min_per_s
     probe_path_coverage: float = _POLICY.path_coverage

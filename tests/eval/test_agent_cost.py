@@ -13,7 +13,7 @@ from skh.eval.report import _agent_cpu
 def _fake(cpus: list[float]) -> SimpleNamespace:
     left = list(cpus)
 
-    def measure(rate, duration_s, *, paths, endpoints):
+    def measure(rate, duration_s, *, paths, endpoints, inbound_rate=None):
         cpu = left.pop(0)
         if cpu < 0:
             raise RuntimeError("engine not built")
