@@ -372,7 +372,8 @@ def plan_probes(
         rate = _fit_budget(want, floor, src, src_ids.size, p.budget_per_s)
         # then each destination's answers: a pair slowed for its destination leaves its
         # source budget that the next round shares among the source's other pairs
-        rate = _fit_budget(rate, floor, dst, dst_ids.size, p.answer_budget_per_s)
+        # (a floor the senders' fit could not pay stays unpaid: this fit only slows pairs)
+        rate = _fit_budget(rate, np.minimum(floor, rate), dst, dst_ids.size, p.answer_budget_per_s)
     # whole milliseconds: rounded down (a floor stays met) unless that puts the source over its
     # budget or the destination over its answer budget, then up (a plan never goes past either)
     lo = max(1, math.ceil(p.min_interval_s * 1000 - 1e-9))

@@ -120,15 +120,16 @@ def test_path_coverage_sets_a_rate_floor():
 @given(
     st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), min_size=1, max_size=300),
     st.floats(5.0, 500.0),
+    st.floats(5.0, 500.0),
 )
-def test_no_source_ever_exceeds_its_budget(raw, budget):
+def test_no_source_ever_exceeds_its_budget(raw, budget, answer_budget):
     pairs = np.array([p for p in raw if p[0] != p[1]] or [(0, 1)], np.uint32)
-    pol = ProbePolicy(budget_per_s=budget, answer_budget_per_s=budget)
+    pol = ProbePolicy(budget_per_s=budget, answer_budget_per_s=answer_budget)
     plan = plan_probes(pairs, pol)
     _, rate = plan.endpoint_rates()
     assert (rate <= budget + 1e-6).all()
     _, answered = plan.endpoint_rates(answered=True)
-    assert (answered <= budget + 1e-6).all()
+    assert (answered <= answer_budget + 1e-6).all()
     assert (plan.interval_ms >= 20).all()
     assert np.array_equal(plan.pairs, np.unique(pairs, axis=0))
 
@@ -317,3 +318,22 @@ def test_a_hot_destination_answers_within_its_budget_and_its_askers_probe_elsewh
     # a destination asked less than its budget is left alone
     loose = plan_probes(pairs, ProbePolicy(answer_budget_per_s=400.0))
     assert {loose.lookup(s)[hot][0] for s in range(20)} == {0.1}
+
+
+def test_the_answer_budget_never_pushes_a_source_past_its_own():
+    """Source 0 has 60 peers and a budget of 20/s, far too little for their floors (19 path
+    ids each within coverage_s = 1 s: 19/s a pair): each gets 1/3 probe/s. Its peer 100 is
+    also probed by ten sources whose floors want 19/s each, past 100's answer budget of 50/s;
+    fitting 100's answers slows those ten, and must not raise 0's pair toward the floor 0's own
+    budget could not pay."""
+    pairs = np.array(
+        [[0, d] for d in range(100, 160)] + [[s, 100] for s in range(1, 11)], np.uint32
+    )
+    pol = ProbePolicy(budget_per_s=20.0, answer_budget_per_s=50.0, coverage_s=1.0)
+    plan = plan_probes(pairs, pol)
+    src, sent = plan.endpoint_rates()
+    assert sent[src == 0][0] <= 20.0 + 1e-9
+    dst, answered = plan.endpoint_rates(answered=True)
+    assert answered[dst == 100][0] <= 50.0 + 1e-9
+    rows = plan.lookup(0)
+    assert rows[100][0] >= max(iv for iv, _n in rows.values() if iv != rows[100][0])
