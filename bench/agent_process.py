@@ -267,7 +267,14 @@ def _agent_ports(admin: zmq.Socket, codec: Codec, endpoints: int) -> list[int]:
 INBOUND_PHASES = ("spread", "burst", "wall")
 
 
-def _inbound(ports: list[int], peers: int, interval_s: float, paths: int, phases: str) -> Any:
+def _inbound(
+    ports: list[int],
+    peers: int,
+    interval_s: float,
+    paths: int,
+    phases: str,
+    sample_period_s: float = 0.0,
+) -> Any:
     """The peers' probes of the agent: each of its endpoints answers ``peers`` probers at the
     pair interval, rotating over ``paths`` source ports, as its skeleton partners probe it (the
     pairs are probed both ways). One engine here stands for all of them; each target is a
@@ -276,11 +283,13 @@ def _inbound(ports: list[int], peers: int, interval_s: float, paths: int, phases
     origin), so the probes arrive one by one; ``burst``, they leave here on one grid and arrive
     in one burst per interval; ``wall``, on the wall clock's grid (``Engine`` ``wall_grid``:
     peers whose agents have ``engine_wall_grid`` on), in one burst at wall-clock multiples of
-    the interval."""
+    the interval. ``sample_period_s`` > 0: the peers ask for RTTs only on their latency
+    samples, as agents with ``engine_rtt_samples_only`` do (0: on every probe)."""
+    from skh.analysis.rowthin import sample_phase_ns
     from skh.probe import Engine
 
     spread = phases == "spread"
-    kw = {"wall_grid": True} if phases == "wall" else {}
+    kw: dict[str, Any] = {"wall_grid": True} if phases == "wall" else {}
     eng = Engine(bind="127.0.0.1", ring_records=256, batch_window_s=0.0 if spread else 500e-6, **kw)
     eng.start()
     n = len(ports) * peers
@@ -289,7 +298,17 @@ def _inbound(ports: list[int], peers: int, interval_s: float, paths: int, phases
         i, k = divmod(j, peers)
         if spread:  # a target's first probe leaves at once, the next ones an interval apart
             time.sleep(max(0.0, t0 + j * interval_s / n - time.monotonic()))
-        eng.add_target(i * peers + k, "127.0.0.1", ports[i], interval_s=interval_s, paths=paths)
+        sampling: dict[str, Any] = {}
+        if sample_period_s > 0:
+            period_ns = int(sample_period_s * 1e9)
+            key = (1000 + i * peers + k) << 32 | i  # a peer's pair with the agent's endpoint i
+            sampling = {
+                "sample_period_s": period_ns / 1e9,
+                "sample_phase_ns": sample_phase_ns(key, period_ns),
+            }
+        eng.add_target(
+            i * peers + k, "127.0.0.1", ports[i], interval_s=interval_s, paths=paths, **sampling
+        )
     return eng
 
 
@@ -313,13 +332,17 @@ def measure(
     peers with the agent's own settings send them, ``wall`` where its engines are on the wall
     clock's grid, else ``spread``). ``agent_set``: ``KEY=VALUE`` settings of the agent's
     ``[agent]`` section (``skh agent --set agent.KEY=VALUE``)."""
-    if phases is None:
-        from skh.orchestrator.config import load_config, parse_override
+    from skh.orchestrator.config import load_config, parse_override
 
-        sets = dict(parse_override(f"agent.{kv}") for kv in agent_set)
+    sets = dict(parse_override(f"agent.{kv}") for kv in agent_set)
+    agent_cfg = load_config(None, sets).agent
+    # peers sample as the agent does (an agent older than the setting: RTTs from every probe)
+    sample_period_s = (
+        agent_cfg.ok_sample_s if getattr(agent_cfg, "engine_rtt_samples_only", False) else 0.0
+    )
+    if phases is None:
         # (an agent older than the setting: its engines' grids start at random points)
-        wall = getattr(load_config(None, sets).agent, "engine_wall_grid", False)
-        phases = "wall" if wall else "spread"
+        phases = "wall" if getattr(agent_cfg, "engine_wall_grid", False) else "spread"
     per_ep = rate / endpoints
     per_pair = max(2.0, paths / 8.0)  # above the coverage floor (paths / probe_coverage_s)
     peers = max(1, round(per_ep / per_pair))
@@ -391,7 +414,7 @@ def measure(
             if inbound:
                 ports = _agent_ports(admin, codec, endpoints)
                 in_iv = interval_s if inbound_rate is None else peers * endpoints / inbound_rate
-                probers = _inbound(ports, peers, round(in_iv, 3), paths, phases)
+                probers = _inbound(ports, peers, round(in_iv, 3), paths, phases, sample_period_s)
             time.sleep(warmup_s)
 
             def counters() -> dict[str, int]:
@@ -399,6 +422,7 @@ def measure(
                 if st is None:
                     raise RuntimeError(f"no stats from the agent: {Path(tmp, 'agent.log')}")
                 keys = ("sent", "probes_received", "acks_received", "tx_stamps", "wakeups")
+                keys += ("probes_no_rtt",) if "probes_no_rtt" in st["engines"][0] else ()
                 return {k: sum(int(e[k]) for e in st["engines"]) for k in keys}
 
             plan = _command(admin, codec, "measured", "pinglist", 1) or {}

@@ -67,6 +67,7 @@ struct slot {
     uint8_t deferred; /* waiting in the retry queue: not on the wire yet */
     uint8_t stepped; /* CLOCK_REALTIME stepped between T1 and reading ACK1 */
     uint8_t rx_reset; /* our own receive path was reset while it waited: missing answers are ours */
+    uint8_t no_t34; /* asked for no RTT (SKH_POPT_NO_T34): done at ACK1, no send stamp taken */
     uint16_t path_id;
     uint32_t dst_ep;
     uint32_t tgt_seq;
@@ -132,6 +133,12 @@ struct target {
     int64_t interval_ns;
     int64_t next_due;
     skh_addr *addrs; /* one per path of the rotation (kept while inactive; freed when replaced) */
+    /* the pair's latency sample (skh.analysis.sampling.period_samples, mirrored: sample_wants):
+     * period 0 = every probe asks for its RTT */
+    int64_t sample_period_ns, sample_phase_ns;
+    int64_t sample_done; /* newest period sampled */
+    uint32_t sample_want; /* path id wanted next */
+    uint32_t ok_next; /* stream number after the newest answered probe's */
 };
 
 struct outq { /* datagrams queued for one send() batch */
@@ -314,6 +321,77 @@ static void finish_status(struct skh_engine *e, struct slot *s, uint8_t status)
     emit(e, s->dst_ep, s->tgt_seq, s->path_id, s->t_wall, status, NULL);
 }
 
+static int64_t floor_div(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+static int64_t mod_n(int64_t a, int64_t n)
+{
+    int64_t r = a % n;
+    return r < 0 ? r + n : r;
+}
+
+/* Whether an OK of this probe (sent at wall time tw on path id x) could be its pair's latency
+ * sample under skh.analysis.sampling.period_samples, the rule the agent's thinner and the
+ * analyzer apply to the records: the first OK of a period not sampled yet that is on the path id
+ * the pair wants, or, past a quarter of the period, any OK when the wanted id was lost or will not
+ * come in the period. Only those probes ask for an RTT (the others for one answer, no stamps);
+ * the engine knows its own interval and rotation, which the rule estimates from the records.
+ * *step: the sample moves the wanted id on. Engine thread, under tlock. */
+static int sample_wants(const struct target *t, int64_t tw, int64_t x, int *step)
+{
+    int64_t period = t->sample_period_ns, iv = t->interval_ns;
+    *step = 0;
+    if (period <= 0 || iv * 4 >= 3 * period) /* unsampled, or slow: every OK is a sample */
+        return 1;
+    int64_t since = tw - t->sample_phase_ns;
+    int64_t slot = floor_div(since, period);
+    if (slot <= t->sample_done)
+        return 0;
+    int64_t n = (int64_t)t->path_id + t->n_paths; /* the rule's rotation: the largest id + 1 */
+    int64_t want = t->sample_want % n;
+    int64_t p_start = t->sample_phase_ns + slot * period;
+    int turn = x == want;
+    int missed = !turn && tw - mod_n(x - want, n) * iv >= p_start + iv / 2;
+    int coming = tw + mod_n(want - x, n) * iv < p_start + period - iv / 2;
+    int late = since - slot * period >= period / 4;
+    *step = turn || missed;
+    return turn || (late && (missed || !coming));
+}
+
+/* Whether a probe about to leave asks for an RTT: it may be the latency sample, or the probe
+ * before it has not been answered (lost, or the responder stalled): the OK that ends a run of
+ * failures must carry the responder's delay, the fast path's evidence of a stall
+ * (skh.analysis.fastpath, stall_evidence_ms). Engine thread, under tlock. */
+static int probe_asks(const struct target *t, const struct slot *s)
+{
+    int step;
+    return s->tgt_seq != t->ok_next || sample_wants(t, s->t_wall, s->path_id, &step);
+}
+
+/* A probe answered OK (with_rtt: with its RTT): the target's run of answers goes on; if it is the
+ * sample the rule takes, its period is done (and the wanted id moves on), so the period's later
+ * probes ask for no RTT. */
+static void target_answered(struct skh_engine *e, const struct slot *s, int with_rtt)
+{
+    pthread_mutex_lock(&e->tlock);
+    struct target *t = s->tidx < e->n_targets ? &e->targets[s->tidx] : NULL;
+    if (t && t->active && t->dst_ep == s->dst_ep && t->stream == s->stream) {
+        if ((int32_t)(s->tgt_seq + 1u - t->ok_next) > 0)
+            t->ok_next = s->tgt_seq + 1u;
+        int step;
+        if (with_rtt && t->sample_period_ns > 0 && sample_wants(t, s->t_wall, s->path_id, &step)) {
+            int64_t n = (int64_t)t->path_id + t->n_paths;
+            if (step)
+                t->sample_want = (uint32_t)((t->sample_want % n + 1) % n);
+            t->sample_done = floor_div(s->t_wall - t->sample_phase_ns, t->sample_period_ns);
+        }
+    }
+    pthread_mutex_unlock(&e->tlock);
+}
+
 /* Records a probe both answers of which arrived: OK, or INVALID when the stamps cannot be used. */
 static void finish_answered(struct skh_engine *e, struct slot *s)
 {
@@ -328,6 +406,12 @@ static void finish_answered(struct skh_engine *e, struct slot *s)
         src_p = s->t2_src;
     }
     struct skh_rtt r;
+    if (s->no_t34) { /* answered, and no RTT was asked for */
+        r = (struct skh_rtt){.rtt_ns = -1, .responder_delay_ns = -1, .prober_delay_ns = -1};
+        target_answered(e, s, 0);
+        emit(e, s->dst_ep, s->tgt_seq, s->path_id, s->t_wall, SKH_ST_OK, &r);
+        return;
+    }
     uint8_t src_r = (s->have & HAVE_T34) ? s->t34_src : SKH_TS_NONE;
     /* T6: when the engine read ACK1, the datagram T5 stamps */
     int st = skh_proto_rtt(s->t1, t2, src_p, s->t3, s->t4, src_r, t5, s->t5u, &r);
@@ -338,6 +422,8 @@ static void finish_answered(struct skh_engine *e, struct slot *s)
         r.rtt_ns = -1;
         r.prober_delay_ns = -1;
     }
+    if (st == SKH_ST_OK)
+        target_answered(e, s, 1);
     emit(e, s->dst_ep, s->tgt_seq, s->path_id, s->t_wall, (uint8_t)st, &r);
 }
 
@@ -787,10 +873,15 @@ static int64_t send_due(struct skh_engine *e, int64_t now)
             unsigned k = t->n_paths > 1 ? s->tgt_seq % t->n_paths : 0;
             s->path_id = (uint16_t)(t->path_id + k);
             s->off1 = rt_offset(NULL, &s->t_wall, &s->t1); /* T1: the last clock read */
+            /* an RTT only from the probes that may be the latency sample: the others cost one
+             * answer and no stamps */
+            s->no_t34 = t->sample_period_ns > 0 && !probe_asks(t, s);
+            if (s->no_t34)
+                inc(e, SKH_STAT_probes_no_rtt, 1);
             struct skh_msg m = {.type = SKH_MSG_PROBE, .session = e->session, .seq = seq,
                                 .path_id = s->path_id, .t1 = (uint64_t)s->t1, .stream = t->stream,
-                                .tseq = s->tgt_seq};
-            queue(e, TX_PROBE, seq, &t->addrs[k], &m, 1);
+                                .tseq = s->tgt_seq, .popts = s->no_t34 ? SKH_POPT_NO_T34 : 0};
+            queue(e, TX_PROBE, seq, &t->addrs[k], &m, !s->no_t34);
             budget--;
             if (t->remaining && --t->remaining == 0) {
                 t->active = 0;
@@ -880,6 +971,9 @@ static void on_probe(struct skh_engine *e, const struct skh_msg *m, const struct
     r->off3 = off;
     r->deadline = t_rx + T4_WAIT_NS;
     struct skh_msg ack;
+    int one_answer = (m->popts & SKH_POPT_NO_T34) != 0;
+    if (one_answer)
+        r->state = RESP_DONE; /* no ACK2 to send, no send stamp to wait for */
     if (m->stream && (e->rcpt || skh_rcpt_create(RCPT_STREAMS, &e->rcpt) == 0)) {
         uint16_t span;
         uint64_t bits[2];
@@ -888,7 +982,10 @@ static void on_probe(struct skh_engine *e, const struct skh_msg *m, const struct
     } else {
         skh_proto_ack1(m, e->session, &ack);
     }
-    queue(e, TX_ACK1, idx, &p->src, &ack, r->t3_src != SKH_TS_NONE);
+    if (one_answer)
+        queue(e, TX_NONE, 0, &p->src, &ack, 0);
+    else
+        queue(e, TX_ACK1, idx, &p->src, &ack, r->t3_src != SKH_TS_NONE);
 }
 
 /* After sends: ACK1s that left and have no send stamp to wait for get their ACK2 now. */
@@ -907,6 +1004,11 @@ static void after_ack1s(struct skh_engine *e, uint32_t from)
 
 static void maybe_complete(struct skh_engine *e, struct slot *s)
 {
+    if (s->no_t34) {
+        if (s->have & HAVE_ACK1)
+            finish_answered(e, s);
+        return;
+    }
     if ((s->have & (HAVE_ACK1 | HAVE_ACK2)) != (HAVE_ACK1 | HAVE_ACK2))
         return;
     /* wait for T2 while it can still come (a NIC stamps asynchronously); the deadline ends the wait */
@@ -1353,9 +1455,12 @@ void skh_engine_destroy(struct skh_engine *e)
 
 int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
                           const char *gid, uint32_t qpn, uint16_t path_id, uint16_t n_paths,
-                          int64_t interval_ns, uint32_t count)
+                          int64_t interval_ns, uint32_t count, int64_t sample_period_ns,
+                          int64_t sample_phase_ns)
 {
-    if (interval_ns <= 0 || n_paths == 0 || (uint32_t)path_id + n_paths - 1u > UINT16_MAX)
+    if (interval_ns <= 0 || n_paths == 0 || (uint32_t)path_id + n_paths - 1u > UINT16_MAX ||
+        sample_period_ns < 0 || sample_phase_ns < 0 ||
+        (sample_period_ns > 0 && sample_phase_ns >= sample_period_ns))
         return -EINVAL;
     /* every path's address is made here, on the caller's thread: a transport may open a socket
      * (UDP) or resolve an address handle (verbs) per path, which the engine thread must not wait for */
@@ -1392,8 +1497,17 @@ int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *hos
         t = &e->targets[e->n_targets++];
         memset(t, 0, sizeof(*t));
     }
+    if (!t->active || t->dst_ep != dst_ep || t->sample_period_ns != sample_period_ns ||
+        t->sample_phase_ns != sample_phase_ns) {
+        /* a new pair, or new sampling periods: no period sampled yet, path id 0 wanted first */
+        t->sample_done = INT64_MIN;
+        t->sample_want = 0;
+    }
+    t->sample_period_ns = sample_period_ns;
+    t->sample_phase_ns = sample_phase_ns;
     if (!t->active || t->dst_ep != dst_ep) {
         t->seq = 0;
+        t->ok_next = 0;
         /* a new probe sequence is a new receipt stream: responders never mix it with the old one */
         if (++e->next_stream == 0)
             ++e->next_stream;

@@ -60,7 +60,8 @@ struct skh_record {
     X(awaiting_direction)   /* gauge: unanswered probes whose record waits for a later answer's */      \
                             /* receipts to say which direction lost them */                              \
     X(inflight_full)        /* times a due probe waited because the in-flight table was full */         \
-    X(wakeups)              /* engine loop iterations (it sleeps between events) */
+    X(wakeups)              /* engine loop iterations (it sleeps between events) */              \
+    X(probes_no_rtt)        /* probes that asked for no RTT (not a latency sample: one answer) */
 
 enum skh_stat {
 #define SKH_STAT_ENUM(name) SKH_STAT_##name,
@@ -138,10 +139,15 @@ void skh_engine_destroy(struct skh_engine *e);
  * ids path_id .. path_id + n_paths - 1 (ECMP paths: UDP source ports, RoCE flow labels), probe k of
  * its stream on path_id + k % n_paths; a target added again keeps its stream and its place in the
  * rotation. -EINVAL for n_paths 0 or ids past 65535; a transport's limit on paths (UDP: 64 path ids
- * per engine, -ENOSPC) fails the whole call. */
+ * per engine, -ENOSPC) fails the whole call. With sample_period_ns > 0 only the probes whose OK
+ * could be the pair's latency sample (one per period, skh.analysis.sampling.period_samples; its
+ * periods start at sample_phase_ns, in [0, sample_period_ns)) ask for an RTT; the others ask the
+ * responder for one answer (SKH_POPT_NO_T34), take no send stamp, and are recorded OK with
+ * rtt_ns -1. 0 = every probe asks. */
 int skh_engine_add_target(struct skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
                           const char *gid, uint32_t qpn, uint16_t path_id, uint16_t n_paths,
-                          int64_t interval_ns, uint32_t count);
+                          int64_t interval_ns, uint32_t count, int64_t sample_period_ns,
+                          int64_t sample_phase_ns);
 /* -ENOENT when absent. Probes already in flight are still decided and recorded. */
 int skh_engine_remove_target(struct skh_engine *e, uint32_t dst_ep);
 

@@ -50,7 +50,8 @@ int skh_proto_encode(const struct skh_msg *msg, uint32_t probe_len, uint8_t *buf
     uint32_t len;
 
     if (msg->type == SKH_MSG_PROBE) {
-        if (probe_len < SKH_PROBE_MIN_LEN || probe_len > SKH_PROBE_MAX_LEN)
+        if (probe_len < SKH_PROBE_MIN_LEN || probe_len > SKH_PROBE_MAX_LEN ||
+            (msg->popts & ~SKH_POPT_KNOWN))
             return -EINVAL;
         len = probe_len;
     } else if (msg->type == SKH_MSG_ACK1 || msg->type == SKH_MSG_ACK2) {
@@ -89,6 +90,10 @@ int skh_proto_encode(const struct skh_msg *msg, uint32_t probe_len, uint8_t *buf
         put32(buf + 48, SKH_RCPT_MAGIC);
         put32(buf + 52, msg->stream);
         put32(buf + 56, msg->tseq);
+    }
+    if (msg->type == SKH_MSG_PROBE && msg->popts) {
+        put32(buf + 64, SKH_OPTS_MAGIC);
+        put32(buf + 68, msg->popts);
     }
     return (int)len;
 }
@@ -146,6 +151,8 @@ int skh_proto_decode(const uint8_t *buf, size_t len, struct skh_msg *out)
             if (out->stream == 0 || get32(buf + 60) != 0)
                 return -SKH_DROP_MALFORMED;
         }
+        if (get32(buf + 64) == SKH_OPTS_MAGIC)
+            out->popts = get32(buf + 68) & SKH_POPT_KNOWN;
         break;
     case SKH_MSG_ACK1:
         if (out->flags || out->ts_source || out->t3 || out->t4)

@@ -40,6 +40,14 @@
  *   the 128 (word i/64, bit i%64) says whether the responder had received probe tseq-1-i of this
  *   stream when it answered tseq; only the first rcpt_span bits are known (the responder remembers a
  *   stream from the first probe of it that it saw), the rest are zero.
+ * Probe options (same compatibility rule: padding version-1 responders never read):
+ *
+ *   PROBE padding   64  4  SKH_OPTS_MAGIC ("OPTS")     absent (anything else) = no options
+ *                   68  4  opts      SKH_POPT_* bits; bits this engine does not know are ignored
+ *   SKH_POPT_NO_T34: the prober takes no RTT from this probe (only whether, and which way, it was
+ *   answered), so the responder answers with ACK1 alone and takes no send stamp for it: one
+ *   answer instead of two, and no stamp on either side. An older responder still sends ACK2,
+ *   which the prober, already done with the probe, drops.
  * A probe whose answers never came back is then REPLY_LOST if a later answer says its request
  * arrived, REQUEST_LOST if a later answer says it did not, and LOST when no answer tells (see
  * engine.c). One stream's probes share a 5-tuple / flow label, so one path, which delivers in order:
@@ -74,6 +82,9 @@ enum skh_msg_type {
 #define SKH_FLAG_MASK 0x03u
 #define SKH_RCPT_MAGIC 0x52435054u /* "RCPT" */
 #define SKH_RCPT_BITS 128u
+#define SKH_OPTS_MAGIC 0x4F505453u /* "OPTS" */
+#define SKH_POPT_NO_T34 0x01u
+#define SKH_POPT_KNOWN 0x01u
 
 /* Clock of a stamp or of a pair of stamps; the numeric values are skh.records.TsSource. */
 enum skh_ts_source {
@@ -122,6 +133,7 @@ struct skh_msg {
     uint64_t t4;
     uint32_t stream; /* PROBE: receipt request (0 = none) */
     uint32_t tseq; /* PROBE with stream: the stream's probe number */
+    uint32_t popts; /* PROBE: SKH_POPT_* (0 = none) */
     uint16_t rcpt_span; /* ACK1 with SKH_FLAG_RCPT */
     uint64_t rcpt_bits[2];
 };

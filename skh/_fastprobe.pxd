@@ -23,6 +23,7 @@ cdef extern from "proto.h" nogil:
         uint64_t t4
         uint32_t stream
         uint32_t tseq
+        uint32_t popts
         uint16_t rcpt_span
         uint64_t rcpt_bits[2]
 
@@ -115,7 +116,8 @@ cdef extern from "engine.h" nogil:
     void skh_engine_destroy(skh_engine *e)
     int skh_engine_add_target(skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
                               const char *gid, uint32_t qpn, uint16_t path_id, uint16_t n_paths,
-                              int64_t interval_ns, uint32_t count)
+                              int64_t interval_ns, uint32_t count, int64_t sample_period_ns,
+                              int64_t sample_phase_ns)
     int skh_engine_remove_target(skh_engine *e, uint32_t dst_ep)
     size_t skh_engine_pending_records(skh_engine *e)
     size_t skh_engine_drain(skh_engine *e, skh_record *out, size_t max)

@@ -35,6 +35,7 @@ def proto_encode(
     rcpt_span: int = 0,
     rcpt_bits: int = 0,
     probe_len: int = ...,
+    popts: int = 0,
 ) -> bytes: ...
 def proto_decode(data: bytes | bytearray | memoryview) -> dict[str, int] | int: ...
 def proto_rtt(
@@ -64,6 +65,9 @@ class FastEngine:
         priority: int = 0,
         direction_wait_ns: int = ...,
         address_handles: int = 0,
+        answer_slots: int = 0,
+        tick_ns: int = 0,
+        wall_grid: bool = False,
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -85,6 +89,8 @@ class FastEngine:
         n_paths: int,
         interval_ns: int,
         count: int = 0,
+        sample_period_ns: int = 0,
+        sample_phase_ns: int = 0,
     ) -> None: ...
     def remove_target(self, dst_ep: int) -> None: ...
     def pending_records(self) -> int: ...

@@ -61,7 +61,7 @@ def verbs_strerror():
 def proto_encode(int type, *, int flags=0, int ts_source=0, uint32_t session=0, uint32_t seq=0,
                  uint16_t path_id=0, uint32_t resp_session=0, uint64_t t1=0, uint64_t t3=0,
                  uint64_t t4=0, uint32_t stream=0, uint32_t tseq=0, uint16_t rcpt_span=0,
-                 rcpt_bits=0, uint32_t probe_len=SKH_PROBE_MIN_LEN):
+                 rcpt_bits=0, uint32_t probe_len=SKH_PROBE_MIN_LEN, uint32_t popts=0):
     """Encodes one message with the C encoder (for tests and tools). ``rcpt_bits`` is one int of
     up to 128 bits (bit i: probe tseq-1-i arrived)."""
     cdef skh_msg m
@@ -79,6 +79,7 @@ def proto_encode(int type, *, int flags=0, int ts_source=0, uint32_t session=0, 
     m.t4 = t4
     m.stream = stream
     m.tseq = tseq
+    m.popts = popts
     m.rcpt_span = rcpt_span
     m.rcpt_bits[0] = rcpt_bits & 0xFFFFFFFFFFFFFFFF
     m.rcpt_bits[1] = (rcpt_bits >> 64) & 0xFFFFFFFFFFFFFFFF
@@ -97,7 +98,7 @@ def proto_decode(const uint8_t[::1] data):
         return rc
     return dict(type=m.type, flags=m.flags, ts_source=m.ts_source, session=m.session, seq=m.seq,
                 path_id=m.path_id, resp_session=m.resp_session, t1=m.t1, t3=m.t3, t4=m.t4,
-                stream=m.stream, tseq=m.tseq, rcpt_span=m.rcpt_span,
+                stream=m.stream, tseq=m.tseq, popts=m.popts, rcpt_span=m.rcpt_span,
                 rcpt_bits=m.rcpt_bits[0] | (<object>m.rcpt_bits[1]) << 64)
 
 
@@ -200,14 +201,15 @@ cdef class FastEngine:
         return skh_engine_transport_caps(self._live())
 
     def add_target(self, uint32_t dst_ep, str host, int port, str gid, uint32_t qpn, uint16_t path_id,
-                   uint16_t n_paths, int64_t interval_ns, uint32_t count=0):
+                   uint16_t n_paths, int64_t interval_ns, uint32_t count=0,
+                   int64_t sample_period_ns=0, int64_t sample_phase_ns=0):
         cdef bytes b_host = host.encode()
         cdef bytes b_gid = gid.encode()
         cdef const char *c_gid = NULL
         if gid:
             c_gid = b_gid
         rc = skh_engine_add_target(self._live(), dst_ep, b_host, <uint16_t>port, c_gid, qpn, path_id,
-                                   n_paths, interval_ns, count)
+                                   n_paths, interval_ns, count, sample_period_ns, sample_phase_ns)
         if rc < 0:
             raise_errno(rc, f"add_target({dst_ep}, {host!r})")
 

@@ -118,6 +118,7 @@ class EngineStats:
     awaiting_direction: int
     inflight_full: int
     wakeups: int
+    probes_no_rtt: int
 
     @property
     def drops(self) -> int:
@@ -228,6 +229,7 @@ class Engine:
     point of this engine's: engines on hosts whose clocks agree send at the same instants, so a
     responder gets its peers' probes of one interval together, answered in one wake-up, not one
     by one. Every such engine then probes in step with all others. Needs ``batch_window_s`` > 0.
+
     """
 
     def __init__(
@@ -413,6 +415,8 @@ class Engine:
         qpn: int = 0,
         gid: str = "",
         count: int = 0,
+        sample_period_s: float = 0.0,
+        sample_phase_ns: int = 0,
     ) -> None:
         """Probes ``dst_ep`` every ``interval_s`` from now on (first probe at once); after ``count``
         probes (0: no limit) the target retires by itself. Adding an existing ``dst_ep`` again
@@ -422,7 +426,14 @@ class Engine:
         gets its own source port for the engine's life (at most 63 of them; path 0 is the bound
         port), over verbs it is the flow label. With ``paths`` > 1 the probes rotate over the path
         ids ``path_id .. path_id + paths - 1``, probe *k* of the target on ``path_id + k % paths``,
-        so every ECMP path the ids hash onto is probed once per ``paths x interval_s``."""
+        so every ECMP path the ids hash onto is probed once per ``paths x interval_s``.
+
+        ``sample_period_s`` > 0: only the probes whose OK could be the pair's latency sample (one
+        per period, :func:`skh.analysis.sampling.period_samples`; periods start at
+        ``sample_phase_ns`` mod the period: :func:`skh.analysis.rowthin.sample_phase_ns` of the
+        pair key) ask for an RTT; the others ask the responder for one answer instead of two,
+        take no send stamps, and are recorded OK with ``rtt_ns`` -1 (docs/engine.md, "One
+        answer per probe"). 0: every probe asks."""
         owner = "Engine.add_target"
         dst_ep = _check_int(dst_ep, "dst_ep", owner, 0, _U32)
         interval_s = _check_seconds(interval_s, "interval_s", owner)
@@ -430,6 +441,9 @@ class Engine:
         paths = _check_int(paths, "paths", owner, 1, 65536 - path_id)
         qpn = _check_int(qpn, "qpn", owner, 0, (1 << 24) - 1)
         count = _check_int(count, "count", owner, 0, _U32)
+        period_ns = round(_check_seconds(sample_period_s, "sample_period_s", owner, 0.0) * 1e9)
+        hi = max(period_ns - 1, 0)
+        sample_phase_ns = _check_int(sample_phase_ns, "sample_phase_ns", owner, 0, hi)
         if self.transport == "verbs":
             if not gid or not isinstance(gid, str):
                 raise _bad("gid", owner, "the responder's GID for the verbs transport", gid)
@@ -443,7 +457,17 @@ class Engine:
             port = _check_int(port, "port", owner, 1, 65535)
             host = self._resolve(host, owner)
         self._fe.add_target(
-            dst_ep, host, port, gid or "", qpn, path_id, paths, int(interval_s * 1e9), count
+            dst_ep,
+            host,
+            port,
+            gid or "",
+            qpn,
+            path_id,
+            paths,
+            int(interval_s * 1e9),
+            count,
+            period_ns,
+            sample_phase_ns,
         )
 
     def _resolve(self, host: Any, owner: str) -> str:

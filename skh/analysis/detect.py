@@ -537,7 +537,9 @@ class Detector:
             advanced[counted],
         )
         self._excuse_restarts(t.max())
-        ok = (status == ProbeStatus.OK) & (b["rtt_ns"] > 0)
+        # every OK tells its pair's interval and rotation; only those with an RTT can be its
+        # latency sample (a prober asks for RTTs on the probes that may be: Engine.add_target)
+        ok = status == ProbeStatus.OK
         if ok.any():
             self._store_samples(
                 pid[ok], t[ok], b["rtt_ns"][ok] / 1e3, b["seq"][ok], b["path_id"][ok]
@@ -737,10 +739,16 @@ class Detector:
         seq: np.ndarray,
         path_id: np.ndarray,
     ) -> None:
-        """``pid`` sorted by pair, then send time."""
+        """``pid`` sorted by pair, then send time; ``rtt_us`` <= 0: an OK without an RTT."""
         p = self.pairs
         keep = period_samples(
-            pid, t_ns, seq, path_id, p, period_ns=int(self.config.latency_sample_s * 1e9)
+            pid,
+            t_ns,
+            seq,
+            path_id,
+            p,
+            period_ns=int(self.config.latency_sample_s * 1e9),
+            has_rtt=rtt_us > 0,
         )
         if keep.size == 0:
             return

@@ -38,7 +38,7 @@ def sample_phase_ns(key: int, period_ns: int) -> int:
 
 
 # record fields (skh.layout.PROBE_FIELDS)
-_SRC, _DST, _SEQ, _PATH, _STATUS, _T = 0, 1, 2, 3, 4, 6
+_SRC, _DST, _SEQ, _PATH, _STATUS, _T, _RTT = 0, 1, 2, 3, 4, 6, 7
 # per-pair state: the latency sample's (skh.analysis.sampling.SAMPLE_STATE), then the pair's
 # last result and its flows' (bit i: flow i's last result failed)
 _PHASE, _SLOT, _WANT, _ROT, _IV, _LAST_T, _LAST_SEQ, _FAILED, _FLOWS = range(9)
@@ -154,16 +154,17 @@ class RowThinner:
             st[_IV] = dt // dseq
         st[_LAST_T], st[_LAST_SEQ] = last[_T], last[_SEQ]
         phase, n, iv = st[_PHASE], st[_ROT], st[_IV]
-        if iv * 4 >= 3 * period:  # sampling.is_slow: every OK is a sample
+        if iv * 4 >= 3 * period:  # sampling.is_slow: every OK with an RTT is a sample
             st[_SLOT] = (last[_T] - phase) // period
             st[_WANT] = (last[_PATH] + 1) % n
-            return list(range(len(oks)))
+            slow = [k for k, r in enumerate(oks) if r[_RTT] > 0]
+            return sorted(set(slow).union(new_ids)) if new_ids else slow
         picked: list[int] = []
         done_slot = st[_SLOT]
         for k, r in enumerate(oks):
             since = r[_T] - phase
             slot = since // period
-            if slot <= done_slot:
+            if slot <= done_slot or r[_RTT] <= 0:  # an OK without an RTT is no sample
                 continue
             # the first OK of the period that the rule takes (a later one may, if this not)
             want = st[_WANT] % n

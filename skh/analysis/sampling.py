@@ -111,12 +111,17 @@ def period_samples(
     state: np.ndarray,
     *,
     period_ns: int,
+    has_rtt: np.ndarray | None = None,
 ) -> np.ndarray:
     """Indices (rising) of the OK rows that are their pair's sample for a period not sampled yet.
 
     ``pid`` (dense pair ids, sorted, send times ``t_ns`` rising within a pair) indexes
     ``state``, a structured array with the :data:`SAMPLE_STATE` fields (start them with
     :func:`blank_sample_state`, for this ``period_ns``), updated in place. Rows must all be OKs.
+    ``has_rtt`` (default: all): the rows that carry an RTT; the others tell the pair's interval
+    and rotation but are never a sample (a prober asks for RTTs only on the probes that may be
+    its samples, :meth:`skh.probe.Engine.add_target` ``sample_period_s``, and mirrors this rule
+    to choose them).
 
     A late OK stands in for the wanted id only when that id does not come in the period: by
     the pair's interval (seen from probe seqs and send times), it is due after the period ends,
@@ -156,13 +161,14 @@ def period_samples(
     # a pair probed about once a period or less often: every OK is a sample
     slow_pair = is_slow(st["lat_iv_ns"][first_pid], period_ns)
     keep = []
+    rtt = np.ones(pid.size, bool) if has_rtt is None else np.asarray(has_rtt, bool)
     if slow_pair.any():
         sp, sl = first_pid[slow_pair], last[slow_pair]
-        keep.append(np.flatnonzero(np.repeat(slow_pair, count)))
+        keep.append(np.flatnonzero(np.repeat(slow_pair, count) & rtt))
         st["lat_slot"][sp] = slot[sl]
         st["lat_want"][sp] = (ids[sl] + 1) % st["lat_rotation"][sp]
     cand = np.flatnonzero(
-        (slot > np.repeat(st["lat_slot"][first_pid], count)) & ~np.repeat(slow_pair, count)
+        (slot > np.repeat(st["lat_slot"][first_pid], count)) & ~np.repeat(slow_pair, count) & rtt
     )
     if cand.size == 0:
         return np.sort(np.concatenate(keep)) if keep else cand
@@ -300,6 +306,7 @@ class ResultThinner:
             path_id[ok],
             self._sample,
             period_ns=self.period_ns,
+            has_rtt=batch["rtt_ns"][order][ok] > 0,
         )
         keep[ok[sampled]] = True
         keep[ok[new_id]] = True

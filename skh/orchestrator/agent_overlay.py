@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
-from skh.analysis.rowthin import RowThinner
+from skh.analysis.rowthin import RowThinner, sample_phase_ns
 from skh.errors import ConfigError, ProtocolError
 from skh.layout import PROBE_STRUCT, ProbeStatus
 from skh.orchestrator.agent_base import AgentBase
@@ -257,7 +257,8 @@ class OverlayAgent(AgentBase):
         self.latency = Histograms(
             {
                 "skh_agent_probe_rtt_seconds": (
-                    "Network RTT of successful probes",
+                    "Network RTT of the successful probes that carried one (with "
+                    "agent.engine_rtt_samples_only, each pair's latency samples)",
                     ("transport",),
                     RTT_BUCKETS,
                 )
@@ -450,6 +451,19 @@ class OverlayAgent(AgentBase):
             got |= dict.fromkeys(missing, planned)
         return got
 
+    def _sampling(self, ep: int, dst: int) -> dict[str, Any]:
+        """How the engine samples the pair's RTTs: only the probes that may be its latency
+        sample ask for one, on the periods the thinner and the analyzer use (the pair key's
+        phase); none when every OK is forwarded or the setting is off."""
+        period_s = self.policy.ok_sample_s if self.thinner is not None else 0.0
+        if period_s <= 0 or not self.cfg.engine_rtt_samples_only:
+            return {}
+        period_ns = int(period_s * 1e9)  # as RowThinner's
+        return {
+            "sample_period_s": period_ns / 1e9,
+            "sample_phase_ns": sample_phase_ns(ep << 32 | dst, period_ns),
+        }
+
     def _apply_targets(self) -> None:
         """Bring every engine's targets to the job's current ping list and plan: additions and
         changes first, then removals, so a pair kept across a skeleton change is never
@@ -475,7 +489,14 @@ class OverlayAgent(AgentBase):
                     eng.remove_target(dst)  # a new address: a new probe sequence
                 try:
                     eng.add_target(
-                        dst, ip, port, interval_s=interval_s, paths=paths, qpn=qpn, gid=gid
+                        dst,
+                        ip,
+                        port,
+                        interval_s=interval_s,
+                        paths=paths,
+                        qpn=qpn,
+                        gid=gid,
+                        **self._sampling(ep, dst),
                     )
                 except (ValueError, OSError) as exc:  # an address the engine cannot probe
                     self.counters["bad_targets"] += 1
@@ -517,7 +538,7 @@ class OverlayAgent(AgentBase):
         if rows:
             self.counters["records"] += len(rows)
             ok = ProbeStatus.OK
-            rtt_s = [r[7] / 1e9 for r in rows if r[4] == ok]
+            rtt_s = [r[7] / 1e9 for r in rows if r[4] == ok and r[7] >= 0]
             self.latency.observe("skh_agent_probe_rtt_seconds", (self.cfg.transport,), rtt_s)
             if self.thinner is not None:
                 kept = self.thinner.thin(rows)

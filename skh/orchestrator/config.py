@@ -226,6 +226,11 @@ class AgentConfig:
     #: endpoint answers its peers' probes of an interval in one wake-up instead of one by one
     #: (docs/engine.md, "Wake-ups"); the network is then sampled in step everywhere
     engine_wall_grid: bool = False
+    #: overlay: only the probes whose OK may be a pair's latency sample (one per pair and
+    #: ``ok_sample_s``, the one the analyzer keeps) ask for an RTT; the others ask for one answer
+    #: and take no send stamps (docs/engine.md, "One answer per probe"). False: every probe asks
+    #: (two answers and two send stamps each), e.g. for the RTT histogram of every probe
+    engine_rtt_samples_only: bool = True
     #: underlay: counters are sampled this far into each sampling interval (as a share of it:
     #: 0.5 s into each second at 1 Hz), on every host alike on the wall clock's grid (see
     #: :mod:`skh.orchestrator.agent_underlay` for why)

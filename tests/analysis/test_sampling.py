@@ -257,3 +257,84 @@ def test_the_agents_row_thinner_keeps_what_the_result_thinner_keeps(seed):
         kept += len(got)
         failed += int((want["status"] != 0).sum())
     assert 0 < failed < kept
+
+
+@pytest.mark.parametrize("paths", [4, 19])
+def test_oks_without_an_rtt_are_never_samples_and_the_detector_decides_the_same(paths):
+    """A prober that asks for RTTs only on its latency samples (Engine.add_target
+    ``sample_period_s``) sends OKs without an RTT for the rest: the thinners (numpy and
+    per-record) keep the same rows from that stream, and a detector fed it decides as one fed
+    every RTT."""
+    from skh.analysis.rowthin import RowThinner
+
+    rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
+    full, thin = Detector(), Detector()
+    th, rows = ResultThinner(), RowThinner()
+    keys = np.unique(pair_keys(*np.nonzero(~np.eye(5, dtype=bool))))
+    state = np.zeros(keys.size, SAMPLE_STATE)
+    blank_sample_state(state, keys, S)
+    ev_full, ev_thin = [], []
+    stripped = 0
+    for sec in range(460):
+        kw = {}
+        if sec >= 400:
+            kw = {"slow": lambda s, d: s == 1, "lost": lambda s, d: d == 3}
+        a = second(sec, 5, rng_a, paths=paths, **kw)
+        b = second(sec, 5, rng_b, paths=paths, **kw)
+        # the prober's picks: the rule over every OK; the other OKs lose their RTT
+        ok = np.flatnonzero(b["status"] == ProbeStatus.OK)
+        pid = np.searchsorted(keys, pair_keys(b["src_ep"][ok], b["dst_ep"][ok]))
+        order = np.lexsort((b["t_wall_ns"][ok], pid))
+        ok, pid = ok[order], pid[order]
+        picked = period_samples(
+            pid, b["t_wall_ns"][ok], b["seq"][ok], b["path_id"][ok], state, period_ns=S
+        )
+        drop = np.setdiff1d(ok, ok[picked])
+        for f in ("rtt_ns", "prober_delay_ns", "responder_delay_ns"):
+            b[f][drop] = -1
+        stripped += drop.size
+        want = th.thin(b)
+        assert rows.thin(b.tolist()) == want.tolist()
+        full.ingest(a)
+        thin.ingest(want)
+        for det, out in ((full, ev_full), (thin, ev_thin)):
+            det.heartbeat(np.arange(5), T0 + sec * S)
+            out += det.tick(T0 + (sec + 1) * S)
+    assert stripped > 0.8 * 460 * 20 * PER_S
+    assert {e.kind for e in ev_full} == {"latency-short", "loss"}
+    assert [(e.kind, e.pairs, e.first_seen_ns, e.detected_ns) for e in ev_full] == [
+        (e.kind, e.pairs, e.first_seen_ns, e.detected_ns) for e in ev_thin
+    ]
+
+
+def test_an_ok_without_an_rtt_is_skipped_and_the_next_wanted_one_taken():
+    """One pair, ten probes 0.1 s apart over path ids 0, 1: its first probe (the wanted id 0)
+    came back OK without an RTT (its prober did not ask for one): the period's sample is the
+    next OK on id 0 that has one, in both thinners and the detector's rule."""
+    from skh.analysis.rowthin import RowThinner, sample_phase_ns
+
+    key = int(pair_keys(np.array([1]), np.array([2]))[0])
+    start = T0 - T0 % S + sample_phase_ns(key, S) + S  # a period's start
+    b = empty_probes(10)
+    b["src_ep"], b["dst_ep"] = 1, 2
+    b["seq"] = np.arange(10)
+    b["path_id"] = np.arange(10) % 2
+    b["t_wall_ns"] = start + 1_000_000 + np.arange(10) * (S // 10)
+    b["rtt_ns"] = 13_000
+    b["rtt_ns"][[0, 1, 3]] = -1
+    state = np.zeros(1, SAMPLE_STATE)
+    blank_sample_state(state, np.array([key], np.uint64), S)
+    k = period_samples(
+        np.zeros(10, np.int64),
+        b["t_wall_ns"],
+        b["seq"],
+        b["path_id"],
+        state,
+        period_ns=S,
+        has_rtt=b["rtt_ns"] > 0,
+    )
+    assert k.tolist() == [2]
+    kept = ResultThinner().thin(b)
+    assert RowThinner().thin(b.tolist()) == kept.tolist()
+    # 1: the first OK on the rotation's highest id (its length), 2: the sample, 9: the newest
+    assert kept["seq"].tolist() == [1, 2, 9]

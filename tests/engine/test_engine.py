@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -672,3 +673,203 @@ def test_agent_config_sets_the_engines_traffic_class():
         sink.close()
     with pytest.raises(ConfigError, match="agent.traffic_class"):
         load_config(None, {"agent.traffic_class": 300})
+
+
+def test_a_probe_that_asks_for_no_rtt_gets_one_answer_and_no_send_stamps(make_engine):
+    """Sampling periods of 0.1 s over probes 10 ms apart on one path id: the first probe of
+    each period is its latency sample and asks for an RTT as before (two answers, send stamps
+    on both sides); the others carry SKH_POPT_NO_T34 and get ACK1 alone, neither side stamps
+    their sends, and their records are OK without an RTT."""
+    period_ns = 100_000_000
+    phase = time.time_ns() % period_ns
+    responder = make_engine(endpoint_id=2)
+    prober = make_engine(endpoint_id=1)
+    responder.start()
+    prober.start()
+    prober.add_target(
+        7,
+        "127.0.0.1",
+        responder.local_port,
+        interval_s=0.01,
+        count=40,
+        sample_period_s=period_ns / 1e9,
+        sample_phase_ns=phase,
+    )
+    assert wait_for(lambda: prober.stats().decided >= 40, timeout_s=10)
+    rows = np.sort(prober.drain(), order="seq")
+    ps, rs = quiesce(prober), quiesce(responder)
+    why = f"prober {ps}\nresponder {rs}"
+    assert len(rows) == 40 and (rows["status"] == ProbeStatus.OK).all(), why
+    slot = (rows["t_wall_ns"].astype(np.int64) - phase) // period_ns
+    asked = np.r_[True, slot[1:] != slot[:-1]]  # each period's first probe
+    assert (rows["rtt_ns"][asked] > 0).all(), rows[asked]
+    assert (rows["ts_source"][asked] == TsSource.KERNEL).all(), rows[asked]
+    for f in ("rtt_ns", "responder_delay_ns", "prober_delay_ns"):
+        assert (rows[f][~asked] == -1).all(), rows[~asked]
+    assert (rows["ts_source"][~asked] == TsSource.NONE).all()
+    k = int(asked.sum())
+    assert 4 <= k <= 6, rows  # 40 probes 10 ms apart span four or five periods
+    assert ps.probes_no_rtt == 40 - k, why
+    assert ps.acks_received == 40 + k, why  # ACK1 for each, ACK2 for those that asked
+    assert ps.tx_stamps == k and rs.tx_stamps == k, why
+    assert ps.drop_replay == ps.drop_unsolicited == ps.drop_late == 0, why
+    assert_accounted(ps)
+
+
+def test_the_no_rtt_option_is_on_the_wire_only_where_asked_and_old_answers_are_dropped(
+    make_engine,
+):
+    """The option rides in the PROBE's padding (bytes 64..71), which responders before it never
+    read; an older responder's ACK2 to a probe done at ACK1 is dropped as a replay, the record
+    stays OK without an RTT."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.settimeout(2)
+    prober = make_engine(timeout_s=0.5)
+    prober.start()
+    try:
+        # a period that began 50 ms ago: probe 0 is its sample and asks; once it is answered,
+        # probes 1..3 (the same period, their predecessor answered) ask for no RTT
+        prober.add_target(
+            1,
+            "127.0.0.1",
+            sink.getsockname()[1],
+            interval_s=0.02,
+            count=4,
+            sample_period_s=1.0,
+            sample_phase_ns=(time.time_ns() - 50_000_000) % 1_000_000_000,
+        )
+        seen = []
+        for _ in range(4):
+            data, src = sink.recvfrom(4096)
+            m = fp.proto_decode(data)
+            seen.append((m["tseq"], m["popts"]))
+            # an answer as a version-1 responder gives: ACK1, then ACK2 (user-clock stamps, 1 us
+            # apart) whatever was asked
+            for typ, kw in (
+                (2, {}),
+                (3, {"flags": 1, "ts_source": 1, "t3": 10**9, "t4": 10**9 + 1000}),
+            ):
+                sink.sendto(
+                    fp.proto_encode(
+                        typ,
+                        session=m["session"],
+                        seq=m["seq"],
+                        path_id=m["path_id"],
+                        resp_session=99,
+                        t1=m["t1"],
+                        **kw,
+                    ),
+                    src,
+                )
+    finally:
+        sink.close()
+    assert sorted(seen) == [(0, 0), (1, 1), (2, 1), (3, 1)]
+    s = quiesce(prober)
+    rows = np.sort(prober.drain(), order="seq")
+    assert (rows["status"] == ProbeStatus.OK).all(), rows
+    assert rows["rtt_ns"][0] > 0 and (rows["rtt_ns"][1:] == -1).all(), rows
+    assert s.drop_replay == 3, s  # the ACK2s to the probes that asked for no RTT
+
+
+def test_after_an_unanswered_probe_every_probe_asks_until_one_is_answered(make_engine):
+    """A responder process stalls (SIGSTOP) after its period's sample was taken: probes time
+    out, then the ones it answers when it wakes end the run. Those were sent while their
+    predecessor had no answer, so they asked for an RTT although their period had its sample:
+    the OK that ends the run carries the responder's delay, the fast path's evidence that the
+    responder stalled, not the network (skh.analysis.fastpath, stall_evidence_ms)."""
+    import signal
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skh", "respond", "--bind", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        prober = make_engine(endpoint_id=1, timeout_s=0.4)
+        prober.start()
+        deadline = time.monotonic() + 20
+        tries = 1
+        while probe_for(prober, 4, port, 1)["status"][0] != ProbeStatus.OK:
+            assert time.monotonic() < deadline, "the responder never came up"
+            time.sleep(0.1)
+            tries += 1
+        period_ns = 2_000_000_000
+        prober.add_target(
+            5,
+            "127.0.0.1",
+            port,
+            interval_s=0.05,
+            count=30,
+            sample_period_s=period_ns / 1e9,
+            sample_phase_ns=time.time_ns() % period_ns,  # a period begins now
+        )
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.7)
+        proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: prober.stats().decided >= 30 + tries, timeout_s=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    rows = np.sort(prober.drain(), order="seq")
+    rows = rows[rows["dst_ep"] == 5]
+    st = rows["status"]
+    lost = np.flatnonzero(st != ProbeStatus.OK)
+    assert lost.size >= 2, rows  # the stall outlasted some probes' timeout
+    ender = lost[-1] + 1
+    assert st[ender] == ProbeStatus.OK, rows
+    assert rows["responder_delay_ns"][ender] >= 100_000_000, rows[ender - 1 : ender + 2]
+    # once answers flow again, the period (2 s: all 30 probes) had its sample: none asks
+    assert (rows["rtt_ns"][-5:] == -1).all(), rows[-5:]
+
+
+@pytest.mark.parametrize(("interval_s", "paths"), [(0.1, 8), (0.18, 45), (0.05, 19)])
+def test_the_probes_that_ask_for_rtts_are_the_samples_the_thinner_takes(
+    make_engine, interval_s, paths
+):
+    """The engine mirrors the latency-sample rule (skh.analysis.sampling.period_samples) to
+    choose which probes ask for an RTT. Proof on real records: the agent's thinner keeps the
+    same rows from them as from the same records with an RTT on every OK, so no sample it
+    would take lacks an RTT, and it takes one per pair and period, walking the path ids."""
+    from collections import Counter
+
+    from skh.analysis.rowthin import RowThinner, sample_phase_ns
+    from skh.layout import PROBE_STRUCT
+
+    period_ns = 1_000_000_000
+    responder = make_engine(endpoint_id=2)
+    prober = make_engine(endpoint_id=1, tick_s=0.005)
+    responder.start()
+    prober.start()
+    for d in range(10, 14):
+        prober.add_target(
+            d,
+            "127.0.0.1",
+            responder.local_port,
+            interval_s=interval_s,
+            paths=paths,
+            sample_period_s=1.0,
+            sample_phase_ns=sample_phase_ns(1 << 32 | d, period_ns),
+        )
+    time.sleep(5.0)
+    rows = [(1, *r[1:]) for r in PROBE_STRUCT.iter_unpack(prober.drain_packed())]
+    ps = prober.stats()
+    ok = [r for r in rows if r[4] == ProbeStatus.OK]
+    assert len(ok) >= 0.9 * len(rows) > 0, ps
+    every = [r[:7] + (1000,) + r[8:] if r[4] == ProbeStatus.OK else r for r in rows]
+    kept = RowThinner(1.0).thin(rows)
+    assert [(r[1], r[2]) for r in kept] == [(r[1], r[2]) for r in RowThinner(1.0).thin(every)]
+    samples = [r for r in kept if r[4] == ProbeStatus.OK and r[7] > 0]
+    per = Counter(
+        (r[1], (r[6] - sample_phase_ns(1 << 32 | r[1], period_ns)) // period_ns) for r in samples
+    )
+    assert set(per.values()) == {1}
+    assert len(per) >= 4 * 4  # four pairs, ~5 s
+    asked = sum(r[7] > 0 for r in ok)
+    assert asked == len(samples)  # every probe that asked is a sample (all answered here)
+    assert ps.probes_no_rtt == len(rows) - asked
+    assert len({r[3] for r in samples}) >= min(paths, len(samples) // 4)

@@ -50,9 +50,19 @@ def test_roundtrip_and_replies_never_exceed_the_probe():
         t4=0,
         stream=0,
         tseq=0,
+        popts=0,
         rcpt_span=0,
         rcpt_bits=0,
     )
+    asks = fp.proto_encode(PROBE, session=1, seq=2, stream=5, tseq=6, popts=1)
+    # beside the receipt request, in padding version-1 responders never read
+    assert asks[64:72] == b"OPTS\x00\x00\x00\x01" and asks[60:64] == bytes(4)
+    assert fp.proto_decode(asks)["popts"] == 1 and fp.proto_decode(asks)["stream"] == 5
+    unknown = bytearray(asks)
+    unknown[68:72] = b"\x00\x00\x00\x03"  # a bit from a newer prober: ignored, not garbage
+    assert fp.proto_decode(bytes(unknown))["popts"] == 1
+    with pytest.raises(OSError):
+        fp.proto_encode(PROBE, session=1, seq=2, popts=2)
     ack1 = fp.proto_encode(ACK1, session=1, seq=2)
     ack2 = fp.proto_encode(ACK2, flags=1, ts_source=2, session=1, seq=2, t3=5, t4=6)
     assert len(ack1) + len(ack2) <= fp.PROBE_MIN_LEN

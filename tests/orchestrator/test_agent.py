@@ -501,3 +501,28 @@ def test_an_idle_agent_wakes_about_once_a_second(cfg, ctx, run_daemon):
     with run_daemon(agent):
         time.sleep(3.0)
     assert 2 <= len(turns) <= 8, turns
+
+
+def test_the_engines_ask_for_rtts_on_the_pairs_latency_samples_only(cfg, ctx):
+    """Each pair's engine target samples on the periods the agent's thinner and the analyzer
+    use (the policy's ok_sample_s, the pair key's phase); every probe asks for an RTT when OKs
+    are not thinned or the setting is off."""
+    from skh.analysis.rowthin import sample_phase_ns
+
+    agent = _one_endpoint_agent(cfg, ctx, _RecordingEngine([]))
+    try:
+        period = agent.policy.ok_sample_s
+        assert period > 0
+        assert agent._sampling(3, 9) == {
+            "sample_period_s": period,
+            "sample_phase_ns": sample_phase_ns(3 << 32 | 9, int(period * 1e9)),
+        }
+        agent.thinner = None  # every OK forwarded
+        assert agent._sampling(3, 9) == {}
+    finally:
+        agent.close()
+    off = _one_endpoint_agent(cfg, ctx, _RecordingEngine([]), engine_rtt_samples_only=False)
+    try:
+        assert off._sampling(3, 9) == {}
+    finally:
+        off.close()
