@@ -371,3 +371,33 @@ def test_probes_ride_the_configured_traffic_class(standin):
     assert {(e["tclass"], e["sl"]) for e in acks} == {(104 | 1, 5)}
     # path 17 pins one flow label both ways
     assert {e["flow_label"] for e in log} == {18}
+
+
+def test_probes_that_are_no_latency_sample_get_one_answer_on_the_nic_too(standin):
+    """Sampling periods of 0.1 s over probes 5 ms apart on four flow labels: the probes that
+    may be a period's sample ask for an RTT and get NIC-stamped, exact RTTs; the others ask for
+    one answer (SKH_POPT_NO_T34): the responder posts ACK1 alone and neither side reads a
+    send completion's stamp for them; their records are OK without an RTT."""
+    clocks = CLOCKS["625MHz"]
+    res = run(
+        standin,
+        "rtt",
+        two_devices(**clocks),
+        n=200,
+        interval_s=0.005,
+        paths=4,
+        sample_period_s=0.1,
+        sample_phase_ns=0,
+    )
+    rows = rows_of(res["rows"])
+    assert len(rows) == 200 and (rows["status"] == ProbeStatus.OK).all(), res["prober"]
+    asked = rows["rtt_ns"] > 0
+    assert 8 <= asked.sum() <= 40, asked.sum()  # ~1 s of 0.1 s periods, a sample each
+    assert (rows["ts_source"][asked] == TsSource.HW).all()
+    err = rows["rtt_ns"][asked] - (FWD_NS + REV_NS)
+    assert np.abs(err).max() <= max(tick_ns(clocks["p_khz"]), tick_ns(clocks["r_khz"]))
+    assert (rows["rtt_ns"][~asked] == -1).all() and (rows["ts_source"][~asked] == 0).all()
+    p, r = res["prober"], res["responder"]
+    assert p["probes_no_rtt"] == 200 - asked.sum()
+    assert p["acks_received"] == 200 + asked.sum()
+    assert r["replies_sent"] == 200 + asked.sum()

@@ -114,6 +114,8 @@ def scenario_rtt(a: dict) -> dict:
             count=a["n"],
             path_id=a.get("path_id", 0),
             paths=a.get("paths", 1),
+            sample_period_s=a.get("sample_period_s", 0.0),
+            sample_phase_ns=a.get("sample_phase_ns", 0),
         )
         settle(p, r, decided=a["n"], timeout_s=a["n"] * a["interval_s"] + 10)
         elapsed_ns = time.monotonic_ns() - t_before
