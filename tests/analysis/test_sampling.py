@@ -91,6 +91,15 @@ def test_a_batch_out_of_send_time_order_is_thinned_as_one_in_order():
     assert lost > 0
 
 
+def _faulty_second(sec: int, rng: np.random.Generator, paths: int) -> np.ndarray:
+    """Second ``sec`` of five endpoints' probes; from 400 s on, endpoint 1's probes are slow
+    and 5 % of those to endpoint 3 are lost."""
+    kw = {}
+    if sec >= 400:
+        kw = {"slow": lambda s, d: s == 1, "lost": lambda s, d: d == 3}
+    return second(sec, 5, rng, paths=paths, **kw)
+
+
 @pytest.mark.parametrize("paths", [4, 19])
 def test_the_detector_decides_the_same_on_thinned_results(paths):
     rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
@@ -98,11 +107,7 @@ def test_the_detector_decides_the_same_on_thinned_results(paths):
     th = ResultThinner()
     ev_full, ev_thin = [], []
     for sec in range(460):
-        kw = {}
-        if sec >= 400:
-            kw = {"slow": lambda s, d: s == 1, "lost": lambda s, d: d == 3}
-        a = second(sec, 5, rng_a, paths=paths, **kw)
-        b = second(sec, 5, rng_b, paths=paths, **kw)
+        a, b = _faulty_second(sec, rng_a, paths), _faulty_second(sec, rng_b, paths)
         full.ingest(a)
         thin.ingest(th.thin(b))
         for det, out in ((full, ev_full), (thin, ev_thin)):
@@ -276,11 +281,7 @@ def test_oks_without_an_rtt_are_never_samples_and_the_detector_decides_the_same(
     ev_full, ev_thin = [], []
     stripped = 0
     for sec in range(460):
-        kw = {}
-        if sec >= 400:
-            kw = {"slow": lambda s, d: s == 1, "lost": lambda s, d: d == 3}
-        a = second(sec, 5, rng_a, paths=paths, **kw)
-        b = second(sec, 5, rng_b, paths=paths, **kw)
+        a, b = _faulty_second(sec, rng_a, paths), _faulty_second(sec, rng_b, paths)
         # the prober's picks: the rule over every OK; the other OKs lose their RTT
         ok = np.flatnonzero(b["status"] == ProbeStatus.OK)
         pid = np.searchsorted(keys, pair_keys(b["src_ep"][ok], b["dst_ep"][ok]))
