@@ -169,9 +169,9 @@ struct skh_engine {
     uint32_t session;
     int64_t grid_ns; /* origin of the batching grid (random, or the wall clock's epoch) */
 
-    pthread_t thread;
-    int thread_started;
-    atomic_int running;
+    struct skh_loop *loop; /* the loop whose thread runs it (set by the owner: start, stop) */
+    struct skh_loop *own_loop; /* the loop skh_engine_start made for it alone */
+    int rx_again; /* its last turn left a whole batch in a receive queue */
 
     pthread_mutex_t tlock; /* targets */
     struct target *targets;
@@ -1235,83 +1235,276 @@ static int64_t expire(struct skh_engine *e, int64_t now)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* the thread */
+/* the thread: a loop runs its engines' turns, one after another, and sleeps for all of them */
 
-static void *engine_main(void *arg)
+struct skh_loop {
+    pthread_mutex_t mu; /* the engine list; the thread holds it while it works on the engines */
+    struct skh_engine **eng;
+    size_t n, cap;
+    uint64_t gen; /* bumped as engines come and go: poll results older than that are stale */
+    int wake_fd;
+    pthread_t thread;
+    int thread_started;
+    atomic_int running;
+    /* the thread's own */
+    struct pollfd *pfd; /* per engine: its transport, its wake fd; then the loop's wake fd */
+    size_t pfd_cap;
+};
+
+/* One turn of e's work: due sends and timers, and its receive queues when rx says they may hold
+ * something. Returns when e next needs a turn (INT64_MAX: only on I/O); *again when it wants the
+ * next turn at once (a queue gave a whole batch, or held-back probes may go). */
+static int64_t engine_turn(struct skh_engine *e, int rx, int *again)
 {
-    struct skh_engine *e = arg;
-    struct pollfd pfd[2] = {
-        {.fd = e->ops->pollfd(e->tr), .events = POLLIN},
-        {.fd = e->wake_fd, .events = POLLIN},
-    };
-    int64_t woke = mono(); /* when the last sleep ended: a tick's wait or ppoll */
+    inc(e, SKH_STAT_wakeups, 1);
+    int64_t now = mono();
+    if (e->defer_next && now >= e->defer_next)
+        retry_deferred(e, now);
+    int64_t next = send_due(e, now);
+    int busy = 0;
+    for (int r = 0; rx && r < RECV_ROUNDS; r++) {
+        int a = on_stamps(e);
+        int b = on_rx(e);
+        busy = a == BATCH || b == BATCH;
+        if (!busy) /* both queues were emptied: no need to ask again before sleeping */
+            break;
+    }
+    now = mono();
+    int64_t d = expire(e, now);
+    if (d < next)
+        next = d;
+    resp_sweep(e, now, &next);
+    if (e->park_dirty || (e->parked && now >= e->park[e->park_tail & (PARK_CAP - 1)].horizon))
+        park_sweep(e, now, &next);
+    else if (e->parked && e->park[e->park_tail & (PARK_CAP - 1)].horizon < next)
+        next = e->park[e->park_tail & (PARK_CAP - 1)].horizon;
+    if (e->out.n)
+        flush(e);
+    if (e->defer_next && e->defer_next < next)
+        next = e->defer_next;
+    gauge(e, SKH_STAT_in_flight, e->pending - e->deferred_probes);
+    gauge(e, SKH_STAT_awaiting_direction, e->parked);
+    /* Replies or timeouts made room for probes that were held back: send them now, once half the
+     * limit is free, so they leave (and come back) in batches rather than one per wake-up. */
+    *again = busy || (e->blocked && e->pending <= e->cfg.max_in_flight / 2 &&
+                      e->next_seq - e->tail_seq <= e->slot_mask);
+    e->rx_again = busy;
+    return next;
+}
 
-    while (atomic_load_explicit(&e->running, memory_order_acquire)) {
-        inc(e, SKH_STAT_wakeups, 1);
-        int64_t now = mono();
-        if (e->defer_next && now >= e->defer_next)
-            retry_deferred(e, now);
-        int64_t next = send_due(e, now);
-        int busy = 0;
-        for (int r = 0; r < RECV_ROUNDS; r++) {
-            int a = on_stamps(e);
-            int b = on_rx(e);
-            busy = a == BATCH || b == BATCH;
-            if (!busy) /* both queues were emptied: no need to ask again before sleeping */
-                break;
+static void drain_eventfd(int fd)
+{
+    uint64_t v;
+    (void)!read(fd, &v, sizeof(v));
+}
+
+static void *loop_main(void *arg)
+{
+    struct skh_loop *l = arg;
+    int64_t woke = mono(); /* when the last sleep ended: a tick's wait or ppoll */
+    uint64_t polled_gen = 0;
+    int polled = 0; /* pfd's results are fresh (from the last ppoll, over the engines of polled_gen) */
+    nfds_t nfd = 0;
+
+    while (atomic_load_explicit(&l->running, memory_order_acquire)) {
+        pthread_mutex_lock(&l->mu);
+        int fresh = polled && polled_gen == l->gen;
+        if (fresh)
+            for (size_t i = 0; i < l->n; i++)
+                if (l->pfd[2 * i + 1].revents)
+                    drain_eventfd(l->eng[i]->wake_fd);
+        int64_t next = INT64_MAX, tick = SKH_MAX_TICK_NS;
+        int again = 0;
+        for (size_t i = 0; i < l->n; i++) {
+            struct skh_engine *e = l->eng[i];
+            /* After a ppoll only the engines whose transport had something are read: the others'
+             * receive calls would find nothing (verbs' completion channel says nothing of what
+             * arrived unarmed: its queues are always read). */
+            int rx = !fresh || e->ops->arm || e->rx_again || l->pfd[2 * i].revents;
+            int a = 0;
+            int64_t d = engine_turn(e, rx, &a);
+            again |= a;
+            if (d < next)
+                next = d;
+            if (e->tick_ns < tick)
+                tick = e->tick_ns;
         }
-        now = mono();
-        int64_t d = expire(e, now);
-        if (d < next)
-            next = d;
-        resp_sweep(e, now, &next);
-        if (e->park_dirty || (e->parked && now >= e->park[e->park_tail & (PARK_CAP - 1)].horizon))
-            park_sweep(e, now, &next);
-        else if (e->parked && e->park[e->park_tail & (PARK_CAP - 1)].horizon < next)
-            next = e->park[e->park_tail & (PARK_CAP - 1)].horizon;
-        if (e->out.n)
-            flush(e);
-        if (e->defer_next && e->defer_next < next)
-            next = e->defer_next;
-        gauge(e, SKH_STAT_in_flight, e->pending - e->deferred_probes);
-        gauge(e, SKH_STAT_awaiting_direction, e->parked);
-        /* Replies or timeouts made room for probes that were held back: send them now, once half the
-         * limit is free, so they leave (and come back) in batches rather than one per wake-up. */
-        if (busy || (e->blocked && e->pending <= e->cfg.max_in_flight / 2 && e->next_seq - e->tail_seq <= e->slot_mask))
+        polled = 0;
+        if (again) {
+            pthread_mutex_unlock(&l->mu);
             continue;
-        if (e->tick_ns) {
+        }
+        if (tick && l->n) {
             /* the rest of the tick first: what arrives meanwhile is read in one turn after it */
-            int64_t until = woke + e->tick_ns;
+            int64_t until = woke + tick;
             if (mono() < until) {
+                pthread_mutex_unlock(&l->mu);
                 struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
                 while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
                     ;
+                woke = mono();
                 /* a new tick: what verbs' arm() finds now is handled without a ppoll, then the
                  * thread waits out this tick before it looks again */
-                woke = mono();
+                pthread_mutex_lock(&l->mu);
             }
         }
-        if (e->ops->arm) {
-            int a = e->ops->arm(e->tr);
-            if (a > 0)
-                continue;
+        for (size_t i = 0; i < l->n; i++)
+            if (l->eng[i]->ops->arm && l->eng[i]->ops->arm(l->eng[i]->tr) > 0)
+                again = 1;
+        if (again) {
+            pthread_mutex_unlock(&l->mu);
+            continue;
         }
+        if (l->pfd_cap < 2 * l->n + 1) {
+            struct pollfd *p = realloc(l->pfd, (2 * l->n + 1) * sizeof(*p));
+            if (!p) { /* out of memory: look again in a millisecond */
+                pthread_mutex_unlock(&l->mu);
+                struct timespec ms = {.tv_sec = 0, .tv_nsec = 1000000};
+                nanosleep(&ms, NULL);
+                continue;
+            }
+            l->pfd = p;
+            l->pfd_cap = 2 * l->n + 1;
+        }
+        nfd = 0;
+        for (size_t i = 0; i < l->n; i++) {
+            /* a transport's fd may change as it grows (UDP path sockets) */
+            l->pfd[nfd++] = (struct pollfd){.fd = l->eng[i]->ops->pollfd(l->eng[i]->tr), .events = POLLIN};
+            l->pfd[nfd++] = (struct pollfd){.fd = l->eng[i]->wake_fd, .events = POLLIN};
+        }
+        l->pfd[nfd++] = (struct pollfd){.fd = l->wake_fd, .events = POLLIN};
+        polled_gen = l->gen;
+        pthread_mutex_unlock(&l->mu);
+        /* Engines that leave meanwhile (stop) are off the list once it is unlocked: their fds may
+         * still be polled once here, never read (gen moved, and so do the results). */
         struct timespec ts, *tsp = NULL;
-        now = mono();
+        int64_t now = mono();
         if (next != INT64_MAX) {
             int64_t wait = next > now ? next - now : 0;
             ts.tv_sec = wait / 1000000000LL;
             ts.tv_nsec = wait % 1000000000LL;
             tsp = &ts;
         }
-        pfd[0].fd = e->ops->pollfd(e->tr); /* may change as a transport grows (UDP path sockets) */
-        if (ppoll(pfd, 2, tsp, NULL) > 0 && (pfd[1].revents & POLLIN)) {
-            uint64_t v;
-            (void)!read(e->wake_fd, &v, sizeof(v));
-        }
+        int r = ppoll(l->pfd, nfd, tsp, NULL);
+        polled = r >= 0;
+        if (r > 0 && (l->pfd[nfd - 1].revents & POLLIN))
+            drain_eventfd(l->wake_fd);
+        if (r < 0)
+            for (nfds_t i = 0; i < nfd; i++)
+                l->pfd[i].revents = 0;
         woke = mono();
     }
     return NULL;
+}
+
+int skh_loop_create(struct skh_loop **out)
+{
+    struct skh_loop *l = calloc(1, sizeof(*l));
+    if (!l)
+        return -ENOMEM;
+    l->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (l->wake_fd < 0) {
+        int rc = -errno;
+        free(l);
+        return rc;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    *out = l;
+    return 0;
+}
+
+static void loop_wake(struct skh_loop *l)
+{
+    uint64_t one = 1;
+    (void)!write(l->wake_fd, &one, sizeof(one));
+}
+
+/* Takes e off its loop: once the list is unlocked the thread no longer touches it. */
+static void loop_detach(struct skh_engine *e)
+{
+    struct skh_loop *l = e->loop;
+    pthread_mutex_lock(&l->mu);
+    for (size_t i = 0; i < l->n; i++)
+        if (l->eng[i] == e) {
+            memmove(&l->eng[i], &l->eng[i + 1], (l->n - i - 1) * sizeof(*l->eng));
+            l->n--;
+            l->gen++;
+            break;
+        }
+    size_t left = l->n;
+    pthread_mutex_unlock(&l->mu);
+    e->loop = NULL;
+    if (left) {
+        loop_wake(l); /* stop polling e's fds */
+    } else if (l->thread_started) { /* the last one: the thread ends (the next start makes one) */
+        atomic_store_explicit(&l->running, 0, memory_order_release);
+        loop_wake(l);
+        pthread_join(l->thread, NULL);
+        l->thread_started = 0;
+    }
+}
+
+void skh_loop_destroy(struct skh_loop *l)
+{
+    if (!l)
+        return;
+    while (l->n) /* engines still on it: stopped (their owner's to destroy) */
+        loop_detach(l->eng[0]);
+    close(l->wake_fd);
+    pthread_mutex_destroy(&l->mu);
+    free(l->eng);
+    free(l->pfd);
+    free(l);
+}
+
+static int loop_start(struct skh_loop *l)
+{
+    if (l->thread_started)
+        return 0;
+    atomic_store(&l->running, 1);
+    /* The thread takes no signals: they belong to the owner (Python runs its handlers in the main
+     * thread, and a Ctrl-C delivered here would not interrupt the main thread's sleep). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&l->thread, NULL, loop_main, l);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        atomic_store(&l->running, 0);
+        return -rc;
+    }
+    pthread_setname_np(l->thread, "skh-engine"); /* /proc tells its CPU time from its owner's */
+    l->thread_started = 1;
+    return 0;
+}
+
+int skh_engine_start_on(struct skh_engine *e, struct skh_loop *l)
+{
+    if (e->loop)
+        return e->loop == l ? 0 : -EBUSY;
+    pthread_mutex_lock(&l->mu);
+    int rc = 0;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 8;
+        struct skh_engine **ne = realloc(l->eng, cap * sizeof(*ne));
+        if (ne) {
+            l->eng = ne;
+            l->cap = cap;
+        } else {
+            rc = -ENOMEM;
+        }
+    }
+    if (!rc)
+        rc = loop_start(l);
+    if (!rc) {
+        e->rx_again = 1; /* its first turn reads what came before it was polled */
+        l->eng[l->n++] = e;
+        l->gen++;
+        e->loop = l;
+    }
+    pthread_mutex_unlock(&l->mu);
+    loop_wake(l);
+    return rc;
 }
 
 static void wake(struct skh_engine *e)
@@ -1396,34 +1589,24 @@ fail:
 
 int skh_engine_start(struct skh_engine *e)
 {
-    if (e->thread_started)
+    if (e->loop)
         return 0;
-    atomic_store(&e->running, 1);
-    /* The thread takes no signals: they belong to the owner (Python runs its handlers in the main
-     * thread, and a Ctrl-C delivered here would not interrupt the main thread's sleep). */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&e->thread, NULL, engine_main, e);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc) {
-        atomic_store(&e->running, 0);
-        return -rc;
+    if (!e->own_loop) {
+        int rc = skh_loop_create(&e->own_loop);
+        if (rc)
+            return rc;
     }
-    pthread_setname_np(e->thread, "skh-engine"); /* /proc tells its CPU time from its owner's */
-    e->thread_started = 1;
-    return 0;
+    return skh_engine_start_on(e, e->own_loop);
 }
 
 int skh_engine_stop(struct skh_engine *e)
 {
-    if (!e->thread_started)
-        return 0;
-    atomic_store_explicit(&e->running, 0, memory_order_release);
-    wake(e);
-    int rc = pthread_join(e->thread, NULL);
-    e->thread_started = 0;
-    return -rc;
+    if (e->loop)
+        loop_detach(e);
+    /* its own thread ends with it (a start makes another) */
+    skh_loop_destroy(e->own_loop);
+    e->own_loop = NULL;
+    return 0;
 }
 
 void skh_engine_destroy(struct skh_engine *e)

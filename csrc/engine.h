@@ -1,9 +1,12 @@
-/* The probing engine: one background thread per engine that probes targets on a schedule, answers
- * probes from others (responder), matches replies, times out losses and writes fixed-size records into
- * a bounded ring. Plain C (no Python.h); every call returns 0 / a count, or -errno.
+/* The probing engine: probes targets on a schedule from a background thread, answers probes from
+ * others (responder), matches replies, times out losses and writes fixed-size records into a bounded
+ * ring. Plain C (no Python.h); every call returns 0 / a count, or -errno.
  *
- * Threads: skh_engine_create/start/stop/destroy come from the owner; add/remove_target, drain, stats
- * and local may come from any thread while the engine runs (they take short locks or read atomics).
+ * Threads: an engine runs on a loop's thread, its own (skh_engine_start) or one it shares with
+ * other engines (skh_engine_start_on: one wake-up serves them all, so an agent's engines, one per
+ * RNIC, cost one thread's sleeps rather than eight). skh_engine_create/start/stop/destroy and the
+ * skh_loop calls come from the owner; add/remove_target, drain, stats and local may come from any
+ * thread while the engine runs (they take short locks or read atomics).
  */
 #ifndef SKH_ENGINE_H
 #define SKH_ENGINE_H
@@ -60,7 +63,8 @@ struct skh_record {
     X(awaiting_direction)   /* gauge: unanswered probes whose record waits for a later answer's */      \
                             /* receipts to say which direction lost them */                              \
     X(inflight_full)        /* times a due probe waited because the in-flight table was full */         \
-    X(wakeups)              /* engine loop iterations (it sleeps between events) */              \
+    X(wakeups)              /* turns of the loop it runs on (it sleeps between events; engines */      \
+                            /* sharing a loop each count its turns) */                                   \
     X(probes_no_rtt)        /* probes that asked for no RTT (not a latency sample: one answer) */
 
 enum skh_stat {
@@ -128,11 +132,22 @@ struct skh_engine_cfg {
 #define SKH_MAX_ANSWER_SLOTS 1024u
 
 struct skh_engine;
+struct skh_loop;
 
 int skh_engine_create(const struct skh_engine_cfg *cfg, struct skh_engine **out);
+/* Runs e on a thread of its own. */
 int skh_engine_start(struct skh_engine *e);
-int skh_engine_stop(struct skh_engine *e); /* joins the thread; pending probes stay pending */
+/* Runs e on l's thread, turn by turn with l's other engines; the thread waits for the shortest
+ * tick among them. The thread starts with its first engine and ends when its last one stops.
+ * -EBUSY when e runs on another loop. */
+int skh_engine_start_on(struct skh_engine *e, struct skh_loop *l);
+/* Once it returns the thread no longer touches e (its own thread is joined); pending probes stay
+ * pending, and a start goes on with them. */
+int skh_engine_stop(struct skh_engine *e);
 void skh_engine_destroy(struct skh_engine *e);
+int skh_loop_create(struct skh_loop **out);
+/* Stops the engines still on l, then ends its thread. */
+void skh_loop_destroy(struct skh_loop *l);
 
 /* Adds (or replaces, same dst_ep) a target probed every interval_ns, first probe at once; after
  * count probes (0 = no limit) the target retires by itself. Its probes rotate over the n_paths path

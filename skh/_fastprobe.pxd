@@ -110,8 +110,14 @@ cdef extern from "engine.h" nogil:
     struct skh_engine:
         pass
 
+    struct skh_loop:
+        pass
+
     int skh_engine_create(const skh_engine_cfg *cfg, skh_engine **out)
     int skh_engine_start(skh_engine *e)
+    int skh_engine_start_on(skh_engine *e, skh_loop *l)
+    int skh_loop_create(skh_loop **out)
+    void skh_loop_destroy(skh_loop *l)
     int skh_engine_stop(skh_engine *e)
     void skh_engine_destroy(skh_engine *e)
     int skh_engine_add_target(skh_engine *e, uint32_t dst_ep, const char *host, uint16_t port,
@@ -128,7 +134,12 @@ cdef extern from "engine.h" nogil:
     uint32_t skh_engine_session(skh_engine *e)
 
 
+cdef class FastLoop:
+    cdef skh_loop *_l
+
+
 cdef class FastEngine:
     cdef skh_engine *_e
+    cdef FastLoop _loop
     cdef readonly str transport
     cdef skh_engine *_live(self) except NULL

@@ -110,6 +110,24 @@ def proto_rtt(int64_t t1, int64_t t2, int src_p, int64_t t3, int64_t t4, int src
     return st, r.rtt_ns, r.responder_delay_ns, r.prober_delay_ns, r.ts_source
 
 
+cdef class FastLoop:
+    """A thread that runs the engines started on it, one after another (skh_loop)."""
+
+    def __cinit__(self):
+        self._l = NULL
+        rc = skh_loop_create(&self._l)
+        if rc < 0:
+            self._l = NULL
+            raise_errno(rc, "loop")
+
+    def __dealloc__(self):
+        # engines hold their loop: none is left on it by now
+        if self._l != NULL:
+            with nogil:
+                skh_loop_destroy(self._l)
+            self._l = NULL
+
+
 cdef class FastEngine:
     """One C engine (thread, transport, ring). Arguments are validated by skh.probe.Engine."""
 
@@ -169,10 +187,16 @@ cdef class FastEngine:
             raise EngineError(9, "the engine is closed")  # EBADF
         return self._e
 
-    def start(self):
-        rc = skh_engine_start(self._live())
+    def start(self, FastLoop loop=None):
+        cdef skh_engine *e = self._live()
+        if loop is None:
+            rc = skh_engine_start(e)
+        else:
+            rc = skh_engine_start_on(e, loop._l)
         if rc < 0:
             raise_errno(rc, "start")
+        # the engine must not outlive its loop's thread
+        self._loop = loop
 
     def stop(self):
         cdef skh_engine *e = self._live()

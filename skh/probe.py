@@ -43,6 +43,7 @@ __all__ = [
     "PROBE_MIN_BYTES",
     "Engine",
     "EngineStats",
+    "EngineThread",
     "capabilities",
 ]
 
@@ -179,6 +180,20 @@ def _check_seconds(value: Any, param: str, owner: str, lo: float = 1e-6) -> floa
     return float(value)
 
 
+class EngineThread:
+    """One thread for several engines (``Engine(thread=...)``): it runs their turns one after
+    another and sleeps until the first of them needs it, so N engines cost one wake-up where
+    they would cost N. The thread waits for the shortest ``tick_s`` among them. It starts with
+    its first engine and ends when its last engine stops.
+
+    Nothing an engine does on the thread blocks (sockets and verbs queues are non-blocking;
+    addresses are resolved on the caller's thread in ``add_target``), so one endpoint in
+    trouble does not hold the others' probes up."""
+
+    def __init__(self) -> None:
+        self._loop = _fastprobe.FastLoop()
+
+
 class Engine:
     """One probing engine: a C thread owning one UDP socket (or verbs UD QP) that probes its targets
     and answers probes sent to it.
@@ -230,6 +245,9 @@ class Engine:
     responder gets its peers' probes of one interval together, answered in one wake-up, not one
     by one. Every such engine then probes in step with all others. Needs ``batch_window_s`` > 0.
 
+    ``thread``: the :class:`EngineThread` the engine runs on, with the others given it (None: a
+    thread of its own).
+
     """
 
     def __init__(
@@ -256,6 +274,7 @@ class Engine:
         answer_slots: int = 0,
         tick_s: float = 0.0,
         wall_grid: bool = False,
+        thread: EngineThread | None = None,
     ) -> None:
         owner = "Engine"
         endpoint_id = _check_int(endpoint_id, "endpoint_id", owner, 0, _U32)
@@ -293,6 +312,8 @@ class Engine:
         tick_s = _check_seconds(tick_s, "tick_s", owner, 0.0)
         if tick_s > MAX_TICK_S:
             raise _bad("tick_s", owner, f"at most {MAX_TICK_S:g} s", tick_s)
+        if thread is not None and not isinstance(thread, EngineThread):
+            raise _bad("thread", owner, "an EngineThread or None", thread)
         if wall_grid and batch_window_s == 0:
             raise _bad("wall_grid", owner, "batch_window_s > 0 (a grid to align)", wall_grid)
         if batch_window_s >= timeout_s:
@@ -319,6 +340,7 @@ class Engine:
         self.traffic_class = traffic_class
         self.priority = priority
         self.wall_grid = bool(wall_grid)
+        self.thread = thread
         try:
             self._fe = _fastprobe.FastEngine(
                 endpoint_id=endpoint_id,
@@ -360,7 +382,7 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._fe.start()
+        self._fe.start(None if self.thread is None else self.thread._loop)
 
     def stop(self) -> None:
         if not self._fe.closed:

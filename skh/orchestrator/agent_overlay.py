@@ -31,6 +31,7 @@ stay in this accountable buffer instead of an invisible ZeroMQ queue.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -62,6 +63,8 @@ from skh.wire import (
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from skh.probe import EngineThread
 
 __all__ = ["OverlayAgent", "EngineLike", "ResultBuffer", "enrol_sidecar"]
 
@@ -137,7 +140,10 @@ def answer_slots(cfg: AgentConfig) -> int:
     return max(64, min(MAX_ANSWER_SLOTS, math.ceil(share)))
 
 
-def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
+def default_engine_factory(
+    spec: EndpointSpec, cfg: AgentConfig, thread: EngineThread | None = None
+) -> EngineLike:
+    """The C engine of one endpoint, run on ``thread`` (None: a thread of its own)."""
     from skh.probe import Engine  # the C engine; imported here so the controller never loads it
 
     return Engine(
@@ -154,7 +160,18 @@ def default_engine_factory(spec: EndpointSpec, cfg: AgentConfig) -> EngineLike:
         priority=cfg.priority,
         tick_s=cfg.engine_tick_s,
         wall_grid=cfg.engine_wall_grid,
+        thread=thread,
     )
+
+
+def shared_engine_factory(cfg: AgentConfig) -> EngineFactory:
+    """The default factory of an agent's engines: all on one thread with
+    ``agent.engine_shared_thread``, else each on its own."""
+    from skh.probe import EngineThread
+
+    if not cfg.engine_shared_thread:
+        return default_engine_factory
+    return functools.partial(default_engine_factory, thread=EngineThread())
 
 
 class ResultBuffer:
@@ -205,7 +222,7 @@ class OverlayAgent(AgentBase):
         cfg: AgentConfig,
         security: SecurityConfig,
         *,
-        engine_factory: EngineFactory = default_engine_factory,
+        engine_factory: EngineFactory | None = None,
         ctx: zmq.Context | None = None,
         metrics: CollectorRegistry | None = None,
     ) -> None:
@@ -226,6 +243,8 @@ class OverlayAgent(AgentBase):
         self.push.connect(cfg.analyzer)
         self.push_retry = RetryRefused(self.push, cfg.analyzer)
         self.engines: list[tuple[EndpointSpec, EngineLike]] = []
+        if engine_factory is None:
+            engine_factory = shared_engine_factory(cfg)
         for spec in cfg.endpoints:
             eng = engine_factory(spec, cfg)
             eng.start()  # the responder answers from now on, before anyone may probe us

@@ -164,6 +164,29 @@ def test_a_tick_moves_no_hw_stamped_rtt(standin):
     assert (rows_of(soft["rows"])["status"] == ProbeStatus.OK).sum() >= 19
 
 
+def test_verbs_engines_on_one_thread_keep_nic_exact_rtts(standin):
+    # prober and responder share a thread, as an agent's engines do: each completion channel is
+    # armed and read in the same turns, one wake-up per tick serves both
+    tick_s = 0.005
+    clocks = CLOCKS["1GHz"]
+    both = {"tick_s": tick_s}
+    res = run(
+        standin,
+        "rtt",
+        two_devices(**clocks),
+        n=400,
+        interval_s=0.001,
+        prober=both,
+        responder=both,
+        shared_thread=True,
+    )
+    _exact_hw_rtts(res, clocks, 400)
+    assert res["responder"]["replies_user_stamps"] == 0
+    turns = [res[side]["wakeups"] for side in ("prober", "responder")]
+    assert abs(turns[0] - turns[1]) <= 3, turns  # the same turns, counted by each
+    assert max(turns) <= res["elapsed_ns"] / (tick_s * 1e9) + 5, turns
+
+
 def truth_by_tseq(log: list[dict], session: int, timeout_ns: int) -> dict[int, str]:
     """What really happened to each probe, from the stand-in's own log: "request" or "reply" lost,
     "ok", or "late" when an answer reached the prober around or after the probe's timeout (the

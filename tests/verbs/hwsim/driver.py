@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from skh.probe import Engine
+from skh.probe import Engine, EngineThread
 
 
 class Event(ctypes.Structure):  # struct skh_hwsim_event
@@ -102,9 +102,11 @@ def scenario_rtt(a: dict) -> dict:
     """n probes from mlx5_0 to mlx5_1; the raw counters before and after show any wrap."""
     t_before = time.monotonic_ns()
     before = {d: sim.skh_hwsim_counter(d.encode()) for d in ("mlx5_0", "mlx5_1")}
+    # both engines on one thread, as an agent's are
+    thread = {"thread": EngineThread()} if a.get("shared_thread") else {}
     with (
-        engine("mlx5_0", 1, timeout_s=0.5, **a.get("prober", {})) as p,
-        engine("mlx5_1", 2, **a.get("responder", {})) as r,
+        engine("mlx5_0", 1, timeout_s=0.5, **a.get("prober", {}), **thread) as p,
+        engine("mlx5_1", 2, **a.get("responder", {}), **thread) as r,
     ):
         probe(
             p,
