@@ -42,7 +42,11 @@ agent 5.07 % (engines 4.6, Python 0.67), the bare responder 1.07 %, so the bare 
 container's rate is above the issue's 2 %; the agent is 2.4x that floor (849 wake-ups/s against
 the responder's batches). Session 25: the agent's engines tick (5 ms) by default
 (``skh.policy.ENGINE_TICK_S``; ``--agent-set engine_tick_s=0`` measures without): 4.88 -> 3.75 %
-on average over three interleaved pairs at load ~2.7 (docs/probing.md, session 25).
+on average over three interleaved pairs at load ~2.7 (docs/probing.md, session 25). Session 34
+(``--rate 800 --paths 45 --against 05a9fe0``): the engines on one thread
+(``agent.engine_shared_thread``) 2.10 -> 1.89, 2.15 -> 1.75, 2.05 -> 1.89 %; the bare responder
++0.15 points in the same pairs (docs/engine.md, "One thread for the agent's engines", on what
+loopback cannot tell; ``machine_cpu_pct`` and ``peers_cpu_pct`` are there for that).
 """
 
 from __future__ import annotations
@@ -166,6 +170,12 @@ def smaps_rss_mb(pid: int) -> dict[str, float]:
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all CPUs; /proc/stat less idle and iowait)."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _thread_cpu_s(pid: int) -> dict[str, float]:
@@ -351,6 +361,7 @@ def measure(
         "controller.probe_interval_s": interval_s,
         "controller.probe_min_interval_s": min(0.02, interval_s),
         "controller.probe_budget_per_s": round(2 * per_ep, 1),
+        "controller.probe_answer_budget_per_s": round(2 * per_ep, 1),
         "controller.probe_max_paths": paths,
         # more ECMP paths than max_paths, so every pair rotates over exactly ``paths`` ids
         "controller.probe_default_ecmp_paths": 64 if paths > 1 else 1,
@@ -423,15 +434,21 @@ def measure(
                     raise RuntimeError(f"no stats from the agent: {Path(tmp, 'agent.log')}")
                 keys = ("sent", "probes_received", "acks_received", "tx_stamps", "wakeups")
                 keys += ("probes_no_rtt",) if "probes_no_rtt" in st["engines"][0] else ()
-                return {k: sum(int(e[k]) for e in st["engines"]) for k in keys}
+                out = {k: sum(int(e[k]) for e in st["engines"]) for k in keys}
+                if getattr(agent_cfg, "engine_shared_thread", False):
+                    # each engine counts the turns of the one thread they share
+                    out["wakeups"] = max(int(e["wakeups"]) for e in st["engines"])
+                return out
 
             plan = _command(admin, codec, "measured", "pinglist", 1) or {}
-            r0 = _cpu_s(responder_pid)
+            r0, m0 = _cpu_s(responder_pid), _machine_busy_s()
+            b0, k0 = _cpu_s(os.getpid()), _cpu_s(ctl.pid)
             n0, c0, t0 = counters(), _cpu_s(agent.pid), time.monotonic()
             threads0 = _thread_cpu_s(agent.pid)
             time.sleep(duration_s)
             n1, c1, t1 = counters(), _cpu_s(agent.pid), time.monotonic()
-            r1 = _cpu_s(responder_pid)
+            r1, m1 = _cpu_s(responder_pid), _machine_busy_s()
+            b1, k1 = _cpu_s(os.getpid()), _cpu_s(ctl.pid)
             threads1 = _thread_cpu_s(agent.pid)
             mem = _proc_memory_kb(agent.pid)
             mapped = smaps_rss_mb(agent.pid)
@@ -471,8 +488,8 @@ def measure(
         "inbound_phases": phases if inbound else "",
         "agent_set": list(agent_set),
         "probes_per_s": round((n1["sent"] - n0["sent"]) / wall, 1),
-        # what the engines handled per second, all endpoints together: answers to our probes
-        # (two each), peers' probes answered, send stamps, and the engine loops' wake-ups
+        # what the engines handled per second, all endpoints together: answers to our probes,
+        # peers' probes answered, send stamps, and the engine threads' wake-ups
         "engine_per_s": {k: round((n1[k] - n0[k]) / wall, 1) for k in n0 if k != "sent"},
         "cpu_pct_one_core": round(100.0 * (c1 - c0) / wall, 2),
         # the same kernel socket work done bare, for scale: one C engine in a process of its
@@ -482,6 +499,14 @@ def measure(
         # and server each take ~21-22 us of CPU per UDP round trip on the 2-vCPU test VM)
         "responder_cpu_pct": round(100.0 * (r1 - r0) / wall, 2),
         "bare_floor_cpu_pct": round(200.0 * (r1 - r0) / wall, 2),
+        # everything the machine did meanwhile (agent, responder, peers, controller, softirqs
+        # wherever they ran): on loopback a sender does its receiver's kernel work, so a change
+        # that moves work between the agent and its peers shows here as no change
+        "machine_cpu_pct": round(100.0 * (m1 - m0) / wall, 2),
+        # of which this process (the peers' engine that probes the agent, the emulated peers'
+        # sessions) and the controller
+        "peers_cpu_pct": round(100.0 * (b1 - b0) / wall, 2),
+        "controller_cpu_pct": round(100.0 * (k1 - k0) / wall, 2),
         # by thread: the engines' C threads, ZeroMQ's I/O threads, the Python main thread
         "cpu_pct_by_thread": {
             k: round(100.0 * (v - threads0.get(k, 0.0)) / wall, 2)
