@@ -40,13 +40,19 @@ def ok_rows(eng: Engine, n: int) -> np.ndarray:
     return rows
 
 
-def test_engines_on_one_thread_probe_and_answer_as_engines_with_a_thread_each(make_engine):
+def three_on_one_thread(make_engine) -> tuple[int, EngineThread, list[Engine]]:
+    """Engines 1, 2, 3 started on one thread: the threads before, the thread, the engines."""
     base = engine_threads()
     thread = EngineThread()
-    a, b, c = (make_engine(endpoint_id=i, thread=thread) for i in (1, 2, 3))
-    for e in (a, b, c):
+    engines = [make_engine(endpoint_id=i, thread=thread) for i in (1, 2, 3)]
+    for e in engines:
         e.start()
     assert engine_threads() == base + 1
+    return base, thread, engines
+
+
+def test_engines_on_one_thread_probe_and_answer_as_engines_with_a_thread_each(make_engine):
+    base, _thread, (a, b, c) = three_on_one_thread(make_engine)
     a.add_target(2, "127.0.0.1", b.local_port, interval_s=0.005, count=100)
     a.add_target(3, "127.0.0.1", c.local_port, interval_s=0.005, count=100)
     b.add_target(1, "127.0.0.1", a.local_port, interval_s=0.005, count=100)
@@ -100,11 +106,7 @@ def test_idle_engines_on_one_thread_sleep(make_engine):
 
 
 def test_an_engine_stops_starts_and_closes_while_the_others_on_its_thread_go_on(make_engine):
-    base = engine_threads()
-    thread = EngineThread()
-    a, b, c = (make_engine(endpoint_id=i, thread=thread) for i in (1, 2, 3))
-    for e in (a, b, c):
-        e.start()
+    base, thread, (a, b, c) = three_on_one_thread(make_engine)
     a.add_target(3, "127.0.0.1", c.local_port, interval_s=0.01)
     b.add_target(3, "127.0.0.1", c.local_port, interval_s=0.01)
     assert wait_for(lambda: b.stats().ok >= 10)
