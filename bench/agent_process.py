@@ -44,9 +44,10 @@ the responder's batches). Session 25: the agent's engines tick (5 ms) by default
 (``skh.policy.ENGINE_TICK_S``; ``--agent-set engine_tick_s=0`` measures without): 4.88 -> 3.75 %
 on average over three interleaved pairs at load ~2.7 (docs/probing.md, session 25). Session 34
 (``--rate 800 --paths 45 --against 05a9fe0``): the engines on one thread
-(``agent.engine_shared_thread``) 2.10 -> 1.89, 2.15 -> 1.75, 2.05 -> 1.89 %; the bare responder
-+0.15 points in the same pairs (docs/engine.md, "One thread for the agent's engines", on what
-loopback cannot tell; ``machine_cpu_pct`` and ``peers_cpu_pct`` are there for that).
+(``agent.engine_shared_thread``) 2.10 -> 1.89, 2.15 -> 1.75, 2.05 -> 1.89, 2.19 -> 1.80 %; the
+bare responder +0.15 points in the same pairs (docs/engine.md, "One thread for the agent's
+engines", on what loopback cannot tell; ``machine_cpu_pct`` and ``peers_cpu_pct`` are there for
+that).
 """
 
 from __future__ import annotations
