@@ -753,11 +753,12 @@ def run_eval(
     seeds, hs, drawn = plan["seeds"], plan["heldout_seeds"], plan["drawn"]
 
     fabric = _fabric(profile.hosts)
-    # longest first: a seed's field run is most of the CPU
+    # longest first: a seed's field run is most of the CPU, and a held-out seed's (field-heavy:
+    # more noise, more events to score) is the longest of them
     stages: list[tuple[str, Any, tuple]] = [
-        (f"seed {s}", _seed_stage, (profile, s, rg, i == 0)) for i, s in enumerate(seeds)
+        (f"heldout {s}", _seed_stage, (profile, s, heavy, False)) for s in hs
     ]
-    stages += [(f"heldout {s}", _seed_stage, (profile, s, heavy, False)) for s in hs]
+    stages += [(f"seed {s}", _seed_stage, (profile, s, rg, i == 0)) for i, s in enumerate(seeds)]
     stages += [
         ("ramps", ramp_scenario, (profile, seeds[0], rg)),
         ("localization", _localization_stage, (profile, seeds[0])),
