@@ -665,8 +665,8 @@ def differences(r: dict[str, Any]) -> list[tuple[str, str]]:
                 "engine under Python, one engine per endpoint, its ping list and plan from a real "
                 "controller) on loopback UDP; its RSS is mostly the interpreter and libzmq (the "
                 "agent loads no numpy), whose library pages every sidecar on a host shares; the "
-                "paper's is a Go sidecar on RDMA. Most of its CPU is the engine threads (one per "
-                "endpoint, each woken by every probe, answer and send stamp)"
+                "paper's is a Go sidecar on RDMA. Most of its CPU is its engines' thread (one "
+                "for all its endpoints, woken by their probes, answers and send stamps)"
                 + (
                     ": above the 2 % a container may cost (issue 17)"
                     if ag["cpu_pct_one_core"] > 2.0
