@@ -94,7 +94,8 @@ struct skh_txpkt {
     uint32_t tx_id; /* out: key of this datagram's later send stamp in stamps() (want_stamp only) */
 };
 
-/* One received datagram or error report. The engine fills buf/cap; recv() fills the rest. */
+/* One received datagram or error report. The engine sets buf/cap once; recv() fills the rest and
+ * leaves buf/cap as they are. */
 struct skh_rxpkt {
     uint8_t *buf;
     uint32_t cap;

@@ -50,6 +50,8 @@ sim.skh_hwsim_log.argtypes = [ctypes.POINTER(Event), ctypes.c_size_t, ctypes.c_s
 sim.skh_hwsim_log.restype = ctypes.c_size_t
 sim.skh_hwsim_counter.argtypes = [ctypes.c_char_p]
 sim.skh_hwsim_counter.restype = ctypes.c_uint64
+sim.skh_hwsim_notifications.argtypes = [ctypes.c_int]
+sim.skh_hwsim_notifications.restype = ctypes.c_uint64
 
 
 def sim_log() -> list[dict]:
@@ -128,6 +130,8 @@ def scenario_rtt(a: dict) -> dict:
             elapsed_ns=elapsed_ns,
             log=sim_log(),
             tick_s=[p.tick_s, r.tick_s],
+            notify_requests=sim.skh_hwsim_notifications(0),
+            notify_events=sim.skh_hwsim_notifications(1),
         )
 
 

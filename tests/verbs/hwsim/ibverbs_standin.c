@@ -254,12 +254,17 @@ static void init_once(void)
     free(cfg);
     pthread_t th;
     pthread_create(&th, NULL, deliver_main, NULL);
+    pthread_setname_np(th, "hwsim-nic"); /* the NIC's work, told apart from the engines' */
     pthread_detach(th);
 }
 
 static void init(void) { pthread_once(&G_once, init_once); }
 
 /* ---------------------------------------------------------------------------------- CQs */
+
+/* completion notifications requested and delivered (events written to channels): on a NIC each
+ * event is an interrupt and each request a doorbell */
+static uint64_t n_notify_requests, n_notify_events;
 
 static void push_cqe(struct sim_cq *cq, const struct sim_cqe *e)
 {
@@ -268,6 +273,7 @@ static void push_cqe(struct sim_cq *cq, const struct sim_cqe *e)
     cq->ring[cq->tail++ % cq->cap] = *e;
     if (cq->armed && cq->ch) {
         cq->armed = 0;
+        n_notify_events++;
         (void)!write(cq->ch->wfd, "x", 1);
     }
 }
@@ -301,6 +307,7 @@ static int ctx_req_notify(struct ibv_cq *cq, int solicited_only)
 {
     pthread_mutex_lock(&G);
     ((struct sim_cq *)cq)->armed = 1;
+    n_notify_requests++;
     pthread_mutex_unlock(&G);
     return 0;
 }
@@ -926,4 +933,13 @@ CONTROL uint64_t skh_hwsim_counter(const char *dev)
     init();
     int i = dev_index(dev);
     return i < 0 ? 0 : counter(&devs[i], now_ns());
+}
+
+/* Completion notifications so far: which = 0 requested (ibv_req_notify_cq), 1 delivered. */
+CONTROL uint64_t skh_hwsim_notifications(int which)
+{
+    pthread_mutex_lock(&G);
+    uint64_t n = which ? n_notify_events : n_notify_requests;
+    pthread_mutex_unlock(&G);
+    return n;
 }
