@@ -18,7 +18,15 @@ from typing import Any
 
 from skh.errors import ConfigError, ProtocolError
 
-__all__ = ["ENGINE_TICK_S", "MS_MAX", "ProbePolicy", "path_count", "plan_rows", "source_plan"]
+__all__ = [
+    "ENGINE_TICK_S",
+    "MAX_ENGINE_TICK_S",
+    "MS_MAX",
+    "ProbePolicy",
+    "path_count",
+    "plan_rows",
+    "source_plan",
+]
 
 #: a pair's interval on the wire: whole milliseconds, uint16
 MS_MAX = 65_535
@@ -27,6 +35,10 @@ MS_MAX = 65_535
 #: where it applies, so they do not move; responder and prober delays grow by up to a tick, and
 #: the simulator (:class:`skh.sim.probes.ProbeModel`) adds the same (docs/engine.md, "Wake-ups")
 ENGINE_TICK_S = 0.005
+#: the longest tick the C engine takes (``SKH_MAX_TICK_NS``, :data:`skh.probe.MAX_TICK_S`), here
+#: for the settings' check, which must not load the engine (the controller never does);
+#: tests/engine/test_tick.py holds the two equal
+MAX_ENGINE_TICK_S = 0.005
 #: ``[controller]`` setting of each policy field whose name is not ``probe_<field>``
 _CONFIG_KEYS = {"ok_sample_s": "ok_sample_s"}
 

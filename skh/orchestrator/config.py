@@ -36,7 +36,7 @@ from typing import Any
 from skh.errors import ConfigError
 from skh.orchestrator.alerts import Retention
 from skh.orchestrator.security import SecurityConfig, underlay_identity
-from skh.policy import ENGINE_TICK_S, ProbePolicy
+from skh.policy import ENGINE_TICK_S, MAX_ENGINE_TICK_S, ProbePolicy
 from skh.wire import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = [
@@ -410,9 +410,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"The 'agent.ok_sample_s' setting must be >= 0. Got {g.ok_sample_s!r} instead."
         )
-    if not 0 <= g.engine_tick_s <= 0.005:  # skh.probe.MAX_TICK_S (the C engine's limit)
+    if not 0 <= g.engine_tick_s <= MAX_ENGINE_TICK_S:
         raise ConfigError(
-            "The 'agent.engine_tick_s' setting must be in [0, 0.005]."
+            f"The 'agent.engine_tick_s' setting must be in [0, {MAX_ENGINE_TICK_S:g}]."
             f" Got {g.engine_tick_s!r} instead."
         )
     if not (isinstance(g.counter_hz, int) and 1 <= g.counter_hz <= 100):

@@ -137,3 +137,9 @@ def test_agent_config_sets_the_engines_tick_and_grid():
     for bad in (-0.001, 0.01):
         with pytest.raises(ConfigError, match="agent.engine_tick_s"):
             load_config(None, {"agent.engine_tick_s": bad})
+    # the settings' limit is the engine's own: an agent that passes the check starts its engines
+    from skh.policy import MAX_ENGINE_TICK_S
+
+    assert MAX_ENGINE_TICK_S == MAX_TICK_S
+    eng = default_engine_factory(spec, load_config(None, {"agent.engine_tick_s": MAX_TICK_S}).agent)
+    eng.close()
