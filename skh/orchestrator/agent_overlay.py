@@ -48,7 +48,7 @@ from skh.errors import ConfigError, ProtocolError
 from skh.layout import PROBE_STRUCT, ProbeStatus
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig, EndpointSpec
-from skh.orchestrator.daemon import RetryRefused, make_socket
+from skh.orchestrator.daemon import RetryRefused, make_socket, poll_ms
 from skh.orchestrator.jobcopy import EndpointInfo, JobCopy, merge_snapshot_pages
 from skh.orchestrator.metrics import RTT_BUCKETS, CallbackCollector, Histograms
 from skh.orchestrator.security import SecurityConfig, ensure_keypair
@@ -592,7 +592,7 @@ class OverlayAgent(AgentBase):
         self.notifier.ready(f"{len(self.engines)} endpoints")
         try:
             while not stop.is_set():
-                wait_ms = round(self.wait_s(time.monotonic()) * 1000)
+                wait_ms = poll_ms(self.wait_s(time.monotonic()))
                 self.tick(dict(poller.poll(wait_ms)), time.monotonic())
                 self.notifier.watchdog()
             self.flush()  # the last second of results

@@ -47,7 +47,7 @@ from skh.errors import CapabilityError, ProtocolError, RequestRefused, RequestTi
 from skh.orchestrator.agent_base import AgentBase
 from skh.orchestrator.config import AgentConfig
 from skh.orchestrator.counters import CounterSampler, make_source
-from skh.orchestrator.daemon import RetryRefused, make_socket
+from skh.orchestrator.daemon import RetryRefused, make_socket, poll_ms
 from skh.orchestrator.enrol import EnrolServer
 from skh.orchestrator.metrics import CallbackCollector
 from skh.orchestrator.security import SecurityConfig
@@ -425,7 +425,7 @@ class UnderlayAgent(AgentBase):
         try:
             while not stop.is_set():
                 # wake for the next counter sample, on its grid (10 Hz leaves no slack)
-                wait_ms = int(max(0.0, min(0.1, self._next_sample - time.monotonic())) * 1000)
+                wait_ms = poll_ms(min(0.1, self._next_sample - time.monotonic()))
                 readable = bool(self.dealer.poll(wait_ms, zmq.POLLIN))
                 self.tick(readable, time.monotonic())
                 self.notifier.watchdog()

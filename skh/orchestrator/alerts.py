@@ -38,6 +38,7 @@ from typing import Any
 import zmq
 
 from skh.errors import ConfigError, ProtocolError
+from skh.orchestrator.daemon import poll_ms
 from skh.wire import ALERTS_TOPIC, Codec, MsgType
 
 __all__ = [
@@ -469,7 +470,7 @@ class AlertFollower:
             if left is not None and left <= 0:
                 return
             wait = left if stop is None else min(0.2, 1e9 if left is None else left)
-            if not self.sub.poll(None if wait is None else int(wait * 1000)):
+            if not self.sub.poll(None if wait is None else poll_ms(wait)):
                 continue
             idle_since = time.monotonic()
             try:

@@ -1,11 +1,13 @@
 """What every skh daemon shares: SIGTERM/SIGINT handling, socket set-up with high-water marks and
 a message-size cap, bind addresses that may ask for an ephemeral port (``tcp://127.0.0.1:0``), and
-a client socket that tries again after its key was refused (:class:`RetryRefused`)."""
+a client socket that tries again after its key was refused (:class:`RetryRefused`), and the
+poll timeout of a loop that sleeps until its next timer (:func:`poll_ms`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import struct
 import threading
@@ -13,7 +15,7 @@ from collections.abc import Callable
 
 import zmq
 
-__all__ = ["install_stop_signals", "make_socket", "bind", "RetryRefused"]
+__all__ = ["install_stop_signals", "make_socket", "bind", "poll_ms", "RetryRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,16 @@ def bind(sock: zmq.Socket, address: str) -> str:
         address = address[:-1] + "*"
     sock.bind(address)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def poll_ms(wait_s: float) -> int:
+    """A zmq poll timeout (ms) that sleeps at least ``wait_s``: rounded up, never down.
+
+    Rounded to the nearest ms, a wait of 700.4 ms woke the loop 0.4 ms before its timer, and the
+    rest, 0.4 ms, rounded to a zero timeout: the loop polled without sleeping, turn after turn,
+    until the timer fell due (a loaded CI run caught an idle agent taking a dozen turns in
+    0.15 ms; a wait that is always 0.4 ms costs 40,000 turns a second)."""
+    return math.ceil(max(wait_s, 0.0) * 1000)
 
 
 class RetryRefused:

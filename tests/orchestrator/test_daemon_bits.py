@@ -13,6 +13,7 @@ import zmq
 from skh.errors import ConfigError
 from skh.orchestrator.config import load_config, parse_override
 from skh.orchestrator.controller import Controller
+from skh.orchestrator.daemon import poll_ms
 from skh.orchestrator.sdnotify import Notifier
 from skh.orchestrator.security import SecurityConfig, generate_keypair
 from skh.wire import MsgType
@@ -44,6 +45,14 @@ def test_sdnotify_speaks_the_protocol(tmp_path):
         ).watchdog_interval_s
         == 0
     )
+
+
+def test_poll_timeouts_round_up_so_a_loop_sleeps_until_its_timer():
+    assert poll_ms(0.0004) == 1  # rounded down, the poll would not sleep at all
+    assert poll_ms(0.0015) == 2
+    assert poll_ms(1.0) == 1000
+    assert poll_ms(0.0) == 0  # due now
+    assert poll_ms(-0.25) == 0  # overdue
 
 
 def test_config_file_overrides_and_errors(tmp_path):
